@@ -1,0 +1,125 @@
+"""Every MYCROFT_* environment variable, documented next to its name, read typed.
+
+Like opentelemetry-sdk's ``environment_variables`` module, this is the one place
+that knows our knobs. Components call the typed getters; a bad value raises
+:class:`ConfigError` naming the variable. The native plugin reads the variables
+marked (plugin) itself, with the same defaults (native/plugin/config.cc).
+docs/configuration.md is generated from this table (``python -m mycroft_otel.config``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    default: str
+    doc: str
+    used_by: str  # "plugin", "agent", "processor", ... (comma separated)
+
+
+_JOB_ID_SOURCES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
+
+VARS: dict[str, Var] = {
+    v.name: v
+    for v in (
+        Var("MYCROFT_RING_DIR", "/dev/shm/mycroft-otel",
+            "Directory of the shared-memory files, one per (process, communicator, rank). "
+            "Created 0700; files 0600.", "plugin,agent,sim"),
+        Var("MYCROFT_JOB_ID", "",
+            "Job id (a trace-id salt and the mycroft.job.id resource attribute). Defaults from "
+            + ", ".join(_JOB_ID_SOURCES) + "; empty when none is set.", "plugin,agent"),
+        Var("MYCROFT_LIVE_SLOTS", "64", "Operations in flight at once per communicator and rank (1..4096).", "plugin"),
+        Var("MYCROFT_RING_RECORDS", "512", "Completion-ring records per communicator and rank (16..65536).", "plugin"),
+        Var("MYCROFT_ENABLE", "1", "0 disables the plugin (NCCL runs as without it).", "plugin"),
+        Var("MYCROFT_POLL_MS", "100", "Agent period for polling live tables and draining rings (ms).", "agent"),
+        Var("MYCROFT_INFLIGHT_AFTER_MS", "1000",
+            "An operation in flight longer than this is exported as in-flight snapshots (ms).", "agent"),
+        Var("MYCROFT_SNAPSHOT_MS", "1000", "Period of in-flight snapshots and status spans (ms).", "agent"),
+        Var("MYCROFT_IDLE_AFTER_MS", "2000",
+            "A rank idle on a communicator while its peers are busy emits a not_entered status after this (ms).",
+            "agent"),
+        Var("MYCROFT_SAMPLE_RATIO", "0.01",
+            "Share of healthy operations exported (consistent by trace id: every rank keeps the same ones).",
+            "agent"),
+        Var("MYCROFT_SLOW_FACTOR", "2.0",
+            "An operation this many times slower than its running baseline is anomalous and always exported.",
+            "agent,processor"),
+        Var("MYCROFT_DETAIL", "op", "op: one span per rank and operation; chunk: adds per-step span events.",
+            "agent"),
+        Var("MYCROFT_STALL_MS", "3000", "In-flight evidence without progress this long is a hang (ms).", "processor"),
+        Var("MYCROFT_TRACE_TTL_S", "120", "How long the processor keeps a trace's state after its last span (s).",
+            "processor"),
+        Var("MYCROFT_MAX_TRACES", "20000", "Traces the processor holds at once; the oldest are evicted.",
+            "processor"),
+    )
+}
+
+
+def _raw(name: str, env: Mapping[str, str] | None) -> str:
+    env = os.environ if env is None else env
+    return env.get(name, VARS[name].default).strip()
+
+
+def _number(name: str, env: Mapping[str, str] | None, parse: Callable[[str], float],
+            lo: float | None, hi: float | None) -> float:
+    raw = _raw(name, env)
+    try:
+        value = parse(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a valid {parse.__name__}") from None
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{name}={raw!r} is out of range [{lo}, {hi}]")
+    return value
+
+
+def get_int(name: str, env: Mapping[str, str] | None = None, lo: int | None = None, hi: int | None = None) -> int:
+    return int(_number(name, env, int, lo, hi))
+
+
+def get_float(name: str, env: Mapping[str, str] | None = None,
+              lo: float | None = None, hi: float | None = None) -> float:
+    return _number(name, env, float, lo, hi)
+
+
+def get_str(name: str, env: Mapping[str, str] | None = None, choices: tuple[str, ...] | None = None) -> str:
+    value = _raw(name, env)
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{name}={value!r} must be one of {', '.join(choices)}")
+    return value
+
+
+def get_bool(name: str, env: Mapping[str, str] | None = None) -> bool:
+    value = _raw(name, env).lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean (1/0/true/false)")
+
+
+def job_id(env: Mapping[str, str] | None = None) -> str:
+    """MYCROFT_JOB_ID, else the first launcher variable that is set, else ''."""
+    env = os.environ if env is None else env
+    for name in ("MYCROFT_JOB_ID",) + _JOB_ID_SOURCES:
+        if env.get(name):
+            return env[name]
+    return ""
+
+
+def markdown_table() -> str:
+    rows = ["| variable | default | used by | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{v.name}` | `{v.default}` | {v.used_by} | {v.doc} |" for v in VARS.values()]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

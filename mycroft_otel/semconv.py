@@ -1,0 +1,152 @@
+"""Span names and attribute keys: the one definition the agent and the processor share.
+
+The schema is documented for users in docs/span-schema.md; keep the two in step.
+Standard OpenTelemetry keys (service.*, host.*, process.*, hw.*) come from the
+semantic conventions; ours live under the ``mycroft.`` prefix.
+"""
+
+from __future__ import annotations
+
+# --- span names -------------------------------------------------------------------
+#: Prefix of a rank's span for one collective or p2p transfer: ``nccl.AllReduce``, ``nccl.Send``.
+OP_SPAN_PREFIX = "nccl."
+#: A rank's in-flight view of an operation running longer than MYCROFT_INFLIGHT_AFTER_MS.
+INFLIGHT_SPAN = "mycroft.inflight"
+#: Evidence about a rank that is not taking part: idle (not entered) or process exited.
+STATUS_SPAN = "mycroft.status"
+#: The processor's verdict, in the trace of the collective it explains.
+ROOT_CAUSE_SPAN = "mycroft.root_cause"
+#: Per-window summary of the healthy, unsampled operations of one rank and communicator.
+SUMMARY_SPAN = "mycroft.summary"
+
+# --- span-id roles (ids.span_id(trace_id, rank, role[, channel])) --------------------
+ROLE_OP = "op"            # the completed span of a rank's operation: links point here
+ROLE_INFLIGHT = "inflight"  # + snapshot number as the channel argument
+ROLE_STATUS = "status"      # + status kind ordinal as the channel argument
+ROLE_ROOT_CAUSE = "root_cause"
+
+# --- resource attributes ------------------------------------------------------------
+SERVICE_NAME = "service.name"
+HOST_NAME = "host.name"
+PROCESS_PID = "process.pid"
+HW_ID = "hw.id"            # GPU index (CUDA device) as a string
+HW_TYPE = "hw.type"        # "gpu"
+JOB_ID = "mycroft.job.id"
+PLUGIN_VERSION = "mycroft.plugin.version"
+NCCL_PROFILER_ABI = "mycroft.nccl.profiler_abi"  # int: N of ncclProfiler_vN NCCL picked
+
+# --- attributes on every rank span (op, inflight, status) ----------------------------
+COMM_HASH = "mycroft.comm.hash"      # string, 16 lowercase hex digits
+COMM_NAME = "mycroft.comm.name"
+COMM_NRANKS = "mycroft.comm.nranks"
+COMM_NNODES = "mycroft.comm.nnodes"
+RANK = "mycroft.rank"                # rank in the communicator
+GLOBAL_RANK = "mycroft.global_rank"  # launcher's RANK, absent if unknown
+LOCAL_RANK = "mycroft.local_rank"
+
+# --- the operation -----------------------------------------------------------------
+OP_KIND = "mycroft.op.kind"          # "coll" | "send" | "recv"
+OP_STATE = "mycroft.op.state"        # "completed" | "in_flight"
+COLL_SEQ = "mycroft.coll.seq"        # per-communicator collective number (p2p: transfer n)
+COLL_FUNC = "mycroft.coll.func"      # "AllReduce", "Send", ...
+NCCL_SEQ = "mycroft.nccl.seq"        # NCCL's own seqNumber
+COLL_COUNT = "mycroft.coll.count"
+COLL_BYTES = "mycroft.coll.bytes"
+COLL_DATATYPE = "mycroft.coll.datatype"
+COLL_ROOT = "mycroft.coll.root"
+COLL_ALGO = "mycroft.coll.algo"
+COLL_PROTO = "mycroft.coll.proto"
+COLL_NCHANNELS = "mycroft.coll.nchannels"
+P2P_PEER = "mycroft.p2p.peer"
+P2P_SRC = "mycroft.p2p.src"
+P2P_DST = "mycroft.p2p.dst"
+# Times are CLOCK_REALTIME nanoseconds (the agent converts from the plugin's monotonic clock).
+TIME_API = "mycroft.time.api_ns"
+TIME_ENQUEUE = "mycroft.time.enqueue_ns"
+TIME_LAUNCH = "mycroft.time.launch_ns"
+TIME_END = "mycroft.time.end_ns"
+TIME_LAST_PROGRESS = "mycroft.time.last_progress_ns"
+KERNEL_DURATION = "mycroft.kernel.duration_ns"
+BUS_BW = "mycroft.busbw_gbps"
+ANOMALY = "mycroft.anomaly"          # "slow" | "stalled" | absent (sampled healthy span)
+BASELINE_NS = "mycroft.baseline_ns"  # the rank's running baseline duration when flagged
+SNAPSHOT_SEQ = "mycroft.snapshot.seq"  # in-flight snapshot number, 0-based
+PROXY_OPS = "mycroft.proxy_ops"      # [started, stopped]
+KERNEL_CHANNELS = "mycroft.kernel_channels"  # [started, stopped]
+
+# --- flows: arrays indexed by flow (one (channel, direction) pair each) -------------
+FLOW_CHANNEL = "mycroft.flow.channel"
+FLOW_DIRECTION = "mycroft.flow.direction"    # "send" | "recv"
+FLOW_PEER = "mycroft.flow.peer"
+FLOW_STEPS = "mycroft.flow.steps"            # steps NCCL announced
+FLOW_POSTED = "mycroft.flow.posted"
+FLOW_READY = "mycroft.flow.ready"            # send: GPU ready   | recv: received
+FLOW_TRANSMITTED = "mycroft.flow.transmitted"  # send: on the wire | recv: flushed
+FLOW_DONE = "mycroft.flow.done"              # send: completed   | recv: consumed by GPU
+FLOW_BYTES = "mycroft.flow.bytes"
+FLOW_START = "mycroft.flow.start_ns"
+FLOW_END = "mycroft.flow.end_ns"             # 0 while running
+FLOW_LAST_PROGRESS = "mycroft.flow.last_progress_ns"
+FLOW_WAIT_STATE = "mycroft.flow.wait_state"  # "SendGpuWait", ..., "" when idle
+FLOW_WAIT_STEP = "mycroft.flow.wait_step"
+FLOW_WAIT_SINCE = "mycroft.flow.wait_since_ns"
+FLOW_GPU_WAIT = "mycroft.flow.gpu_wait_ns"
+FLOW_NET_WAIT = "mycroft.flow.net_wait_ns"
+FLOW_NIC = "mycroft.flow.nic"                # NIC name/index when NCCL emits NetPlugin events
+
+# --- status spans ---------------------------------------------------------------------
+STATUS_KIND = "mycroft.status.kind"          # one of STATUS_KINDS
+STATUS_NOT_ENTERED = "not_entered"
+STATUS_PROCESS_EXITED = "process_exited"
+STATUS_KINDS = (STATUS_NOT_ENTERED, STATUS_PROCESS_EXITED)
+STATUS_LAST_SEQ = "mycroft.status.last_seq"    # last completed collective number (-1 none)
+STATUS_IDLE_SINCE = "mycroft.status.idle_since_ns"
+STATUS_LAST_STATE = "mycroft.status.last_state"  # human text: what the rank last did
+
+# --- links -------------------------------------------------------------------------
+LINK_ROLE = "mycroft.link.role"              # one of LINK_ROLES
+LINK_RECV_FROM = "recv_from"   # this rank receives from the linked span's rank (data dependency)
+LINK_SEND_TO = "send_to"       # this rank feeds the linked span's rank
+LINK_SNAPSHOT_OF = "snapshot_of"  # an in-flight/status span points at the op span it stands for
+LINK_CULPRIT = "culprit"       # root-cause span -> the culprit's spans
+LINK_EVIDENCE = "evidence"     # root-cause span -> other spans the verdict used
+LINK_ROLES = (LINK_RECV_FROM, LINK_SEND_TO, LINK_SNAPSHOT_OF, LINK_CULPRIT, LINK_EVIDENCE)
+LINK_CHANNEL = "mycroft.link.channel"
+LINK_DIRECTION = "mycroft.link.direction"
+LINK_PEER = "mycroft.link.peer"
+
+# --- the root-cause span (design §4, a contract) -----------------------------------
+RCA_KIND = "mycroft.rca.kind"                # "hang" | "slowdown"
+RCA_CATEGORY = "mycroft.rca.category"
+RCA_CULPRIT_RANKS = "mycroft.rca.culprit.ranks"
+RCA_CULPRIT_GLOBAL_RANKS = "mycroft.rca.culprit.global_ranks"
+RCA_CULPRIT_HOSTS = "mycroft.rca.culprit.hosts"
+RCA_CULPRIT_CHANNEL = "mycroft.rca.culprit.channel"
+RCA_CULPRIT_PEER = "mycroft.rca.culprit.peer"
+RCA_CONFIDENCE = "mycroft.rca.confidence"
+RCA_EVIDENCE = "mycroft.rca.evidence"
+RCA_ONSET = "mycroft.rca.onset_ns"
+RCA_DETECTED = "mycroft.rca.detected_ns"
+
+KIND_HANG = "hang"
+KIND_SLOWDOWN = "slowdown"
+#: category -> kind; extend, but keep these names (design §4).
+CATEGORIES: dict[str, str] = {
+    "rank_absent": KIND_HANG,
+    "process_exited": KIND_HANG,
+    "gpu_stalled": KIND_HANG,
+    "net_send_stalled": KIND_HANG,
+    "net_delivery_stalled": KIND_HANG,
+    "coll_mismatch": KIND_HANG,
+    "late_rank": KIND_SLOWDOWN,
+    "slow_gpu": KIND_SLOWDOWN,
+    "slow_flow": KIND_SLOWDOWN,
+    "slow_nic": KIND_SLOWDOWN,
+}
+
+WAIT_STATE_NAMES = ("", "SendGpuWait", "SendPeerWait", "SendWait", "RecvWait", "RecvFlushWait", "RecvGpuWait")
+
+
+def op_span_name(func: str) -> str:
+    """Name of a rank's span for an operation of NCCL function ``func``."""
+    return OP_SPAN_PREFIX + func
