@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The full test suite on a fresh machine (README's second command; .ci/run calls it).
+# Installs what the tests need, builds the native code (plus a ThreadSanitizer build),
+# builds or reuses the Collector/Tempo/Prometheus binaries, then runs ctest and pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+step() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
+
+step "python dependencies"
+python3 scripts/install_deps.py test
+
+step "native build (in place) + GoogleTest"
+cmake -S . -B build/dev -G Ninja -DMYCROFT_INPLACE=ON -DMYCROFT_BUILD_TESTS=ON >/dev/null
+cmake --build build/dev
+ctest --test-dir build/dev --output-on-failure
+
+step "native build under ThreadSanitizer + GoogleTest"
+cmake -S . -B build/tsan -G Ninja -DMYCROFT_TSAN=ON -DMYCROFT_BUILD_TESTS=ON -DMYCROFT_BUILD_PYTHON=OFF >/dev/null
+cmake --build build/tsan
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build/tsan --output-on-failure -L tsan
+
+step "collector, Tempo, Prometheus (cached after the first run)"
+bash scripts/build_stack.sh
+
+step "pytest"
+export MYCROFT_ABI_FULL=1
+python3 -m pytest -q -ra "$@"
