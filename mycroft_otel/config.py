@@ -60,6 +60,18 @@ VARS: dict[str, Var] = {
             "processor"),
         Var("MYCROFT_MAX_TRACES", "20000", "Traces the processor holds at once; the oldest are evicted.",
             "processor"),
+        Var("MYCROFT_SUMMARY_MS", "10000",
+            "Window of the per-rank, per-communicator mycroft.summary span of unsampled healthy operations (ms).",
+            "agent"),
+        Var("MYCROFT_WARMUP_OPS", "8",
+            "Operations per (communicator, function, size bucket) before the agent's slow/late rule may flag.",
+            "agent"),
+        Var("MYCROFT_EXPORT_QUEUE", "20000",
+            "Spans the agent holds for export at most; beyond this it drops and counts (collector down or slow).",
+            "agent"),
+        Var("MYCROFT_EXPORT_BATCH", "2048", "Spans per OTLP export request at most.", "agent"),
+        Var("MYCROFT_STATE_DIR", "",
+            "Where the agent persists per-ring cursors for restarts; default <ring dir>/.agent-state.", "agent"),
     )
 }
 

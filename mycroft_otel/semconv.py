@@ -150,3 +150,27 @@ WAIT_STATE_NAMES = ("", "SendGpuWait", "SendPeerWait", "SendWait", "RecvWait", "
 def op_span_name(func: str) -> str:
     """Name of a rank's span for an operation of NCCL function ``func``."""
     return OP_SPAN_PREFIX + func
+
+# --- appended by the agent (docs/span-schema.md) ---------------------------------------
+#: Values of ANOMALY set by the agent's local rule.
+ANOMALY_SLOW = "slow"        # duration >= MYCROFT_SLOW_FACTOR x the running baseline
+ANOMALY_LATE = "late"        # the rank started late: gap since its previous op >= factor x baseline gap
+ANOMALY_STALLED = "stalled"  # in flight past MYCROFT_INFLIGHT_AFTER_MS without progress for that long
+GAP_NS = "mycroft.gap_ns"    # time since the rank's previous op on this communicator ended (late starts)
+HOST = "host.name"           # also set on rank spans (copy of the resource's host.name) for span-only readers
+OP_STATE_COMPLETED = "completed"
+OP_STATE_IN_FLIGHT = "in_flight"
+PROCESS_STOPPED = "mycroft.process.stopped"  # bool on in-flight/status spans: the writer is SIGSTOPped (state T)
+# Summary spans (one per rank, communicator and window): healthy operations that were not sampled.
+SUMMARY_WINDOW_START = "mycroft.summary.window_start_ns"
+SUMMARY_OPS = "mycroft.summary.ops"              # operations completed in the window (all of them)
+SUMMARY_EXPORTED = "mycroft.summary.exported"    # of which exported as op spans (sampled or anomalous)
+SUMMARY_SEQ_FIRST = "mycroft.summary.seq_first"
+SUMMARY_SEQ_LAST = "mycroft.summary.seq_last"
+SUMMARY_BYTES = "mycroft.summary.bytes"
+SUMMARY_DURATION_MEAN = "mycroft.summary.duration_mean_ns"
+SUMMARY_DURATION_MAX = "mycroft.summary.duration_max_ns"
+SUMMARY_FUNCS = "mycroft.summary.funcs"          # string array: function of each row of the per-function arrays
+SUMMARY_FUNC_OPS = "mycroft.summary.func_ops"    # int array, per function
+SUMMARY_FUNC_DURATION_MEAN = "mycroft.summary.func_duration_mean_ns"  # int array, per function
+SUMMARY_DROPPED_RING = "mycroft.summary.dropped_ring"  # completions lost to ring overwrite in the window
