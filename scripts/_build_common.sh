@@ -38,3 +38,10 @@ up_to_date() {
 
 # nice_build: run a command with low CPU priority (other work shares the cores).
 nice_build() { nice -n "${MYCROFT_BUILD_NICE:-10}" "$@"; }
+
+# build_lock NAME: serialise concurrent builds of the same binary (CI + test fixture).
+build_lock() {
+  mkdir -p "$MYCROFT_CACHE_DIR"
+  exec 9>"$MYCROFT_CACHE_DIR/.build-$1.lock"
+  if command -v flock >/dev/null 2>&1; then flock 9; fi
+}

@@ -9,6 +9,7 @@ set -euo pipefail
 OCB_VERSION="${OCB_VERSION:-v0.161.0}"   # keep equal to the versions in builder.yaml
 MANIFEST="$REPO_ROOT/collector_config/builder.yaml"
 BIN="$MYCROFT_BIN_DIR/otelcol-mycroft"
+build_lock otelcol-mycroft
 STAMP="ocb=$OCB_VERSION manifest=$(sha256sum "$MANIFEST" | cut -c1-16)"
 
 if up_to_date "$BIN" "$STAMP"; then

@@ -18,6 +18,7 @@ WRAPPER="$REPO_ROOT/scripts/jaeger-wrapper"
 JAEGER_VERSION="$(awk '$1=="require" && $2=="github.com/jaegertracing/jaeger" {print $3}' "$WRAPPER/go.mod")"
 [ -n "$JAEGER_VERSION" ] || die "cannot read the Jaeger version from $WRAPPER/go.mod"
 BIN="$MYCROFT_BIN_DIR/jaeger"
+build_lock jaeger
 STAMP="jaeger=$JAEGER_VERSION wrapper=$(cat "$WRAPPER/go.mod" "$WRAPPER/go.sum" | sha256sum | cut -c1-16)"
 
 if up_to_date "$BIN" "$STAMP"; then

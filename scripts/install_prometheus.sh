@@ -7,6 +7,7 @@
 set -euo pipefail
 . "$(dirname "$0")/_build_common.sh"
 
+build_lock prometheus
 mkdir -p "$MYCROFT_BIN_DIR"
 start=$(date +%s)
 
