@@ -123,7 +123,10 @@ enum LogSubsys : unsigned long {
   kLogBootstrap = 0x1000,
   kLogReg = 0x2000,
   kLogProfile = 0x4000,
-  kLogAll = ~0ul,
+  kLogRas = 0x8000,
+  kLogDestroy = 0x10000,
+  kLogAllocHost = 0x20000,
+  kLogAll = ~0ul,  // NCCL declares it as -1
 };
 
 // ncclDebugLogger_t: printf-style logger NCCL hands to init(). Call it as
