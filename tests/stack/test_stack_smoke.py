@@ -1,0 +1,147 @@
+"""End to end through the real binaries: SDK → gateway → (trace-ID routing) → processors, → trace store;
+root-cause spans → gateway's root-cause receiver → trace store only; Prometheus scrapes and loads rules.
+
+The processors are tests/stack/otlp_sink.py (a routing probe, see its docstring), so this runs
+before and independently of `mycroft-otel processor`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from mycroft_otel.stack import LocalStack, ProcessorPorts
+
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
+
+SINK = Path(__file__).with_name("otlp_sink.py")
+SERVICE = "mycroft-stack-smoke"
+N_TRACES = 12
+
+
+def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def stack(stack_bin_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("stack")
+    sink_out = run_dir / "sink.jsonl"
+
+    def sink_command(pp: ProcessorPorts):
+        return [sys.executable, str(SINK), "--bind", pp.bind, "--grpc-port", str(pp.grpc),
+                "--metrics-port", str(pp.metrics), "--index", str(pp.index), "--out", str(sink_out)]  # fmt: skip
+
+    st = LocalStack(processors=2, processor_command=sink_command, run_dir=run_dir, bin_dir=stack_bin_dir,
+                    trace_store="auto", ready_timeout_s=90)  # fmt: skip
+    with st:
+        st.sink_out = sink_out  # type: ignore[attr-defined]
+        yield st
+
+
+def sink_records(stack) -> list[dict]:
+    path: Path = stack.sink_out
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def sent(stack):
+    """Send N_TRACES traces of 3 spans (a parent and two 'rank' children) through the gateway."""
+    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE, "job.id": "smoke"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=stack.agent_otlp_grpc, insecure=True)))
+    tracer = provider.get_tracer("tests.stack")
+    traces: dict[str, list[str]] = {}
+    for i in range(N_TRACES):
+        with tracer.start_as_current_span("ncclAllReduce", attributes={"mycroft.coll.seq": i}) as root:
+            tid = format(root.get_span_context().trace_id, "032x")
+            names = ["ncclAllReduce"]
+            for rank in range(2):
+                with tracer.start_as_current_span(f"rank{rank}", attributes={"mycroft.rank": rank}):
+                    names.append(f"rank{rank}")
+        traces[tid] = names
+    provider.shutdown()
+    return traces
+
+
+def test_every_trace_reaches_exactly_one_processor(stack, sent):
+    def complete():
+        recs = [r for r in sink_records(stack) if r["name"] != "mycroft.root_cause"]
+        got = {}
+        for r in recs:
+            got.setdefault(r["trace_id"], []).append(r)
+        return got if all(len(got.get(t, [])) == len(n) for t, n in sent.items()) else None
+
+    got = wait_until(complete, 30, "all spans at the processors")
+    for tid, recs in got.items():
+        assert {r["sink"] for r in recs} == {recs[0]["sink"]}, f"trace {tid} split across processors"
+    # with 12 random trace ids over 2 processors, both get work (fails with p = 2 * 2^-12)
+    assert {recs[0]["sink"] for recs in got.values()} == {0, 1}
+
+
+def test_root_cause_spans_never_loop_back(stack, sent):
+    test_every_trace_reaches_exactly_one_processor(stack, sent)
+    time.sleep(2)  # give a looping config time to show itself
+    assert not [r for r in sink_records(stack) if r["name"] == "mycroft.root_cause"]
+
+
+def test_trace_found_in_trace_store_with_its_root_cause(stack, sent):
+    store = stack.traces
+    found = wait_until(lambda: set(sent) <= set(store.search(SERVICE, lookback_s=600)) or None, 60,
+                       f"search of service {SERVICE} in {store.kind}")  # fmt: skip
+    assert found
+    tid = next(iter(sent))
+    spans = store.wait_for(
+        tid, lambda sp: {"ncclAllReduce", "rank0", "rank1", "mycroft.root_cause"} <= {s.name for s in sp}, 60
+    )
+    rca = next(s for s in spans if s.name == "mycroft.root_cause")
+    assert rca.trace_id == tid
+    assert rca.service_name == "mycroft-processor"
+    assert rca.attributes["mycroft.rca.category"] == "routing_probe"
+    assert rca.links and rca.links[0][0] == tid
+    ranks = {s.attributes.get("mycroft.rank") for s in spans if s.name.startswith("rank")}
+    assert ranks == {0, 1}
+    # the root-cause span is searchable by name too (what Grafana and the alert annotation do)
+    assert tid in store.search("mycroft-processor", span_name="mycroft.root_cause", lookback_s=600)
+
+
+def test_prometheus_scrapes_processors_and_loads_rules(stack, sent):
+    test_every_trace_reaches_exactly_one_processor(stack, sent)
+
+    def scraped():
+        res = stack.prometheus_query('sum(mycroft_sink_spans_received_total{job="mycroft-processor"})')
+        return res and float(res[0]["value"][1]) >= 3 * N_TRACES
+
+    wait_until(scraped, 40, "processor metrics in Prometheus")
+    up = stack.prometheus_query('up{job=~"mycroft-processor|otelcol-gateway"}')
+    assert len(up) == 3 and all(r["value"][1] == "1" for r in up), up
+    import urllib.request
+
+    with urllib.request.urlopen(f"{stack.prometheus_url}/api/v1/rules", timeout=5) as resp:
+        rules = json.load(resp)["data"]["groups"]
+    names = {r["name"] for g in rules for r in g["rules"]}
+    assert {"MycroftRootCause", "MycroftProcessorDown"} <= names
+
+
+def test_stack_logs_and_endpoints_written(stack):
+    eps = json.loads((Path(stack.run_dir) / "endpoints.json").read_text())
+    assert eps["agent_otlp_grpc"] == stack.agent_otlp_grpc
+    assert len(eps["processors"]) == 2
+    for name in ("otelcol-gateway", stack.store_kind, "prometheus", "processor-0", "processor-1"):
+        assert (Path(stack.run_dir) / "logs" / f"{name}.log").exists()
