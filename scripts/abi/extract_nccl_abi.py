@@ -68,7 +68,7 @@ def cache_dir() -> Path:
 
 
 def wheel_glob(package: str, version: str) -> str:
-    return f"{package.replace('-', '_')}-{version}-*.whl"
+    return f"{package.replace('-', '_')}-{version}-*x86_64*.whl"
 
 
 def ensure_wheel(package: str, version: str, cache: Path | None = None) -> Path:
@@ -78,10 +78,11 @@ def ensure_wheel(package: str, version: str, cache: Path | None = None) -> Path:
     if found:
         return found[0]
     cache.mkdir(parents=True, exist_ok=True)
+    # Ask for the x86-64 wheel whatever the host is (our static_asserts and fixture are x86-64). pip does not
+    # widen a --platform to older manylinux tags by itself, so list the ones NCCL wheels use.
+    plats = ["manylinux2014_x86_64"] + [f"manylinux_2_{m}_x86_64" for m in (17, 18, 27, 28)]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
-           f"{package}=={version}", "-d", str(cache)]
-    # --platform/--python-version make the download independent of the host's tags; the wheels are py3-none.
+           *[a for p in plats for a in ("--platform", p)], f"{package}=={version}", "-d", str(cache)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(cache.glob(wheel_glob(package, version)))
     if proc.returncode != 0 or not found:
@@ -100,7 +101,11 @@ def version_of_wheel(wheel: Path) -> tuple[str, str]:
 
 
 def unpack_lib(wheel: Path, into: Path) -> Path:
-    with zipfile.ZipFile(wheel) as zf:
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except zipfile.BadZipFile:
+        raise AbiExtractError(f"{wheel}: corrupt wheel (interrupted download?); delete it and rerun") from None
+    with zf:
         try:
             info = zf.getinfo(LIB_IN_WHEEL)
         except KeyError:
