@@ -1,0 +1,373 @@
+// Plugin contexts: init (knobs, the shared-memory file, pools, registry) and finalize.
+// Nothing here is on the hot path; init/finalize may allocate, lock and make syscalls.
+//
+// Lifetime: NCCL may call back after finalize (late proxy/KernelCh events) with handles
+// that name a context. A finalized context is therefore never freed at once: it is
+// marked dead (callbacks then count and ignore), kept mapped, and reclaimed by a later
+// init only after kQuarantineNs. Registry entries are reused with a new incarnation, so
+// a handle from before the reuse no longer decodes to a live context.
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <pthread.h>
+#include <new>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "context.h"
+
+namespace mycroft::plugin {
+
+std::atomic<uint64_t> g_null_handles{0};
+
+namespace {
+
+std::atomic<Context*> g_registry[kMaxContexts];
+uint8_t g_incarnation[kMaxContexts];  // guarded by g_mutex
+pthread_mutex_t g_mutex = PTHREAD_MUTEX_INITIALIZER;
+uint32_t g_cursor = 0;                // guarded by g_mutex
+Context* g_retired = nullptr;         // guarded by g_mutex
+
+#define MLOG(c_logfn, level, ...)                                                        \
+  do {                                                                                   \
+    if (c_logfn) (c_logfn)(level, abi::kLogProfile | abi::kLogInit, __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+
+// Pools come from calloc + placement new (no operator new: the plugin links no C++
+// runtime symbols it would then have to export or hide).
+template <class T>
+T* NewArray(size_t n) {
+  void* p = calloc(n, sizeof(T));
+  if (p == nullptr) return nullptr;
+  T* a = static_cast<T*>(p);
+  for (size_t i = 0; i < n; ++i) new (a + i) T();
+  return a;
+}
+
+struct Lock {
+  Lock() { pthread_mutex_lock(&g_mutex); }
+  ~Lock() { pthread_mutex_unlock(&g_mutex); }
+};
+
+void FreeContext(Context* c) {
+  if (c->map != nullptr) munmap(c->map, c->map_size);
+  free(c->slots);  // trivially destructible pool entries
+  free(c->proxy);
+  free(c->api);
+  free(c->p2p_counts);
+  free(c);
+}
+
+// Frees retired contexts whose quarantine is over. Caller holds g_mutex.
+void ReclaimLocked(uint64_t now) {
+  Context** pp = &g_retired;
+  while (*pp != nullptr) {
+    Context* c = *pp;
+    if (now - c->finalized_at >= kQuarantineNs) {
+      *pp = c->next_retired;
+      g_registry[c->index].store(nullptr, std::memory_order_release);
+      FreeContext(c);
+    } else {
+      pp = &c->next_retired;
+    }
+  }
+}
+
+bool RegisterLocked(Context* c) {
+  for (uint32_t i = 0; i < kMaxContexts; ++i) {
+    uint32_t idx = (g_cursor + i) % kMaxContexts;
+    if (g_registry[idx].load(std::memory_order_relaxed) == nullptr) {
+      c->index = idx;
+      c->inc = ++g_incarnation[idx];
+      g_cursor = idx + 1;
+      g_registry[idx].store(c, std::memory_order_release);
+      return true;
+    }
+  }
+  return false;
+}
+
+void CopyName(char* dst, size_t len, const char* src) {
+  if (src == nullptr) src = "";
+  size_t n = strnlen(src, len - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+int EnvInt(const char* name) {
+  long long v;
+  const char* s = getenv(name);
+  if (s != nullptr && ParseInt(s, 0, 1 << 30, &v)) return int(v);
+  return -1;
+}
+
+// The CUDA device this rank most likely uses: the only entry of CUDA_VISIBLE_DEVICES,
+// or its LOCAL_RANK-th entry, or LOCAL_RANK when the variable is unset.
+int CudaDevice(int local_rank) {
+  const char* cvd = getenv("CUDA_VISIBLE_DEVICES");
+  if (cvd == nullptr) return local_rank;
+  char buf[256];
+  snprintf(buf, sizeof(buf), "%s", cvd);
+  int entries[64];
+  int n = 0;
+  for (char* save = nullptr, *tok = strtok_r(buf, ",", &save); tok != nullptr && n < 64;
+       tok = strtok_r(nullptr, ",", &save)) {
+    long long v;
+    entries[n++] = ParseInt(tok, 0, 1 << 20, &v) ? int(v) : -1;
+  }
+  if (n == 1) return entries[0];
+  if (local_rank >= 0 && local_rank < n) return entries[local_rank];
+  return -1;
+}
+
+void SanitizeForFile(const char* in, char* out, size_t len) {
+  size_t j = 0;
+  for (size_t i = 0; in[i] != '\0' && j + 1 < len; ++i) {
+    char ch = in[i];
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+              ch == '_' || ch == '-';
+    out[j++] = ok ? ch : '_';
+  }
+  out[j] = '\0';
+  if (j == 0) snprintf(out, len, "host");
+}
+
+// mkdir -p; the last component 0700, missing parents 0755.
+bool MakeDirs(const char* dir, char* err, size_t err_len) {
+  char path[512];
+  snprintf(path, sizeof(path), "%s", dir);
+  size_t n = strlen(path);
+  while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
+  for (size_t i = 1; i <= n; ++i) {
+    if (path[i] == '/' || path[i] == '\0') {
+      char saved = path[i];
+      path[i] = '\0';
+      bool last = (saved == '\0');
+      if (mkdir(path, last ? 0700 : 0755) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "cannot create MYCROFT_RING_DIR component %s: %s", path, strerror(errno));
+        return false;
+      }
+      path[i] = saved;
+    }
+  }
+  struct stat st;
+  if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    snprintf(err, err_len, "MYCROFT_RING_DIR %s is not a directory", path);
+    return false;
+  }
+  return true;
+}
+
+bool CreateShm(Context* c, const Config& cfg, const char* host, uint64_t comm_hash, int rank, char* err,
+               size_t err_len) {
+  if (!MakeDirs(cfg.ring_dir, err, err_len)) return false;
+  char fhost[shm::kNameLen];
+  SanitizeForFile(host, fhost, sizeof(fhost));
+  uint64_t size = shm::FileSize(cfg.live_slots, cfg.ring_records);
+  int fd = -1;
+  for (int k = 0; k < 1000 && fd < 0; ++k) {
+    if (k == 0) {
+      snprintf(c->path, sizeof(c->path), "%s/%s-%d-%016llx-r%d.mycroft", cfg.ring_dir, fhost, int(getpid()),
+               (unsigned long long)comm_hash, rank);
+    } else {
+      snprintf(c->path, sizeof(c->path), "%s/%s-%d-%016llx-r%d-%d.mycroft", cfg.ring_dir, fhost, int(getpid()),
+               (unsigned long long)comm_hash, rank, k);
+    }
+    fd = open(c->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) {
+      snprintf(err, err_len, "cannot create %s: %s", c->path, strerror(errno));
+      return false;
+    }
+  }
+  if (fd < 0) {
+    snprintf(err, err_len, "no free file name for %s", c->path);
+    return false;
+  }
+  if (ftruncate(fd, off_t(size)) != 0) {
+    snprintf(err, err_len, "ftruncate %s to %llu bytes: %s", c->path, (unsigned long long)size, strerror(errno));
+    close(fd);
+    unlink(c->path);
+    return false;
+  }
+  // MAP_POPULATE: fault every page in now so the hot path never takes a page fault.
+  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) {
+    snprintf(err, err_len, "mmap %s: %s", c->path, strerror(errno));
+    unlink(c->path);
+    return false;
+  }
+  c->map = m;
+  c->map_size = size;
+  c->hdr = static_cast<shm::ShmHeader*>(m);
+  c->live = reinterpret_cast<shm::LiveOp*>(static_cast<char*>(m) + shm::LiveOffset());
+  c->ring = reinterpret_cast<shm::RingRecord*>(static_cast<char*>(m) + shm::RingOffset(cfg.live_slots));
+  c->live_slots = cfg.live_slots;
+  c->ring_cap = cfg.ring_records;
+  return true;
+}
+
+uint64_t RealtimeNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+}  // namespace
+
+Context* LookupContext(uint32_t index, uint32_t inc) {
+  if (index >= kMaxContexts) return nullptr;
+  Context* c = g_registry[index].load(std::memory_order_acquire);
+  if (c == nullptr || (c->inc & 0xff) != inc) return nullptr;
+  return c;
+}
+
+int RequestedMask(int abi_version) {
+  int m = kEvColl | kEvP2p | kEvProxyOp | kEvProxyStep | kEvKernelCh;
+  if (abi_version >= 5) m |= kEvGroupApi | kEvCollApi | kEvP2pApi;
+  return m;
+}
+
+Result CoreInit(int abi_version, void** context, int* mask, const char* comm_name, uint64_t comm_hash,
+                uint64_t comm_id, int n_nodes, int nranks, int rank, abi::DebugLogger logfn) {
+  if (context == nullptr) return Result::InvalidArgument;
+  *context = nullptr;
+  if (nranks <= 0 || nranks > (1 << 24) || rank < 0 || rank >= nranks) {
+    MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: bad init arguments (rank %d of %d); profiler disabled", rank,
+         nranks);
+    return Result::InvalidArgument;
+  }
+  Config cfg;
+  char err[1024] = "";
+  if (!LoadConfig(&cfg, err, sizeof(err))) {
+    MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: %s; profiler disabled for this communicator", err);
+    return Result::InvalidUsage;
+  }
+  if (!cfg.enable) {
+    MLOG(logfn, abi::LogLevel::Info, "mycroft-otel: disabled by MYCROFT_ENABLE");
+    return Result::InvalidUsage;
+  }
+
+  Context* c = NewArray<Context>(1);
+  if (c == nullptr) return Result::SystemError;
+  c->abi_version = abi_version;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->pid = getpid();
+  c->logfn = logfn;
+
+  char host[shm::kNameLen];
+  const char* hostid = getenv("NCCL_HOSTID");
+  if (hostid != nullptr && hostid[0] != '\0') {
+    CopyName(host, sizeof(host), hostid);
+  } else if (gethostname(host, sizeof(host)) != 0) {
+    snprintf(host, sizeof(host), "localhost");
+  }
+  host[sizeof(host) - 1] = '\0';
+
+  if (!CreateShm(c, cfg, host, comm_hash, rank, err, sizeof(err))) {
+    MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: %s; profiler disabled for this communicator", err);
+    FreeContext(c);
+    return Result::SystemError;
+  }
+  c->n_proxy = cfg.live_slots * 16u;
+  if (c->n_proxy < 256) c->n_proxy = 256;
+  if (c->n_proxy > kMaxProxyEntries) c->n_proxy = kMaxProxyEntries;
+  c->slots = NewArray<SlotCtl>(c->live_slots);
+  c->proxy = NewArray<ProxyEntry>(c->n_proxy);
+  c->api = NewArray<ApiEntry>(kApiEntries);
+  c->p2p_counts = NewArray<std::atomic<uint64_t>>(size_t(nranks) * 2);
+  if (c->slots == nullptr || c->proxy == nullptr || c->api == nullptr || c->p2p_counts == nullptr) {
+    MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: out of memory; profiler disabled");
+    unlink(c->path);
+    FreeContext(c);
+    return Result::SystemError;
+  }
+  for (size_t i = 0; i < size_t(nranks) * 2; ++i) c->p2p_counts[i].store(0, std::memory_order_relaxed);
+  for (uint32_t s = 0; s < c->live_slots; ++s)
+    for (int w = 0; w < 4; ++w) {
+      c->slots[s].kch_started_bits[w].store(0, std::memory_order_relaxed);
+      c->slots[s].kch_stopped_bits[w].store(0, std::memory_order_relaxed);
+    }
+
+  int want = RequestedMask(abi_version);
+  if (mask != nullptr) __atomic_store_n(mask, want, __ATOMIC_RELAXED);
+
+  // Header (the file is fresh: all zero). Magic last, with release: a reader that sees
+  // the magic sees a complete header.
+  shm::ShmHeader* h = c->hdr;
+  h->layout_version = shm::kLayoutVersion;
+  h->header_size = sizeof(shm::ShmHeader);
+  h->live_slots = c->live_slots;
+  h->ring_capacity = c->ring_cap;
+  h->live_offset = uint32_t(shm::LiveOffset());
+  h->ring_offset = uint32_t(shm::RingOffset(c->live_slots));
+  h->file_size = c->map_size;
+  CopyName(h->job_id, sizeof(h->job_id), cfg.job_id);
+  CopyName(h->comm_name, sizeof(h->comm_name), comm_name);
+  CopyName(h->host, sizeof(h->host), host);
+  CopyName(h->plugin_version, sizeof(h->plugin_version), kPluginVersion);
+  h->comm_hash = comm_hash;
+  h->comm_id = comm_id;
+  h->rank = rank;
+  h->nranks = nranks;
+  h->nnodes = n_nodes;
+  h->global_rank = EnvInt("RANK");
+  h->local_rank = EnvInt("LOCAL_RANK");
+  h->cuda_device = CudaDevice(h->local_rank);
+  h->pid = int32_t(c->pid);
+  h->abi_version = uint32_t(abi_version);
+  h->activation_mask = want;
+  h->start_realtime_ns = RealtimeNs();
+  h->start_mono_ns = NowNs();
+  h->heartbeat_ns = h->start_mono_ns;
+  for (uint32_t s = 0; s < c->live_slots; ++s) c->live[s].generation = 0;
+  StRel(h->magic, shm::kMagic);
+
+  {
+    Lock lock;
+    ReclaimLocked(NowNs());
+    if (!RegisterLocked(c)) {
+      MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: more than %u live contexts; profiler disabled", kMaxContexts);
+      unlink(c->path);
+      FreeContext(c);
+      return Result::SystemError;
+    }
+  }
+  c->alive.store(1, std::memory_order_release);
+  *context = MakeHandle(kHCtx, c->index, c->inc, 0);
+  MLOG(logfn, abi::LogLevel::Info, "mycroft-otel: profiler v%d rank %d/%d comm %016llx -> %s (%llu bytes)",
+       abi_version, rank, nranks, (unsigned long long)comm_hash, c->path, (unsigned long long)c->map_size);
+  return Result::Success;
+}
+
+Result CoreFinalize(void* context) {
+  Decoded d;
+  if (!DecodeHandle(context, &d) || d.kind != kHCtx) return Result::Success;
+  Context* c = LookupContext(d.ctx, d.inc);
+  if (c == nullptr) return Result::Success;
+  Lock lock;
+  if (c->alive.exchange(0, std::memory_order_acq_rel) == 0) return Result::Success;  // second finalize
+  uint64_t now = NowNs();
+  // Operations still in flight: publish them as aborted so their last state survives.
+  for (uint32_t s = 0; s < c->live_slots; ++s) {
+    shm::LiveOp& L = c->live[s];
+    uint32_t g = LdAcq(L.generation);
+    if ((g & 3) == 2) {
+      PublishOp(c, s, shm::kFlagAborted, 0);
+      FreeSlot(c, s);
+    }
+  }
+  StRel(c->hdr->finalized_ns, now);
+  c->finalized_at = now;
+  c->next_retired = g_retired;
+  g_retired = c;
+  ReclaimLocked(now);
+  return Result::Success;
+}
+
+}  // namespace mycroft::plugin

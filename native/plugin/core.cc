@@ -1,0 +1,788 @@
+// The version-independent core: turns normalised NCCL events into the live table,
+// per-flow Mycroft counters and completion records (shm_layout.h).
+//
+// Hot-path rules: no allocation, no locks, no syscalls (one vDSO clock read per
+// callback), never blocks (every loop is bounded by a pool size), never throws.
+//
+// Completion rule (NCCL stops Coll/P2p at launch, not at completion):
+//   an op completes when (a) its Coll/P2p event stopped (launched), (b) `n_channels`
+//   KernelCh events stopped (NCCL's profiler proxy emits exactly one KernelCh per
+//   channel the op runs on, start = channel work started, stop = channel work done,
+//   on the proxy progress thread or, 2.31+, the profiler thread), and (c) every
+//   ProxyOp it started has stopped (network work; none for intra-node ops, and a
+//   send's ProxyOp usually outlives its kernel). One counter `outstanding` holds
+//   1 + n_channels + started-but-not-stopped ProxyOps; the thread that takes it to 0
+//   publishes the record. An op with n_channels == 0 completes with its launch and
+//   ProxyOps alone.
+#include <cstring>
+#include <unistd.h>
+
+#include "context.h"
+
+namespace mycroft::plugin {
+
+namespace {
+
+using shm::Flow;
+using shm::LiveOp;
+using shm::OpInfo;
+
+constexpr uint64_t kHeartbeatEveryNs = 1000000;  // 1 ms: keep the header line mostly read-only
+
+inline void Beat(Context* c, uint64_t now) {
+  if (now - Ld(c->hdr->heartbeat_ns) > kHeartbeatEveryNs) St(c->hdr->heartbeat_ns, now);
+}
+
+inline void CountBadHandle(Context* c) { Add(c->hdr->dropped_bad_handle, uint64_t{1}); }
+inline void CountBadDescr(Context* c) { Add(c->hdr->dropped_bad_descr, uint64_t{1}); }
+
+// Word-wise relaxed atomic copy (structs are 8-byte aligned, sizes multiples of 8).
+inline void CopyWords(void* dst, const void* src, size_t bytes) {
+  auto* d = static_cast<uint64_t*>(dst);
+  auto* s = static_cast<const uint64_t*>(src);
+  for (size_t i = 0; i < bytes / 8; ++i) __atomic_store_n(d + i, __atomic_load_n(s + i, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
+inline void ZeroWords(void* dst, size_t bytes) {
+  auto* d = static_cast<uint64_t*>(dst);
+  for (size_t i = 0; i < bytes / 8; ++i) __atomic_store_n(d + i, uint64_t{0}, __ATOMIC_RELAXED);
+}
+
+uint8_t NameIndex(const char* s, const char* const* names, size_t n) {
+  if (s == nullptr) return shm::kUnknownIndex;
+  for (size_t i = 0; i < n; ++i)
+    if (strcmp(s, names[i]) == 0) return uint8_t(i);
+  return shm::kUnknownIndex;
+}
+template <size_t N>
+uint8_t NameIndex(const char* s, const char* const (&names)[N]) {
+  return NameIndex(s, names, N);
+}
+
+// Resolves any handle to its context (alive or not); nullptr if not ours.
+Context* Resolve(const void* h, Decoded* d) {
+  if (!DecodeHandle(h, d)) return nullptr;
+  return LookupContext(d->ctx, d->inc);
+}
+
+// ---- live slots ---------------------------------------------------------------------
+struct OpRef {
+  Context* c;
+  uint32_t slot;
+  uint32_t gen;  // full, even generation of the slot while the op lives
+};
+
+// Slot generation modulo 4: 0 free, 1 initialising, 2 active, 3 freeing (odd while
+// the slot header is being written, as shm_layout.h promises readers).
+bool ClaimSlot(Context* c, uint32_t* slot, uint32_t* odd_gen) {
+  uint32_t n = c->live_slots;
+  uint32_t hint = c->slot_hint.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t s = (hint + i) % n;
+    LiveOp& L = c->live[s];
+    uint32_t g = Ld(L.generation);
+    if ((g & 3) != 0) continue;
+    if (__atomic_compare_exchange_n(&L.generation, &g, g + 1, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+      c->slot_hint.store(s + 1, std::memory_order_relaxed);
+      *slot = s;
+      *odd_gen = g + 1;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Op handle -> live slot, checking the generation (stale handles after completion).
+bool OpFromHandle(const void* h, Context** cp, OpRef* r) {
+  Decoded d;
+  Context* c = Resolve(h, &d);
+  *cp = c;
+  if (c == nullptr || d.kind != kHOp || !c->alive.load(std::memory_order_acquire)) return false;
+  uint32_t s = d.payload >> 20;
+  if (s >= c->live_slots) return false;
+  uint32_t g = LdAcq(c->live[s].generation);
+  if ((g & 3) != 2 || (g & 0xfffff) != (d.payload & 0xfffff)) return false;
+  *r = OpRef{c, s, g};
+  return true;
+}
+
+inline bool StillLive(const OpRef& r) { return LdAcq(r.c->live[r.slot].generation) == r.gen; }
+
+void Complete(Context* c, uint32_t s, uint64_t now) {
+  OpInfo& op = c->live[s].op;
+  St(op.end_ns, now);
+  St(op.last_progress_ns, now);
+  PublishOp(c, s, 0, now);
+  FreeSlot(c, s);
+  Add(c->hdr->ops_completed, uint64_t{1});
+}
+
+// Drops one completion reference; the last one publishes the op.
+inline void Release(Context* c, uint32_t s, uint64_t now) {
+  if (c->slots[s].outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) Complete(c, s, now);
+}
+
+// Takes a completion reference for a child that starts (ProxyOp). Refuses an op
+// that already completed; undoes itself if the slot was reused meanwhile.
+bool AcquireRef(const OpRef& r, uint64_t now) {
+  auto& out = r.c->slots[r.slot].outstanding;
+  int64_t v = out.load(std::memory_order_relaxed);
+  for (int tries = 0; tries < 64; ++tries) {
+    if (v <= 0) return false;
+    if (out.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      if (!StillLive(r)) {
+        Release(r.c, r.slot, now);
+        return false;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+void MinStore(uint64_t& f, uint64_t v) {
+  uint64_t cur = Ld(f);
+  for (int i = 0; i < 16 && (cur == 0 || v < cur); ++i)
+    if (__atomic_compare_exchange_n(&f, &cur, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
+}
+void MaxStore(uint64_t& f, uint64_t v) {
+  uint64_t cur = Ld(f);
+  for (int i = 0; i < 16 && v > cur; ++i)
+    if (__atomic_compare_exchange_n(&f, &cur, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
+}
+
+// ---- Coll / P2p ---------------------------------------------------------------------
+Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
+  const bool p2p = (d.type == kEvP2p);
+  uint8_t kind = uint8_t(shm::OpKind::kColl);
+  uint64_t seq;
+  uint8_t func = NameIndex(d.func, shm::kFuncNames);
+  if (p2p) {
+    int dir;
+    if (func == uint8_t(shm::Func::kSend)) {
+      dir = 0;
+      kind = uint8_t(shm::OpKind::kP2pSend);
+    } else if (func == uint8_t(shm::Func::kRecv)) {
+      dir = 1;
+      kind = uint8_t(shm::OpKind::kP2pRecv);
+    } else {
+      CountBadDescr(c);
+      return Result::Success;
+    }
+    if (d.peer < 0 || d.peer >= c->nranks) {
+      CountBadDescr(c);
+      return Result::Success;
+    }
+    // Transfer number n per (peer, direction): the sender's n-th Send to a peer and
+    // that peer's n-th Recv from the sender name the same transfer (design §2).
+    seq = c->p2p_counts[size_t(d.peer) * 2 + dir].fetch_add(1, std::memory_order_relaxed);
+    Add(dir == 0 ? c->hdr->p2p_send_count_total : c->hdr->p2p_recv_count_total, uint64_t{1});
+  } else {
+    // Per-context collective number: every rank calls the collectives of a
+    // communicator in the same order, so this agrees across ranks.
+    seq = c->coll_seq.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // API start time (v5+: parent is the CollApi/P2pApi handle).
+  uint64_t api_ns = 0;
+  Decoded pd;
+  if (d.parent != nullptr && Resolve(d.parent, &pd) == c && pd.kind == kHApi && pd.payload != 0) {
+    ApiEntry& e = c->api[(pd.payload - 1) % kApiEntries];
+    if (uint32_t(e.tag.load(std::memory_order_acquire)) == pd.payload)
+      api_ns = e.start_ns.load(std::memory_order_relaxed);
+  }
+
+  uint32_t s, odd;
+  if (!ClaimSlot(c, &s, &odd)) {
+    Add(c->hdr->dropped_live_full, uint64_t{1});
+    return Result::Success;
+  }
+  SlotCtl& ctl = c->slots[s];
+  ctl.outstanding.store(1 + int64_t(d.n_channels), std::memory_order_relaxed);
+  ctl.launched.store(0, std::memory_order_relaxed);
+  ctl.kch_stopped.store(0, std::memory_order_relaxed);
+  ctl.n_flows.store(0, std::memory_order_relaxed);
+  for (int w = 0; w < 4; ++w) {
+    ctl.kch_started_bits[w].store(0, std::memory_order_relaxed);
+    ctl.kch_stopped_bits[w].store(0, std::memory_order_relaxed);
+  }
+
+  OpInfo op;
+  memset(&op, 0, sizeof(op));
+  op.op_id = c->next_op_id.fetch_add(1, std::memory_order_relaxed);
+  op.seq = seq;
+  op.nccl_seq = p2p ? 0 : d.seq_number;
+  op.count = d.count;
+  uint8_t dt = NameIndex(d.datatype, shm::kDatatypeNames);
+  uint64_t esz = dt == shm::kUnknownIndex ? 0 : shm::kDatatypeSizes[dt];
+  op.bytes = (esz != 0 && d.count > UINT64_MAX / esz) ? UINT64_MAX : d.count * esz;
+  op.kind = kind;
+  op.func = func;
+  op.datatype = dt;
+  op.algo = p2p ? shm::kUnknownIndex : NameIndex(d.algo, shm::kAlgoNames);
+  op.proto = p2p ? shm::kUnknownIndex : NameIndex(d.proto, shm::kProtoNames);
+  op.n_channels = d.n_channels;
+  op.abi_version = uint8_t(c->abi_version);
+  if (p2p) {
+    op.root_or_peer = d.peer;
+  } else {
+    op.root_or_peer = (func == uint8_t(shm::Func::kBroadcast) || func == uint8_t(shm::Func::kReduce) ||
+                       func == uint8_t(shm::Func::kGather) || func == uint8_t(shm::Func::kScatter))
+                          ? d.root
+                          : -1;
+  }
+  op.api_ns = api_ns;
+  op.start_ns = now;
+  op.last_progress_ns = now;
+  LiveOp& L = c->live[s];
+  CopyWords(&L.op, &op, sizeof(op));
+  St(L.state, uint32_t(shm::SlotState::kActive));
+  StRel(L.generation, odd + 1);  // publish: the slot header is complete
+  Add(c->hdr->ops_started, uint64_t{1});
+  *handle = MakeHandle(kHOp, c->index, c->inc, (s << 20) | ((odd + 1) & 0xfffff));
+  return Result::Success;
+}
+
+void StopOp(const OpRef& r, uint64_t now) {
+  St(r.c->live[r.slot].op.launch_ns, now);
+  if (r.c->slots[r.slot].launched.exchange(1, std::memory_order_acq_rel) == 0) Release(r.c, r.slot, now);
+}
+
+// ---- KernelCh -------------------------------------------------------------------------
+Result StartKernelCh(Context* c, void** handle, const Descr& d, uint64_t now) {
+  Context* pc;
+  OpRef r;
+  if (!OpFromHandle(d.parent, &pc, &r) || pc != c) {
+    CountBadHandle(c);
+    return Result::Success;
+  }
+  uint32_t ch = d.channel;
+  SlotCtl& ctl = c->slots[r.slot];
+  OpInfo& op = c->live[r.slot].op;
+  uint64_t bit = 1ull << (ch & 63);
+  if ((ctl.kch_started_bits[ch >> 6].fetch_or(bit, std::memory_order_relaxed) & bit) == 0)
+    Add(op.kernel_ch_started, uint32_t{1});
+  if (d.ptimer != 0) {
+    MinStore(op.kernel_start_ns, d.ptimer);
+    __atomic_fetch_or(&op.flags, uint32_t(shm::kFlagKernelTimes), __ATOMIC_RELAXED);
+  }
+  St(op.last_progress_ns, now);
+  *handle = MakeHandle(kHKernelCh, c->index, c->inc, (r.slot << 20) | (ch << 12) | (r.gen & 0xfff));
+  return Result::Success;
+}
+
+bool KernelChFromHandle(const void* h, Context** cp, OpRef* r, uint32_t* ch) {
+  Decoded d;
+  Context* c = Resolve(h, &d);
+  *cp = c;
+  if (c == nullptr || d.kind != kHKernelCh || !c->alive.load(std::memory_order_acquire)) return false;
+  uint32_t s = d.payload >> 20;
+  if (s >= c->live_slots) return false;
+  uint32_t g = LdAcq(c->live[s].generation);
+  if ((g & 3) != 2 || (g & 0xfff) != (d.payload & 0xfff)) return false;
+  *r = OpRef{c, s, g};
+  *ch = (d.payload >> 12) & 0xff;
+  return true;
+}
+
+void StopKernelCh(const OpRef& r, uint32_t ch, uint64_t now) {
+  SlotCtl& ctl = r.c->slots[r.slot];
+  OpInfo& op = r.c->live[r.slot].op;
+  uint64_t bit = 1ull << (ch & 63);
+  if (ctl.kch_stopped_bits[ch >> 6].fetch_or(bit, std::memory_order_acq_rel) & bit) {
+    CountBadHandle(r.c);  // second stop of the same channel
+    return;
+  }
+  Add(op.kernel_ch_stopped, uint32_t{1});
+  St(op.last_progress_ns, now);
+  uint32_t k = ctl.kch_stopped.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (k <= Ld(op.n_channels)) Release(r.c, r.slot, now);
+}
+
+// ---- ProxyOp / ProxyStep -------------------------------------------------------------
+// Flow update inside its seqlock. One writer per flow at a time (the proxy thread
+// that progresses the channel). Ordering, weakest that is correct:
+//   version = v+1 (relaxed); release fence  -> any reader that observes one of the
+//     following data stores (and issues its acquire fence) also observes v+1;
+//   data stores (relaxed);
+//   version = v+2 (release)                  -> a reader that acquires v+2 sees all data.
+// Readers: v1 = load-acquire; copy (relaxed); acquire fence; v2 = load; accept iff
+// v1 == v2 and even.
+struct FlowWrite {
+  Flow& f;
+  uint32_t v;
+  explicit FlowWrite(Flow& fl) : f(fl), v(Ld(fl.version)) {
+    St(f.version, v + 1);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  ~FlowWrite() { StRel(f.version, v + 2); }
+};
+
+int32_t FindOrClaimFlow(const OpRef& r, uint8_t ch, uint8_t dir, int32_t peer) {
+  LiveOp& L = r.c->live[r.slot];
+  SlotCtl& ctl = r.c->slots[r.slot];
+  uint32_t n = ctl.n_flows.load(std::memory_order_acquire);
+  if (n > shm::kMaxFlows) n = shm::kMaxFlows;
+  for (uint32_t i = 0; i < n; ++i) {
+    const Flow& f = L.flows[i];
+    if (Ld(f.channel) == ch && Ld(f.dir) == dir && Ld(f.peer) == peer) return int32_t(i);
+  }
+  uint32_t i = ctl.n_flows.fetch_add(1, std::memory_order_acq_rel);
+  if (i >= shm::kMaxFlows) {
+    __atomic_fetch_or(&L.op.flags, uint32_t(shm::kFlagFlowsTruncated), __ATOMIC_RELAXED);
+    Add(r.c->hdr->dropped_flows, uint64_t{1});
+    return -1;
+  }
+  Flow& f = L.flows[i];
+  {
+    // The version survives across ops (a reader holding an old copy must not match).
+    FlowWrite w(f);
+    ZeroWords(reinterpret_cast<char*>(&f) + 8, sizeof(Flow) - 8);  // all but version/peer word
+    St(f.peer, peer);
+    St(f.channel, ch);
+    St(f.dir, dir);
+  }
+  // Publish the count: readers use flows[0, n_flows).
+  uint8_t cur = Ld(L.op.n_flows);
+  for (int t = 0; t < 64 && cur < i + 1; ++t)
+    if (__atomic_compare_exchange_n(&L.op.n_flows, &cur, uint8_t(i + 1), false, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+      break;
+  return int32_t(i);
+}
+
+Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
+  if (d.pid != c->pid) {
+    // PXN: posted by another process; parentObj is that process's pointer. Never
+    // look at it; the posting rank's own plugin cannot see this op either.
+    Add(c->hdr->pxn_foreign_ops, uint64_t{1});
+    *handle = MakeHandle(kHForeign, c->index, c->inc, 0);
+    return Result::Success;
+  }
+  if (d.n_steps < 0 || d.peer < 0 || d.peer >= c->nranks) {
+    CountBadDescr(c);
+    return Result::Success;
+  }
+  Context* pc;
+  OpRef r;
+  if (!OpFromHandle(d.parent, &pc, &r) || pc != c) {
+    CountBadHandle(c);
+    return Result::Success;
+  }
+  // Claim a ProxyEntry.
+  uint32_t n = c->n_proxy, idx = n;
+  uint32_t hint = c->proxy_hint.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t e = (hint + i) % n;
+    uint32_t z = 0;
+    if (c->proxy[e].busy.load(std::memory_order_relaxed) == 0 &&
+        c->proxy[e].busy.compare_exchange_strong(z, 1, std::memory_order_acq_rel)) {
+      idx = e;
+      break;
+    }
+  }
+  if (idx == n) {
+    Add(c->hdr->dropped_flows, uint64_t{1});
+    return Result::Success;
+  }
+  c->proxy_hint.store(idx + 1, std::memory_order_relaxed);
+  ProxyEntry& pe = c->proxy[idx];
+  if (!AcquireRef(r, now)) {
+    pe.busy.store(0, std::memory_order_release);
+    CountBadHandle(c);  // the op already completed (a ProxyOp after all its other children)
+    return Result::Success;
+  }
+  uint32_t gen = pe.gen.fetch_add(1, std::memory_order_relaxed) + 1;
+  uint8_t dir = d.is_send ? uint8_t(shm::Dir::kSend) : uint8_t(shm::Dir::kRecv);
+  int32_t fi = FindOrClaimFlow(r, d.channel, dir, d.peer);
+  pe.slot.store(r.slot, std::memory_order_relaxed);
+  pe.slot_gen.store(r.gen, std::memory_order_relaxed);
+  pe.flow.store(fi, std::memory_order_relaxed);
+  pe.is_send.store(d.is_send ? 1 : 0, std::memory_order_relaxed);
+  for (uint32_t k = 0; k < kSteps; ++k) pe.steps[k].active.store(0, std::memory_order_relaxed);
+  LiveOp& L = c->live[r.slot];
+  if (fi >= 0) {
+    Flow& f = L.flows[fi];
+    FlowWrite w(f);
+    St(f.n_steps, Ld(f.n_steps) + uint32_t(d.n_steps));
+    if (d.chunk_size > 0) St(f.chunk_size, uint32_t(d.chunk_size));
+    if (Ld(f.n_proxy_ops) < 255) St(f.n_proxy_ops, uint8_t(Ld(f.n_proxy_ops) + 1));
+    St(f.last_progress_ns, now);
+  }
+  Add(L.op.proxy_ops_started, uint32_t{1});
+  St(L.op.last_progress_ns, now);
+  *handle = MakeHandle(kHProxyOp, c->index, c->inc, (idx << 18) | (gen & 0x3ffff));
+  return Result::Success;
+}
+
+struct ProxyRef {
+  Context* c;
+  ProxyEntry* pe;
+  uint32_t idx;
+  uint32_t step_slot;
+};
+
+// Valid ProxyOp (or, with step=true, ProxyStep) handle of a live context.
+bool ProxyFromHandle(const void* h, bool step, Context** cp, ProxyRef* r) {
+  Decoded d;
+  Context* c = Resolve(h, &d);
+  *cp = c;
+  if (c == nullptr || d.kind != (step ? kHProxyStep : kHProxyOp) || !c->alive.load(std::memory_order_acquire))
+    return false;
+  uint32_t idx = d.payload >> 18;
+  if (idx >= c->n_proxy) return false;
+  ProxyEntry& pe = c->proxy[idx];
+  if (pe.busy.load(std::memory_order_acquire) != 1) return false;
+  uint32_t g = pe.gen.load(std::memory_order_relaxed);
+  if (step ? ((g & 0x7fff) != (d.payload & 0x7fff)) : ((g & 0x3ffff) != (d.payload & 0x3ffff))) return false;
+  *r = ProxyRef{c, &pe, idx, step ? ((d.payload >> 15) & 7) : 0};
+  return true;
+}
+
+void StopProxyOp(const ProxyRef& r, uint64_t now) {
+  ProxyEntry& pe = *r.pe;
+  uint32_t one = 1;
+  if (!pe.busy.compare_exchange_strong(one, 0, std::memory_order_acq_rel)) {
+    CountBadHandle(r.c);
+    return;
+  }
+  uint32_t s = pe.slot.load(std::memory_order_relaxed);
+  OpRef op{r.c, s, pe.slot_gen.load(std::memory_order_relaxed)};
+  if (!StillLive(op)) {
+    CountBadHandle(r.c);
+    return;
+  }
+  Add(r.c->live[s].op.proxy_ops_stopped, uint32_t{1});
+  St(r.c->live[s].op.last_progress_ns, now);
+  Release(r.c, s, now);
+}
+
+// Wait state a ProxyStep state value enters, and the counter level it reaches.
+bool StepStateInfo(int state, uint8_t* wait, uint8_t* level) {
+  switch (state) {
+    case kStProxyStepSendGPUWait: *wait = uint8_t(shm::WaitState::kSendGpuWait); *level = 0; return true;
+    case kStProxyStepSendPeerWait: *wait = uint8_t(shm::WaitState::kSendPeerWait); *level = 1; return true;
+    case kStProxyStepSendWait: *wait = uint8_t(shm::WaitState::kSendWait); *level = 2; return true;
+    case kStProxyStepRecvWait: *wait = uint8_t(shm::WaitState::kRecvWait); *level = 0; return true;
+    case kStProxyStepRecvFlushWait: *wait = uint8_t(shm::WaitState::kRecvFlushWait); *level = 1; return true;
+    case kStProxyStepRecvGPUWait: *wait = uint8_t(shm::WaitState::kRecvGpuWait); *level = 2; return true;
+    default: return false;
+  }
+}
+
+// One step transition: start (new_level 0, wait kNone), a state, or stop (level 3).
+void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_t new_level, uint64_t bytes,
+                uint64_t now) {
+  ProxyEntry& pe = *r.pe;
+  int32_t fi = pe.flow.load(std::memory_order_relaxed);
+  uint32_t s = pe.slot.load(std::memory_order_relaxed);
+  OpRef op{r.c, s, pe.slot_gen.load(std::memory_order_relaxed)};
+  // Time spent in the state the step leaves.
+  uint64_t gpu_add = 0, net_add = 0;
+  uint8_t old_level = 0;
+  if (!start) {
+    uint8_t prev = st.state.load(std::memory_order_relaxed);
+    uint64_t since = st.since.load(std::memory_order_relaxed);
+    uint64_t dt = now > since ? now - since : 0;
+    if (prev == uint8_t(shm::WaitState::kSendGpuWait) || prev == uint8_t(shm::WaitState::kRecvGpuWait)) gpu_add = dt;
+    if (prev == uint8_t(shm::WaitState::kSendWait) || prev == uint8_t(shm::WaitState::kRecvWait)) net_add = dt;
+    old_level = st.level.load(std::memory_order_relaxed);
+  }
+  uint64_t add_bytes = 0;
+  uint64_t prev_bytes = st.bytes.load(std::memory_order_relaxed);
+  if (bytes > prev_bytes) {
+    add_bytes = bytes - prev_bytes;
+    st.bytes.store(bytes, std::memory_order_relaxed);
+  }
+  if (new_level > old_level || start) st.level.store(new_level, std::memory_order_relaxed);
+  st.state.store(wait, std::memory_order_relaxed);
+  st.since.store(now, std::memory_order_relaxed);
+  if (new_level == 3) st.active.store(0, std::memory_order_relaxed);
+
+  if (fi < 0 || !StillLive(op)) return;
+  // Oldest unfinished step of this ProxyOp (at most kSteps outstanding).
+  uint32_t best_step = UINT32_MAX;
+  uint8_t best_state = 0;
+  uint64_t best_since = 0;
+  for (uint32_t k = 0; k < kSteps; ++k) {
+    StepRec& o = pe.steps[k];
+    if (!o.active.load(std::memory_order_relaxed)) continue;
+    uint32_t sn = o.step.load(std::memory_order_relaxed);
+    if (sn < best_step) {
+      best_step = sn;
+      best_state = o.state.load(std::memory_order_relaxed);
+      best_since = o.since.load(std::memory_order_relaxed);
+    }
+  }
+  LiveOp& L = r.c->live[s];
+  Flow& f = L.flows[fi];
+  {
+    FlowWrite w(f);
+    if (start) {
+      St(f.posted, Ld(f.posted) + 1);
+      if (Ld(f.first_ns) == 0) St(f.first_ns, now);
+    } else {
+      if (old_level < 1 && new_level >= 1) St(f.ready, Ld(f.ready) + 1);
+      if (old_level < 2 && new_level >= 2) St(f.transmitted, Ld(f.transmitted) + 1);
+      if (old_level < 3 && new_level >= 3) {
+        St(f.done, Ld(f.done) + 1);
+        if (Ld(f.done) >= Ld(f.n_steps)) St(f.end_ns, now);
+      }
+    }
+    if (add_bytes) St(f.bytes, Ld(f.bytes) + add_bytes);
+    if (gpu_add) St(f.gpu_wait_ns, Ld(f.gpu_wait_ns) + gpu_add);
+    if (net_add) St(f.net_wait_ns, Ld(f.net_wait_ns) + net_add);
+    St(f.last_progress_ns, now);
+    if (best_step == UINT32_MAX) {
+      St(f.wait_state, uint8_t(shm::WaitState::kNone));
+      St(f.wait_since_ns, uint64_t{0});
+    } else {
+      St(f.wait_state, best_state);
+      St(f.wait_step, best_step);
+      St(f.wait_since_ns, best_since);
+    }
+  }
+  St(L.op.last_progress_ns, now);
+}
+
+Result StartProxyStep(Context* c, void** handle, const Descr& d, uint64_t now) {
+  Decoded pd;
+  if (DecodeHandle(d.parent, &pd) && pd.kind == kHForeign) {
+    *handle = MakeHandle(kHForeign, c->index, c->inc, 0);
+    return Result::Success;
+  }
+  if (d.step < 0) {
+    CountBadDescr(c);
+    return Result::Success;
+  }
+  Context* pc;
+  ProxyRef r;
+  if (!ProxyFromHandle(d.parent, false, &pc, &r) || pc != c) {
+    CountBadHandle(c);
+    return Result::Success;
+  }
+  uint32_t k = uint32_t(d.step) % kSteps;
+  StepRec& st = r.pe->steps[k];
+  st.step.store(uint32_t(d.step), std::memory_order_relaxed);
+  st.bytes.store(0, std::memory_order_relaxed);
+  st.active.store(1, std::memory_order_relaxed);
+  StepUpdate(r, st, true, uint8_t(shm::WaitState::kNone), 0, 0, now);
+  uint32_t gen = r.pe->gen.load(std::memory_order_relaxed);
+  *handle = MakeHandle(kHProxyStep, c->index, c->inc, (r.idx << 18) | (k << 15) | (gen & 0x7fff));
+  return Result::Success;
+}
+
+void StartApi(Context* c, void** handle, uint64_t now) {
+  uint64_t cur = c->api_cursor.fetch_add(1, std::memory_order_relaxed);
+  uint32_t tag = uint32_t(cur + 1);
+  if (tag == 0) tag = 1;  // never hand out payload 0
+  ApiEntry& e = c->api[(tag - 1) % kApiEntries];
+  e.start_ns.store(now, std::memory_order_relaxed);
+  e.tag.store(tag, std::memory_order_release);
+  *handle = MakeHandle(kHApi, c->index, c->inc, tag);
+}
+
+}  // namespace
+
+// ---- publication (also used by finalize) ------------------------------------------------
+void PublishOp(Context* c, uint32_t s, uint32_t extra_flags, uint64_t end_ns) {
+  LiveOp& L = c->live[s];
+  uint64_t idx = __atomic_fetch_add(&c->hdr->ring_head, uint64_t{1}, __ATOMIC_RELAXED);
+  shm::RingRecord& R = c->ring[idx % c->ring_cap];
+  // seq = 0 first: a reader that sees any payload store of this write sees it unpublished.
+  St(R.seq, uint64_t{0});
+  std::atomic_thread_fence(std::memory_order_release);
+  CopyWords(&R.op, &L.op, sizeof(OpInfo));
+  if (extra_flags) St(R.op.flags, Ld(R.op.flags) | extra_flags);
+  if (end_ns) St(R.op.end_ns, end_ns);
+  uint32_t nf = Ld(L.op.n_flows);
+  if (nf > shm::kMaxFlows) nf = shm::kMaxFlows;
+  // Flows: every writer of this op has stopped (completion) or NCCL has stopped its
+  // threads (finalize), so a plain copy is consistent; unused entries are zeroed.
+  CopyWords(R.flows, L.flows, nf * sizeof(Flow));
+  ZeroWords(R.flows + nf, (shm::kMaxFlows - nf) * sizeof(Flow));
+  StRel(R.seq, idx + 1);
+}
+
+void FreeSlot(Context* c, uint32_t s) {
+  LiveOp& L = c->live[s];
+  uint32_t g = Ld(L.generation);
+  StRel(L.generation, g + 1);
+  StRel(L.state, uint32_t(shm::SlotState::kFree));
+  StRel(L.generation, g + 2);
+}
+
+// ---- entry points ------------------------------------------------------------------------
+Result CoreStart(void* context, void** handle, const Descr& d) {
+  if (handle == nullptr) return Result::Success;
+  *handle = nullptr;
+  Decoded cd;
+  if (!DecodeHandle(context, &cd) || cd.kind != kHCtx) {
+    g_null_handles.fetch_add(1, std::memory_order_relaxed);
+    return Result::Success;
+  }
+  Context* c = LookupContext(cd.ctx, cd.inc);
+  if (c == nullptr) return Result::Success;
+  if (!c->alive.load(std::memory_order_acquire)) {
+    CountBadHandle(c);  // start after finalize
+    return Result::Success;
+  }
+  uint64_t now = NowNs();
+  Beat(c, now);
+  switch (d.type) {
+    case kEvColl:
+    case kEvP2p:
+      return StartOp(c, handle, d, now);
+    case kEvProxyOp:
+      return StartProxyOp(c, handle, d, now);
+    case kEvProxyStep:
+      return StartProxyStep(c, handle, d, now);
+    case kEvKernelCh:
+      return StartKernelCh(c, handle, d, now);
+    case kEvGroupApi:
+    case kEvCollApi:
+    case kEvP2pApi:
+      StartApi(c, handle, now);
+      return Result::Success;
+    case kEvGroup:
+    case kEvKernelLaunch:
+    case kEvProxyCtrl:
+    case kEvNetPlugin:
+    case kEvCeColl:
+    case kEvCeSync:
+    case kEvCeBatch:
+    case kEvKernelPhase:
+      *handle = MakeHandle(kHIgnored, c->index, c->inc, 0);
+      return Result::Success;
+    default:
+      CountBadDescr(c);
+      return Result::Success;
+  }
+}
+
+Result CoreStop(void* handle) {
+  if (handle == nullptr) {
+    g_null_handles.fetch_add(1, std::memory_order_relaxed);
+    return Result::Success;
+  }
+  Decoded d;
+  Context* c = Resolve(handle, &d);
+  if (c == nullptr) return Result::Success;  // not ours (or a long-gone context)
+  uint64_t now = NowNs();
+  Context* hc;
+  switch (d.kind) {
+    case kHOp: {
+      OpRef r;
+      if (OpFromHandle(handle, &hc, &r)) {
+        Beat(c, now);
+        StopOp(r, now);
+        return Result::Success;
+      }
+      break;
+    }
+    case kHKernelCh: {
+      OpRef r;
+      uint32_t ch;
+      if (KernelChFromHandle(handle, &hc, &r, &ch)) {
+        Beat(c, now);
+        StopKernelCh(r, ch, now);
+        return Result::Success;
+      }
+      break;
+    }
+    case kHProxyOp: {
+      ProxyRef r;
+      if (ProxyFromHandle(handle, false, &hc, &r)) {
+        Beat(c, now);
+        StopProxyOp(r, now);
+        return Result::Success;
+      }
+      break;
+    }
+    case kHProxyStep: {
+      ProxyRef r;
+      if (ProxyFromHandle(handle, true, &hc, &r)) {
+        StepRec& st = r.pe->steps[r.step_slot];
+        if (st.active.load(std::memory_order_relaxed)) {
+          Beat(c, now);
+          StepUpdate(r, st, false, uint8_t(shm::WaitState::kNone), 3, 0, now);
+          return Result::Success;
+        }
+      }
+      break;
+    }
+    case kHApi:
+    case kHIgnored:
+    case kHForeign:
+      if (c->alive.load(std::memory_order_relaxed)) return Result::Success;
+      break;
+    default:
+      break;
+  }
+  CountBadHandle(c);
+  return Result::Success;
+}
+
+Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptimer, bool has_args, int max_state) {
+  if (handle == nullptr) {
+    g_null_handles.fetch_add(1, std::memory_order_relaxed);
+    return Result::Success;
+  }
+  Decoded d;
+  Context* c = Resolve(handle, &d);
+  if (c == nullptr) return Result::Success;
+  if (state < 0 || state > max_state) {
+    CountBadDescr(c);
+    return Result::Success;
+  }
+  uint64_t now = NowNs();
+  Context* hc;
+  switch (d.kind) {
+    case kHProxyStep: {
+      ProxyRef r;
+      uint8_t wait, level;
+      if (!StepStateInfo(state, &wait, &level)) {
+        CountBadDescr(c);
+        return Result::Success;
+      }
+      if (ProxyFromHandle(handle, true, &hc, &r)) {
+        StepRec& st = r.pe->steps[r.step_slot];
+        if (st.active.load(std::memory_order_relaxed)) {
+          Beat(c, now);
+          StepUpdate(r, st, false, wait, level, has_args ? arg_size : 0, now);
+          return Result::Success;
+        }
+      }
+      break;
+    }
+    case kHKernelCh: {
+      OpRef r;
+      uint32_t ch;
+      if (state != kStKernelChStop) return Result::Success;
+      if (KernelChFromHandle(handle, &hc, &r, &ch)) {
+        if (has_args && arg_ptimer != 0) MaxStore(r.c->live[r.slot].op.kernel_end_ns, arg_ptimer);
+        return Result::Success;
+      }
+      break;
+    }
+    case kHProxyOp: {
+      ProxyRef r;
+      if (ProxyFromHandle(handle, false, &hc, &r)) return Result::Success;  // ProxyOpInProgress: nothing to count
+      break;
+    }
+    case kHOp: {
+      OpRef r;
+      if (OpFromHandle(handle, &hc, &r)) return Result::Success;
+      break;
+    }
+    case kHApi:
+    case kHIgnored:
+    case kHForeign:
+      if (c->alive.load(std::memory_order_relaxed)) return Result::Success;
+      break;
+    default:
+      break;
+  }
+  CountBadHandle(c);
+  return Result::Success;
+}
+
+}  // namespace mycroft::plugin

@@ -1,0 +1,109 @@
+// Internals of libnccl-profiler-mycroft: one version-independent core that the
+// per-version ABI adapters (abi.cc) call with a normalised descriptor.
+//
+// Files: config.cc (MYCROFT_* knobs), context.cc (init/finalize, the shared-memory
+// file, the context registry), core.cc (events: live table, flows, ring), abi.cc
+// (ncclProfiler_v4..v7 tables). docs/native.md explains the design.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <ctime>
+#include <sys/types.h>
+
+#include "mycroft/nccl_profiler_abi.h"
+#include "mycroft/shm_layout.h"
+
+namespace mycroft::plugin {
+
+namespace abi = mycroft::nccl_abi;
+using abi::Result;
+
+inline constexpr const char* kPluginName = "mycroft-otel";
+inline constexpr const char* kPluginVersion = "0.1.0";
+
+// ---- relaxed/acquire/release access to plain shared-memory fields ------------------
+// The shm structs are plain PODs (shared with numpy); every concurrent access goes
+// through these so the compiler emits single loads/stores and TSan sees atomics.
+template <class T> inline T Ld(const T& f) { return __atomic_load_n(&f, __ATOMIC_RELAXED); }
+template <class T> inline T LdAcq(const T& f) { return __atomic_load_n(&f, __ATOMIC_ACQUIRE); }
+template <class T> inline void St(T& f, T v) { __atomic_store_n(&f, v, __ATOMIC_RELAXED); }
+template <class T> inline void StRel(T& f, T v) { __atomic_store_n(&f, v, __ATOMIC_RELEASE); }
+template <class T> inline T Add(T& f, T v) { return __atomic_fetch_add(&f, v, __ATOMIC_RELAXED); }
+
+// The one clock read of the hot path (vDSO, no syscall).
+inline uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+// ---- configuration (config.cc) ------------------------------------------------------
+struct Config {
+  bool enable = true;
+  uint32_t live_slots = shm::kDefaultLiveSlots;
+  uint32_t ring_records = shm::kDefaultRingCapacity;
+  char ring_dir[512] = "/dev/shm/mycroft-otel";
+  char job_id[shm::kNameLen] = "";
+};
+// Reads MYCROFT_* from the environment. On a bad value returns false and writes a
+// message naming the variable into `err`.
+bool LoadConfig(Config* cfg, char* err, size_t err_len);
+// Parses a decimal integer (optional sign, surrounding blanks) in [lo, hi].
+bool ParseInt(const char* s, long long lo, long long hi, long long* out);
+
+// ---- normalised descriptor (v7 numbering for types and states) ------------------------
+enum EventBit : uint32_t {
+  kEvGroup = 1u << 0, kEvColl = 1u << 1, kEvP2p = 1u << 2, kEvProxyOp = 1u << 3,
+  kEvProxyStep = 1u << 4, kEvProxyCtrl = 1u << 5, kEvKernelCh = 1u << 6, kEvNetPlugin = 1u << 7,
+  kEvGroupApi = 1u << 8, kEvCollApi = 1u << 9, kEvP2pApi = 1u << 10, kEvKernelLaunch = 1u << 11,
+  kEvCeColl = 1u << 12, kEvCeSync = 1u << 13, kEvCeBatch = 1u << 14, kEvKernelPhase = 1u << 15,
+};
+
+struct Descr {
+  uint64_t type = 0;
+  void* parent = nullptr;
+  int rank = -1;
+  // Coll / P2p
+  uint64_t seq_number = 0;
+  const char* func = nullptr;
+  const char* datatype = nullptr;
+  const char* algo = nullptr;
+  const char* proto = nullptr;
+  uint64_t count = 0;
+  int root = -1;
+  int peer = -1;
+  uint8_t n_channels = 0;
+  // ProxyOp
+  pid_t pid = 0;
+  uint8_t channel = 0;
+  int n_steps = 0;
+  int chunk_size = 0;
+  int is_send = 0;
+  // ProxyStep
+  int step = 0;
+  // KernelCh
+  uint64_t ptimer = 0;
+};
+
+// State values as v7 numbers them (v4..v6 use the same numbers for the states they have).
+enum StateId : int {
+  kStProxyStepSendGPUWait = 8, kStProxyStepSendWait = 9, kStProxyStepRecvWait = 10,
+  kStProxyStepRecvFlushWait = 11, kStProxyStepRecvGPUWait = 12, kStProxyOpInProgress = 19,
+  kStProxyStepSendPeerWait = 20, kStKernelChStop = 22,
+};
+
+// ---- core entry points (core.cc / context.cc); `abi_version` is 4..7 -------------------
+Result CoreInit(int abi_version, void** context, int* mask, const char* comm_name, uint64_t comm_hash,
+                uint64_t comm_id, int n_nodes, int nranks, int rank, abi::DebugLogger logfn);
+Result CoreStart(void* context, void** handle, const Descr& d);
+Result CoreStop(void* handle);
+Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptimer, bool has_args,
+                  int max_state);
+Result CoreFinalize(void* context);
+
+// Process-wide count of callbacks with a NULL handle (no context to charge them to).
+extern std::atomic<uint64_t> g_null_handles;
+
+}  // namespace mycroft::plugin
