@@ -2,78 +2,100 @@
 //
 // NCCL ships no profiler headers in its wheels, so we declare the ABI ourselves. Everything here is a fact
 // about the binary interface (member order, types, enum values, symbol names), written in our own words and
-// checked against the DWARF debug info of the real libnccl.so.2 (tests/abi/test_nccl_abi.py, fixture from
-// nvidia-nccl-cu13 2.32.3, whose libnccl carries the v1..v7 declarations side by side for its adapters).
-// The static_asserts at the end pin the x86-64 layout the DWARF shows.
+// checked against the DWARF debug info of the real libnccl.so.2 by tests/abi/test_nccl_abi.py. The fixture
+// comes from the PyPI wheels nvidia-nccl-cu13 2.32.3 (which carries v1..v7 side by side for its adapters) and
+// nvidia-nccl-cu12 2.27.7 / 2.28.9 / 2.29.7 / 2.30.7 / 2.31.2 (each version's own event and state set comes
+// from the release where it is the newest). The static_asserts at the end pin the x86-64 layout.
+// docs/nccl-abi.md tells the same story at more length.
 //
-// How NCCL finds a plugin: it dlopen()s $NCCL_PROFILER_PLUGIN and dlsym()s the data symbols
-// "ncclProfiler_v7", then "_v6", "_v5", "_v4" (then older ones), taking the first it finds. Each symbol is an
-// instance of that version's `Profiler` table below. NCCL releases and the newest table they look for:
-//     v4: NCCL 2.27.x            (PyTorch 2.9 / 2.10)
-//     v5: NCCL 2.28.x            (PyTorch 2.11)
-//     v6: NCCL 2.29.x, 2.30.x
-//     v7: NCCL 2.31.x, 2.32.x
-// A newer NCCL drives an older table through an adapter that copies its own (newest) descriptor into the
-// older layout and drops events and states the older version does not know (see "Adapters" below).
+// Loading. NCCL dlopen()s $NCCL_PROFILER_PLUGIN and dlsym()s the data symbols "ncclProfiler_v7", "_v6",
+// "_v5", "_v4" (then v3..v1), newest first; each is an instance of that version's `Profiler` table. The newest
+// table each release looks for: 2.27 -> v4, 2.28 -> v5, 2.29 and 2.30 -> v6, 2.31 and 2.32 -> v7. A newer
+// NCCL drives an older table through an adapter that copies its descriptor into the old layout and silently
+// drops event types and states the old version does not know (its adapters also clear unknown mask bits).
 //
 // ---------------------------------------------------------------------------------------------------------
-// Semantics the plugin author needs (verified against NCCL's sources; docs/nccl-abi.md has the longer story)
+// Semantics (verified in NCCL's sources: src/plugin/profiler.cc, src/enqueue.cc, src/proxy.cc,
+// src/transport/net.cc, src/transport/profiler.cc, src/plugin/profiler/profiler_v*.cc)
 // ---------------------------------------------------------------------------------------------------------
-// Lifecycle and threads
-//   * init() runs once per communicator, on the thread creating the communicator (ncclCommInitRank & co.),
-//     after NCCL knows rank/nranks/nNodes. `context` is ours to fill; NCCL passes it back to startEvent and
-//     finalize. commName is the user's config.commName and is NULL when the user set none: handle NULL.
-//     commId/commHash is the communicator hash (derived from the random ncclUniqueId; identical on all
-//     ranks of the communicator). A non-zero Result from init makes NCCL unload the plugin and continue
-//     without it.
-//   * eActivationMask points at ONE process-wide int shared by every communicator. init() writes the bits of
-//     the events we want (EventType values OR'ed). NCCL reads it (relaxed atomic load) at the start of each
-//     API call / group and when posting proxy ops; changing it later through the pointer takes effect for
-//     later operations. Enabling a child event makes NCCL also emit its ancestors (e.g. ProxyStep implies
-//     ProxyOp, Coll/P2p, Group and, v5+, GroupApi/CollApi/P2pApi).
-//   * startEvent/stopEvent/recordEventState for API, Group, Coll, P2p, KernelLaunch events run on the user
-//     thread calling NCCL. ProxyOp, ProxyStep, ProxyCtrl, NetPlugin events run on the communicator's proxy
-//     progress thread (which, under PXN, may belong to ANOTHER process on the node). KernelCh events are
-//     started and stopped by NCCL from the host after reading the device's per-channel work counters (on the
-//     proxy progress thread in 2.27..2.30; 2.31+ also has a dedicated profiler thread for this).
-//   * Any callback may be handed eHandle == NULL (we returned NULL, or the event was not enabled), and
-//     startEvent must set *eHandle (NULL is allowed: NCCL then skips the children's parent link).
-//   * finalize() runs once per communicator at destroy/abort, on the destroying thread.
-//
-// Parents (descriptor `parentObj` is the eHandle we returned for the parent event)
-//   v5+: GroupApi (root) -> CollApi / P2pApi / KernelLaunch;  Group (root);  Coll/P2p: parentObj = the
-//        CollApi/P2pApi handle and coll.parentGroup / p2p.parentGroup = the Group handle;  ProxyOp -> Coll or
-//        P2p;  ProxyStep -> ProxyOp;  KernelCh -> Coll or P2p;  NetPlugin -> ProxyStep;  ProxyCtrl: none.
-//   v4:  no API events; Coll/P2p parentObj = the Group handle (the v4 adapter puts parentGroup there).
-//   Under PXN a ProxyOp can be posted by a process that is not ours: its parentObj then points into the
-//   other process. proxyOp.pid is the pid of the process that posted the op; compare it with getpid() and
-//   never dereference parentObj when they differ.
-//
-// Descriptor strings (pointers to NCCL static storage; valid for the process lifetime)
-//   func:     "AllGather" "ReduceScatter" "AllReduce" "Broadcast" "Reduce" "Send" "Recv" (also "AllToAll",
-//             "Gather", "Scatter" on NCCL versions that have them; CollApi/P2pApi use the same spellings)
-//   datatype: "ncclInt8" "ncclUint8" "ncclInt32" "ncclUint32" "ncclInt64" "ncclUint64" "ncclFloat16"
-//             "ncclFloat32" "ncclFloat64" "ncclBfloat16" "ncclFloat8e4m3" "ncclFloat8e5m2"
-//   algo:     "Tree" "Ring" "CollNetDirect" "CollNetChain" "NVLS" "NVLSTree" "PAT"
-//   proto:    "LL" "LL128" "Simple"
-//   coll.seqNumber counts collectives per communicator (all collective functions together, in call order,
-//   starting at 0), so (commHash, seqNumber) names one collective instance identically on every rank.
-//
-// KernelCh: one event per channel the collective/p2p runs on (coll.nChannels of them), parent = Coll/P2p,
-//   started when the device reports the channel's work started (kernelCh.pTimer = GPU globaltimer at
-//   start), then recordEventState(KernelChStop, stateArgs.kernelCh.pTimer = GPU end time), then stopEvent.
-//
-// ProxyStep state order (each state marks the START of a wait):
-//   send: start -> SendGPUWait (data not yet produced by the GPU) -> [SendPeerWait: receiver has no buffer]
-//         -> SendWait (posted to the network, waiting for completion) -> stop
-//   recv: start -> RecvWait (posted receive, waiting for data) -> RecvFlushWait (GDR flush) -> RecvGPUWait
-//         (waiting for the GPU to consume) -> stop
-//   stateArgs.proxyStep.transSize carries the bytes of that step.
-//
-// NetPlugin events come only from net plugins that emit them (NCCL's internal IB/socket do with profiling
-// support compiled in; PyPI builds emit none). `netPlugin.id` tags the kind (plugin-defined: NCCL's IB uses
-// the QP event, socket uses the socket op) and `netPlugin.data` points to a plugin-private struct whose
-// layout is versioned by `id`. We treat `data` as opaque.
+// init / finalize
+//   * init() runs once per communicator, from communicator initialisation (the creating thread, or NCCL's
+//     init thread for non-blocking communicators). commId (v4: commHash, 4th argument) is comm->commHash,
+//     identical on every rank of the communicator. commName is config.commName and is NULL unless the user set
+//     one. If init returns an error, 2.29+ unloads the plugin for that communicator; 2.27/2.28 only log it and
+//     keep calling us with whatever *context holds. So never fail: leave *context NULL (every callback must
+//     accept a NULL context) and return Success.
+//   * finalize() runs once per communicator from ncclCommDestroy/ncclCommAbort (only if context != NULL).
+//     Events may still arrive on other threads until then; nothing arrives for that context afterwards,
+//     except PXN (below).
+// eActivationMask
+//   * One process-wide int (NCCL's ncclProfilerEventMask) shared by all communicators; every init() call
+//     gets the same pointer and may overwrite it, so always write the same value. NCCL loads it (relaxed) when
+//     an API call / group starts (2.28+: at GroupApi start, copied into each task; 2.27: at task enqueue), and
+//     the proxy reads it per ProxyCtrl event. Writes after init take effect for later operations.
+//   * Asking for a child turns on its ancestors: any of Coll/ProxyOp/ProxyStep/KernelCh/NetPlugin makes NCCL
+//     emit Group + Coll (and, v5+, GroupApi + CollApi); ProxyStep implies ProxyOp. 2.31+ forces KernelCh on
+//     when KernelPhase is requested.
+// Threads
+//   * GroupApi, CollApi, P2pApi: the user thread inside the NCCL call. KernelLaunch, Group, Coll, P2p: the
+//     thread that launches the plan (the user thread, or a CUDA host-callback thread for graph-captured /
+//     persistent plans, once per replay). ProxyOp, ProxyStep, ProxyCtrl, NetPlugin: the proxy progress thread.
+//   * KernelCh: 2.27..2.30 the proxy progress thread (NCCL posts an internal "profiler" proxy op per channel
+//     that polls the device's work counters); 2.31+ a dedicated NCCL profiler thread per communicator (shared
+//     with split children that share resources).
+// Order and lifetime
+//   * Group start -> Coll/P2p start (one per task in the plan) -> proxy ops handed to the proxy thread ->
+//     Coll/P2p stop -> Group stop, all at LAUNCH time. Completion is only visible through the children
+//     (ProxyOp/ProxyStep stops, KernelCh stop), which start and end AFTER their parent was stopped: a parent
+//     handle must stay valid after stopEvent until its last child is stopped (or be a stable slot).
+//   * ProxyOp: start when the proxy appends it, state ProxyOpInProgress when progress begins, stop when all
+//     its steps are done. ProxySteps are tracked in NCCL_STEPS (8) slots per op, step = DIVUP(step,
+//     sliceSteps), so at most 8 are in flight per op.
+// Parents (parentObj = the eHandle we returned for the parent; NULL if we returned NULL)
+//   v5+: CollApi/P2pApi/KernelLaunch -> GroupApi; Coll -> CollApi and coll.parentGroup = Group; P2p -> P2pApi
+//        and p2p.parentGroup = Group; ProxyOp -> Coll or P2p; ProxyStep -> ProxyOp; KernelCh -> Coll or P2p;
+//        KernelPhase -> KernelCh; NetPlugin -> ProxyStep; Group, GroupApi, ProxyCtrl: none.
+//   v4:  the adapter (and 2.27 natively) sets Coll/P2p parentObj = the Group handle; no API events.
+//   The descriptor `rank` is set for Coll, P2p, ProxyOp, ProxyStep, NetPlugin (API events only in 2.31+);
+//   it is 0 for Group and KernelCh. Use the rank given to init().
+// PXN (a proxy op posted by another process on the node, executed by OUR proxy thread, or vice versa)
+//   * proxyOp.pid = pid of the process that posted the op (NCCL's getpid() at plugin load). When it is not
+//     our getpid(), BOTH parentObj and the `context` argument are pointers from the other process: never
+//     dereference them; keep such ops in process-global state. Their ProxySteps also carry the foreign
+//     context, so find state through parentObj (our own ProxyOp handle) only.
+// coll.seqNumber
+//   * comm->seqNumber[func]: a counter per communicator AND PER COLLECTIVE FUNCTION (AllReduce and AllGather
+//     each start at 0), taken before increment. It advances even without a plugin, but NOT for graph-captured
+//     (persistent) plans unless KernelCh is in the mask. A collective instance is (commHash, func, seqNumber).
+//     P2p has no sequence number.
+// Strings (NCCL static storage, valid for the process lifetime; read from the 2.27.7..2.32.3 binaries)
+//   func:     "AllGather" "ReduceScatter" "AllReduce" "Broadcast" "Reduce" "SendRecv" "Send" "Recv"; 2.28+ also
+//             "AlltoAll" "Scatter" "Gather"; 2.29+ also "PutSignal" "Signal" "WaitSignal"; else "Invalid".
+//   datatype: "ncclInt8" "ncclInt32" "ncclUint32" "ncclInt64" "ncclUint64" "ncclFloat16" "ncclFloat32"
+//             "ncclFloat64" "ncclBfloat16" "ncclFloat8e4m3" "ncclFloat8e5m2", else "Unknown" (ncclUint8 too!).
+//   algo:     "TREE" "RING" "COLLNET_DIRECT" "COLLNET_CHAIN" "NVLS" "NVLS_TREE" "PAT", else "Unknown"; for v7
+//             symmetric kernels (isSymColl) algo is the kernel variant's suffix and kernelVariant the full name.
+//   proto:    "LL" "LL128" "SIMPLE", else "Unknown"; "" for symmetric kernels.
+// KernelCh
+//   * One event per (Coll/P2p task, channel it runs on): started when the device marks the channel's work
+//     started (kernelCh.pTimer = GPU start), then recordEventState(KernelChStop, stateArgs.kernelCh.pTimer =
+//     GPU end) and stopEvent once it is marked complete. pTimer is the GPU %globaltimer in ns, NOT host
+//     CLOCK_MONOTONIC. coll.nChannels tells how many to expect (2.31+: p2p.nChannels too when KernelCh is on).
+// ProxyStep state order (each state marks the start of a wait; stop = the step is finished)
+//   send: start (buffer posted to the GPU) -> SendGPUWait -> SendPeerWait (data ready, isend being tried;
+//         re-recorded on every retry while the network refuses it) -> SendWait (isend posted) -> stop (done).
+//   recv: start (before irecv; RE-STARTED for the same step while irecv is refused, the earlier handle is
+//         then never stopped) -> RecvWait (irecv posted) -> RecvFlushWait (data arrived; flush if needed) ->
+//         RecvGPUWait (handed to the GPU) -> stop (GPU consumed it).
+//   stateArgs.proxyStep.transSize is meaningful at SendWait (bytes sent) and RecvFlushWait (bytes received);
+//   at other states it holds a stale value. ProxyOp/ProxyStep exist only for network (NET/CollNet) transfers,
+//   proxyOp.isSend is 1 only for network sends.
+// NetPlugin
+//   * Emitted only by net plugins built with profiling (NCCL_ENABLE_NET_PROFILING); the PyPI builds have it
+//     compiled out, so expect none. netPlugin.id = network type | version: type in the bits above 16
+//     (IB = 1 << 16, Socket = 2 << 16), version in the low 16 bits (1 for both). netPlugin.data points to that
+//     plugin's descriptor: see NetIbDescrV1 / NetSockDescrV1 below. NetPluginUpdate passes new data in
+//     stateArgs.netPlugin.data.
 #pragma once
 
 #include <cstddef>
@@ -92,7 +114,7 @@ enum class Result : int {
   InvalidUsage = 5,
   RemoteError = 6,
   InProgress = 7,
-  Timeout = 8,
+  Timeout = 8,  // 2.30+
 };
 
 // ncclDebugLogLevel.
@@ -103,7 +125,7 @@ enum class LogLevel : int {
   Info = 3,
   Abort = 4,
   Trace = 5,
-  Attn = 6,
+  Attn = 6,  // 2.32+; use only Warn and Info from a plugin (they exist in every version)
 };
 
 // ncclDebugLogSubSys: the `flags` argument of the logger (a bit set; NCCL_DEBUG_SUBSYS filters on it).
@@ -124,8 +146,8 @@ enum LogSubsys : unsigned long {
   kLogReg = 0x2000,
   kLogProfile = 0x4000,
   kLogRas = 0x8000,
-  kLogDestroy = 0x10000,
-  kLogAllocHost = 0x20000,
+  kLogDestroy = 0x10000,    // 2.30+ (older NCCL ignores unknown bits)
+  kLogAllocHost = 0x20000,  // 2.30+
   kLogAll = ~0ul,  // NCCL declares it as -1
 };
 
@@ -156,7 +178,7 @@ enum EventType : int {
 };
 
 enum class State : int {
-  ProxyOpSendPosted = 0,  // the next four are legacy (v1-v3 era), NCCL no longer records them
+  ProxyOpSendPosted = 0,  // 0..7: legacy ProxyOp states (v1-v3), deprecated since v4, never recorded
   ProxyOpSendRemFifoWait = 1,
   ProxyOpSendTransmitted = 2,
   ProxyOpSendDone = 3,
@@ -720,6 +742,50 @@ struct Profiler {  // exported as `ncclProfiler_v7`
 
 }  // namespace v7
 
+// =========================================================================================================
+// NetPlugin payloads: what netPlugin.data points to, chosen by netPlugin.id. Declared by NCCL for its own IB and
+// socket transports (src/include/plugin/profiler/net_ib_v1.h, net_socket_v1.h). The PyPI builds compile this
+// out, so these layouts are NOT in the DWARF fixture: they are checked only by the static_asserts below.
+// =========================================================================================================
+namespace net {
+
+inline constexpr int kVersionBits = 16;
+inline constexpr int64_t kVersionMask = (int64_t{1} << kVersionBits) - 1;
+inline constexpr int64_t kTypeIb = int64_t{1} << kVersionBits;
+inline constexpr int64_t kTypeSocket = int64_t{2} << kVersionBits;
+inline constexpr int64_t TypeOf(int64_t id) { return id & ~kVersionMask; }
+inline constexpr int64_t VersionOf(int64_t id) { return id & kVersionMask; }
+
+struct IbDescrV1 {  // id == kTypeIb | 1
+  enum : uint8_t { kQp = 1 << 0 };
+  struct Qp {
+    int device;      // index of the IB device (NIC) within the net plugin
+    uint64_t wr_id;  // work request id
+    int opcode;      // ibv_wr_opcode
+    int qpNum;       // queue pair number
+    size_t length;   // bytes in this work request
+  };
+  uint8_t type;  // kQp
+  union {
+    Qp qp;
+  };
+};
+
+struct SockDescrV1 {  // id == kTypeSocket | 1
+  enum : uint8_t { kSocket = 1 << 0 };
+  struct Sock {
+    int fd;
+    int op;  // NCCL's socket op (send or recv)
+    size_t length;
+  };
+  uint8_t type;  // kSocket
+  union {
+    Sock sock;
+  };
+};
+
+}  // namespace net
+
 // Exported symbol names, newest first (the order NCCL tries them).
 inline constexpr const char* kProfilerSymbols[] = {"ncclProfiler_v7", "ncclProfiler_v6", "ncclProfiler_v5",
                                                    "ncclProfiler_v4"};
@@ -799,6 +865,15 @@ static_assert(sizeof(v7::EventDescr::KernelPhase) == 24, "v7 kernelPhase size");
 MYCROFT_ABI_AT(v7::EventDescr::KernelPhase, phaseId, 1);
 MYCROFT_ABI_AT(v7::EventDescr::KernelPhase, phaseName, 8);
 MYCROFT_ABI_AT(v7::EventDescr::KernelPhase, pTimer, 16);
+
+// NetPlugin payloads (from NCCL's declarations; absent from the PyPI DWARF).
+static_assert(sizeof(net::IbDescrV1) == 40 && sizeof(net::SockDescrV1) == 24, "net payload size");
+MYCROFT_ABI_AT(net::IbDescrV1, qp, 8);
+MYCROFT_ABI_AT(net::IbDescrV1::Qp, wr_id, 8);
+MYCROFT_ABI_AT(net::IbDescrV1::Qp, qpNum, 20);
+MYCROFT_ABI_AT(net::IbDescrV1::Qp, length, 24);
+MYCROFT_ABI_AT(net::SockDescrV1, sock, 8);
+MYCROFT_ABI_AT(net::SockDescrV1::Sock, length, 8);
 
 #undef MYCROFT_ABI_AT
 #endif  // x86-64
