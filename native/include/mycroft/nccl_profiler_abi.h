@@ -22,7 +22,7 @@
 //   * init() runs once per communicator, from communicator initialisation (the creating thread, or NCCL's
 //     init thread for non-blocking communicators). commId (v4: commHash, 4th argument) is comm->commHash,
 //     identical on every rank of the communicator. commName is config.commName and is NULL unless the user set
-//     one. If init returns an error, 2.29+ unloads the plugin for that communicator; 2.27/2.28 only log it and
+//     one. If init returns an error, recent NCCL drops its reference to the plugin; 2.27/2.28 only log it and
 //     keep calling us with whatever *context holds. So never fail: leave *context NULL (every callback must
 //     accept a NULL context) and return Success.
 //   * finalize() runs once per communicator from ncclCommDestroy/ncclCommAbort (only if context != NULL).
@@ -56,7 +56,7 @@
 //        and p2p.parentGroup = Group; ProxyOp -> Coll or P2p; ProxyStep -> ProxyOp; KernelCh -> Coll or P2p;
 //        KernelPhase -> KernelCh; NetPlugin -> ProxyStep; Group, GroupApi, ProxyCtrl: none.
 //   v4:  the adapter (and 2.27 natively) sets Coll/P2p parentObj = the Group handle; no API events.
-//   The descriptor `rank` is set for Coll, P2p, ProxyOp, ProxyStep, NetPlugin (API events only in 2.31+);
+//   The descriptor `rank` is set for Coll, P2p, ProxyOp, ProxyStep, NetPlugin (API events: recent releases only);
 //   it is 0 for Group and KernelCh. Use the rank given to init().
 // PXN (a proxy op posted by another process on the node, executed by OUR proxy thread, or vice versa)
 //   * proxyOp.pid = pid of the process that posted the op (NCCL's getpid() at plugin load). When it is not
@@ -80,7 +80,7 @@
 //   * One event per (Coll/P2p task, channel it runs on): started when the device marks the channel's work
 //     started (kernelCh.pTimer = GPU start), then recordEventState(KernelChStop, stateArgs.kernelCh.pTimer =
 //     GPU end) and stopEvent once it is marked complete. pTimer is the GPU %globaltimer in ns, NOT host
-//     CLOCK_MONOTONIC. coll.nChannels tells how many to expect (2.31+: p2p.nChannels too when KernelCh is on).
+//     CLOCK_MONOTONIC. coll.nChannels tells how many to expect (recent releases: p2p.nChannels too when KernelCh is on).
 // ProxyStep state order (each state marks the start of a wait; stop = the step is finished)
 //   send: start (buffer posted to the GPU) -> SendGPUWait -> SendPeerWait (data ready, isend being tried;
 //         re-recorded on every retry while the network refuses it) -> SendWait (isend posted) -> stop (done).
