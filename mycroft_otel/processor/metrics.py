@@ -1,0 +1,74 @@
+"""Prometheus ``/metrics`` of the processor (its own registry, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+
+_LATENCY_BUCKETS = (0.5, 1, 2, 3, 3.5, 4, 4.5, 5, 6, 8, 10, 15, 20, 30, 60, 120)
+_ANALYSIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.root_causes = Counter("mycroft_root_causes", "Root causes emitted (one per incident).",
+                                   ["kind", "category", "comm"], registry=r)
+        self.detection = Histogram("mycroft_processor_detection_latency_seconds",
+                                   "From the estimated fault onset to the verdict.", ["kind"],
+                                   buckets=_LATENCY_BUCKETS, registry=r)
+        self.analysis = Histogram("mycroft_processor_analysis_seconds", "Time to analyse one trace.", ["kind"],
+                                  buckets=_ANALYSIS_BUCKETS, registry=r)
+        self.received = Counter("mycroft_processor_spans_received", "Spans received over OTLP.", registry=r)
+        self.unknown = Counter("mycroft_processor_spans_unknown_shape",
+                               "Spans ignored because they do not have the mycroft span shape.", registry=r)
+        self.dropped = Counter("mycroft_processor_spans_dropped",
+                               "Spans dropped: requests rejected (malformed, oversized, overloaded).",
+                               ["reason"], registry=r)
+        self.rejected = Counter("mycroft_processor_requests_rejected", "OTLP requests answered with an error.",
+                                ["protocol", "reason"], registry=r)
+        self.evicted = Gauge("mycroft_processor_traces_evicted", "Traces evicted from memory (cumulative).",
+                             ["reason"], registry=r)
+        self.traces = Gauge("mycroft_processor_traces_in_memory", "Traces held in memory.", registry=r)
+        self.propagated_total = Counter("mycroft_processor_propagated_hangs",
+                                        "Hung traces attributed to another trace's incident.", registry=r)
+        self._server = None
+
+    def spans_received(self, n: int, unknown: int) -> None:
+        self.received.inc(n)
+        if unknown:
+            self.unknown.inc(unknown)
+
+    def request_rejected(self, protocol: str, reason: str) -> None:
+        self.rejected.labels(protocol, reason).inc()
+        self.dropped.labels(reason).inc(0)
+
+    def traces_in_memory(self, n: int, evicted_ttl: int, evicted_size: int) -> None:
+        self.traces.set(n)
+        self.evicted.labels("ttl").set(evicted_ttl)
+        self.evicted.labels("size").set(evicted_size)
+
+    def propagated(self) -> None:
+        self.propagated_total.inc()
+
+    def verdict(self, v) -> None:
+        self.root_causes.labels(v.kind, v.category, v.comm).inc()
+        onset = v.finding.onset_ns
+        if onset > 0:
+            self.detection.labels(v.kind).observe(max(0.0, (v.detected_ns - onset) / 1e9))
+        self.analysis.labels(v.kind).observe(v.analysis_s)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve /metrics; returns the bound port (0 picks a free one)."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = server
+        return server.server_address[1]
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,333 @@
+"""The processor proper: ingest -> per-trace state -> detection on a timer -> RCA -> verdicts.
+
+:class:`Processor` is what the receiver feeds and what the CLI, the demo and the
+tests drive. Incidents: one verdict per trace (its root-cause span id is
+deterministic, so a replayed input cannot produce a second one), and one per
+incident across traces:
+
+- a hang whose walk ends at a rank that is busy (in flight) in another hung trace
+  is a consequence of that trace (hang propagation across communicators, e.g. TP
+  peers waiting for a rank stuck in its DP all-reduce): it waits for that trace's
+  verdict and is then attributed to it instead of producing its own;
+- a verdict with the same (kind, category, communicator, culprit, channel) as one
+  emitted within the incident window (a hang re-reported, a persistent slowdown) is
+  not emitted again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from mycroft_otel import config, ids
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor import detect, rca
+from mycroft_otel.processor.spans import OP, ROOT_CAUSE, STATUS, SUMMARY, INFLIGHT, attributes, classify, \
+    resource_of, span_ref
+from mycroft_otel.processor.state import TraceStore, proc_key
+
+log = logging.getLogger("mycroft_otel.processor")
+
+INCIDENT_WINDOW_S = 120.0
+
+
+@dataclass
+class Verdict:
+    """One incident's root cause, as the root-cause span carries it."""
+
+    trace_id: bytes
+    span_id: bytes
+    comm: str
+    seq: int
+    func: str
+    finding: rca.Finding
+    detected_ns: int
+    analysis_s: float
+
+    @property
+    def kind(self) -> str:
+        return self.finding.kind
+
+    @property
+    def category(self) -> str:
+        return self.finding.category
+
+    def attributes(self) -> dict:
+        f = self.finding
+        a = {
+            sc.RCA_KIND: f.kind, sc.RCA_CATEGORY: f.category, sc.RCA_CULPRIT_RANKS: list(f.ranks),
+            sc.RCA_CONFIDENCE: float(f.confidence), sc.RCA_EVIDENCE: f.evidence, sc.RCA_ONSET: int(f.onset_ns),
+            sc.RCA_DETECTED: int(self.detected_ns), sc.COMM_HASH: self.comm, sc.COLL_SEQ: int(self.seq),
+            sc.COLL_FUNC: self.func,
+        }
+        if f.global_ranks:
+            a[sc.RCA_CULPRIT_GLOBAL_RANKS] = list(f.global_ranks)
+        if f.hosts:
+            a[sc.RCA_CULPRIT_HOSTS] = list(f.hosts)
+        if f.channel is not None:
+            a[sc.RCA_CULPRIT_CHANNEL] = int(f.channel)
+        if f.peer is not None:
+            a[sc.RCA_CULPRIT_PEER] = int(f.peer)
+        return a
+
+    def summary(self) -> str:
+        f = self.finding
+        where = f"rank{'s' if len(f.ranks) > 1 else ''} {', '.join(map(str, f.ranks))}"
+        if f.hosts:
+            where += f" on {', '.join(f.hosts)}"
+        if f.channel is not None:
+            where += f", channel {f.channel} -> peer {f.peer}"
+        return (f"{f.kind}/{f.category} at {where} ({self.func} #{self.seq}, comm {self.comm}, "
+                f"confidence {f.confidence:.2f}): {f.evidence}")
+
+
+class Processor:
+    """Thread-safe: the receiver's threads call :meth:`ingest_request`; a timer calls :meth:`tick`."""
+
+    def __init__(self, env=None, exporter=None, metrics=None, clock_ns: Callable[[], int] = time.time_ns,
+                 tick_s: float = 0.2, settle_s: float = 1.0, stall_ms: float | None = None):
+        self.stall_ms = stall_ms if stall_ms is not None else config.get_int("MYCROFT_STALL_MS", env, lo=1)
+        self.slow_factor = config.get_float("MYCROFT_SLOW_FACTOR", env, lo=1.0)
+        self.store = TraceStore(ttl_s=config.get_float("MYCROFT_TRACE_TTL_S", env, lo=0.001),
+                                max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1))
+        self.baselines = detect.Baselines()
+        self.exporter = exporter
+        self.metrics = metrics
+        self.clock_ns = clock_ns
+        self.tick_s = tick_s
+        self.settle_s = settle_s
+        self.lock = threading.RLock()
+        self.verdicts: list[Verdict] = []
+        self.listeners: list[Callable[[Verdict], None]] = []
+        self._hang_cand: dict[bytes, None] = {}
+        self._slow_cand: dict[bytes, float] = {}
+        self._deferred: dict[bytes, float] = {}
+        self._incidents: dict[tuple, tuple[float, bytes]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0}
+
+    # -- ingest ---------------------------------------------------------------------------------
+    def ingest_payload(self, data: bytes) -> int:
+        """Parse one ExportTraceServiceRequest (raises google.protobuf DecodeError) and ingest it."""
+        req = trace_service_pb2.ExportTraceServiceRequest()
+        req.ParseFromString(data)
+        return self.ingest_request(req)
+
+    def ingest_request(self, req) -> int:
+        """Ingest every span of a request; returns the number of spans rejected (unknown shape)."""
+        rejected = 0
+        seen = 0
+        refs = []
+        for rs in req.resource_spans:
+            res = resource_of(rs.resource)
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    seen += 1
+                    try:
+                        ref = span_ref(span, res)
+                    except Exception:  # hostile values of a valid protobuf: never let one span fail the batch
+                        ref = None
+                    if ref is None:
+                        if classify(span.name) == ROOT_CAUSE:
+                            self.counts["ignored"] += 1
+                        else:
+                            rejected += 1
+                        continue
+                    refs.append(ref)
+        with self.lock:
+            for ref in refs:
+                self._add(ref)
+            self.counts["spans"] += seen
+            self.counts["unknown"] += rejected
+        if self.metrics is not None:
+            self.metrics.spans_received(seen, rejected)
+        return rejected
+
+    def _add(self, ref) -> None:
+        if ref.kind == SUMMARY:
+            self._add_summary(ref)
+            return
+        st = self.store.add(ref)
+        if ref.kind in (INFLIGHT, STATUS):
+            if st.verdict is None and st.explained_by is None:
+                self._hang_cand[st.trace_id] = None
+        elif ref.kind == OP:
+            if not ref.anomaly:
+                base = self.baselines.get(ref.comm, ref.func, ref.nbytes)
+                if base is not None and ref.duration_ns >= self.slow_factor * base:
+                    st.anomalous = True
+                else:
+                    self.baselines.add(ref.comm, ref.func, ref.nbytes, ref.duration_ns)
+            if st.anomalous and st.verdict is None and not st.analysed_slow:
+                self._slow_cand.setdefault(st.trace_id, time.monotonic())
+
+    def _add_summary(self, ref) -> None:
+        a = attributes(ref.span.attributes, frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS,
+                                                       sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
+                                                       sc.SUMMARY_OPS}))
+        funcs, ops, means = a.get(sc.SUMMARY_FUNCS), a.get(sc.SUMMARY_FUNC_OPS), a.get(sc.SUMMARY_FUNC_DURATION_MEAN)
+        total_ops, total_bytes = a.get(sc.SUMMARY_OPS), a.get(sc.SUMMARY_BYTES)
+        if not (isinstance(funcs, list) and isinstance(means, list) and isinstance(total_ops, int) and total_ops > 0
+                and isinstance(total_bytes, int)):
+            return
+        avg_bytes = total_bytes // total_ops
+        for i, func in enumerate(funcs):
+            if i < len(means) and isinstance(func, str) and isinstance(means[i], int):
+                n = ops[i] if isinstance(ops, list) and i < len(ops) and isinstance(ops[i], int) else 1
+                if n > 0:
+                    self.baselines.add(ref.comm, func, avg_bytes, means[i])
+
+    # -- detection ------------------------------------------------------------------------------
+    def start(self) -> "Processor":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="mycroft-processor-tick", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.tick()
+            except Exception:  # never let the timer die
+                log.exception("processor tick failed")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.exporter is not None:
+            self.exporter.shutdown()
+
+    def tick(self, now_ns: int | None = None) -> list[Verdict]:
+        now_ns = self.clock_ns() if now_ns is None else now_ns
+        mono = time.monotonic()
+        out: list[Verdict] = []
+        with self.lock:
+            self.store.expire()
+            for tid in list(self._hang_cand):
+                st = self.store.get(tid)
+                if st is None or st.verdict is not None or st.explained_by is not None:
+                    self._hang_cand.pop(tid, None)
+                    continue
+                if not st.has_hang_evidence():
+                    if st.complete() or not st.inflight:
+                        self._hang_cand.pop(tid, None)
+                    continue
+                if detect.is_hung(st, now_ns, self.stall_ms):
+                    v = self._analyse_hang(st, now_ns, mono)
+                    if v is not None:
+                        out.append(v)
+            for tid, since in list(self._slow_cand.items()):
+                st = self.store.get(tid)
+                if st is None or st.verdict is not None or st.analysed_slow:
+                    self._slow_cand.pop(tid, None)
+                    continue
+                if st.has_hang_evidence():
+                    continue
+                if st.complete() or mono - st.updated_mono >= self.settle_s or mono - since >= 3 * self.settle_s:
+                    self._slow_cand.pop(tid, None)
+                    st.analysed_slow = True
+                    v = self._analyse_slow(st, now_ns, mono)
+                    if v is not None:
+                        out.append(v)
+            for k, (t, _) in list(self._incidents.items()):
+                if mono - t > INCIDENT_WINDOW_S:
+                    del self._incidents[k]
+            if self.metrics is not None:
+                self.metrics.traces_in_memory(len(self.store), self.store.evicted_ttl, self.store.evicted_size)
+        for v in out:
+            self._publish(v)
+        return out
+
+    def _analyse_hang(self, st, now_ns: int, mono: float) -> Verdict | None:
+        t0 = time.perf_counter()
+        f = rca.analyse_hang(st)
+        dt = time.perf_counter() - t0
+        if f is None:
+            return None
+        if f.category in ("rank_absent",) and self._propagated(st, f, mono):
+            return None
+        return self._emit(st, f, now_ns, mono, dt)
+
+    def _propagated(self, st, f: rca.Finding, mono: float) -> bool:
+        """True when the culprit is busy in another hung trace (this trace waits for its verdict)."""
+        others = []
+        for r in f.ranks:
+            ref = st.status.get(r) or st.inflight.get(r)
+            key = proc_key(ref) if ref is not None else None
+            key = key or self.store.proc_of.get((st.comm, r))
+            if key is None:
+                continue
+            others += [o for o in self.store.busy_elsewhere(key, st.trace_id)
+                       if o.comm != st.comm and o.has_hang_evidence()]
+        if not others:
+            return False
+        for o in others:
+            root = o
+            hops = 0
+            while root.explained_by is not None and hops < 8:
+                nxt = self.store.get(root.explained_by)
+                if nxt is None:
+                    break
+                root, hops = nxt, hops + 1
+            if root.verdict is not None:
+                st.explained_by = root.trace_id
+                self._deferred.pop(st.trace_id, None)
+                self.counts["propagated"] += 1
+                if self.metrics is not None:
+                    self.metrics.propagated()
+                return True
+        first = self._deferred.setdefault(st.trace_id, mono)
+        # wait for the other trace's verdict, but not forever (a cycle of waits, a trace we never see finish)
+        return mono - first < max(2.0 * self.stall_ms / 1000.0, 1.0)
+
+    def _analyse_slow(self, st, now_ns: int, mono: float) -> Verdict | None:
+        slow, base = detect.is_slow(st, self.baselines, self.slow_factor)
+        if not slow:
+            return None
+        t0 = time.perf_counter()
+        f = rca.analyse_slowdown(st, base, self.slow_factor)
+        dt = time.perf_counter() - t0
+        if f is None or f.confidence < 0.5:
+            return None
+        return self._emit(st, f, now_ns, mono, dt)
+
+    def _emit(self, st, f: rca.Finding, now_ns: int, mono: float, dt: float) -> Verdict | None:
+        key = (f.kind, f.category, st.comm, tuple(f.ranks), f.channel)
+        prev = self._incidents.get(key)
+        if prev is not None and mono - prev[0] <= INCIDENT_WINDOW_S:
+            self._incidents[key] = (mono, prev[1])
+            st.explained_by = prev[1]
+            self.counts["deduped"] += 1
+            return None
+        tid = int.from_bytes(st.trace_id, "big")
+        v = Verdict(trace_id=st.trace_id, span_id=ids.span_id(tid, -1, sc.ROLE_ROOT_CAUSE, 0).to_bytes(8, "big"),
+                    comm=st.comm, seq=st.seq, func=st.func, finding=f, detected_ns=now_ns, analysis_s=dt)
+        if f.onset_ns <= 0 or f.onset_ns > now_ns:
+            f.onset_ns = min(now_ns, max(st.last_progress_ns, st.first_evidence_ns) or now_ns)
+        st.verdict = v
+        self._incidents[key] = (mono, st.trace_id)
+        self.verdicts.append(v)
+        return v
+
+    def _publish(self, v: Verdict) -> None:
+        log.warning("root cause: %s", v.summary())
+        if self.metrics is not None:
+            self.metrics.verdict(v)
+        if self.exporter is not None:
+            try:
+                self.exporter.export(v)
+            except Exception:
+                log.exception("root-cause export failed")
+        for fn in list(self.listeners):
+            try:
+                fn(v)
+            except Exception:
+                log.exception("verdict listener failed")

@@ -1,0 +1,565 @@
+"""Root-cause analysis of one trace (one collective): the walk over span links.
+
+Hang (design §5, Mycroft's Table 4 as a traversal): every rank whose latest
+evidence is in flight says, per flow, what it waits for. A recv flow in
+``RecvWait`` waits for its peer's data; a send flow in ``SendPeerWait`` waits for
+the receiver's credit; ``SendWait`` waits for the network to complete. Those are
+edges to the peer. The edge is *followed* when the peer's matching flow shows
+that the peer itself is the blocker (its GPU has not produced / consumed, or it
+waits upstream); it *ends* the walk at the flow when both sides wait on each
+other (the network between them is to blame), and at the peer when the peer's
+span is missing, says ``not_entered``, is SIGSTOPped or says ``process_exited``.
+A rank with no edge left but GPU waits (data arrived, nothing consumed or
+produced) is the root itself (``gpu_stalled``). Each stalled rank votes for the
+root its walk ends at; flow roots that share a rank are aggregated to that rank's
+NIC (culprit channel unset). Classification uses the chunk counters.
+
+Slowdown: on completed spans, compare arrival times (late_rank), per-flow
+network time per step (slow_flow vs slow_nic), GPU wait per step (slow_gpu) and
+the idle gap between GPU-ready and transmission (slow_proxy) across ranks and
+flows; the strongest clear outlier wins, nothing is said when none is clear.
+
+Everything here reads one :class:`~mycroft_otel.processor.state.TraceState`; it
+needs nothing outside the trace (that is what lets processors scale out by trace id).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flows_of
+from mycroft_otel.processor.state import TraceState
+
+# Rank states as the analysis sees them.
+COMPLETED, IN_FLIGHT, NOT_ENTERED, EXITED, STOPPED, MISSING = (
+    "completed", "in_flight", "not_entered", "process_exited", "stopped", "missing")
+
+
+@dataclass
+class Finding:
+    """What the analysis concluded about one trace."""
+
+    kind: str                      # hang | slowdown
+    category: str
+    ranks: list[int]               # culprit ranks in the communicator
+    confidence: float
+    evidence: str
+    onset_ns: int
+    channel: int | None = None
+    peer: int | None = None
+    culprit_spans: list[bytes] = field(default_factory=list)   # span ids (8 bytes)
+    evidence_spans: list[bytes] = field(default_factory=list)
+    global_ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RankView:
+    rank: int
+    state: str
+    ref: SpanRef | None            # the evidence span read (op, latest in-flight or status)
+    attrs: dict
+    flows: list[Flow]
+    host: str = ""
+    global_rank: int = -1
+
+    def send_flow(self, channel: int, peer: int) -> Flow | None:
+        alt = None
+        for f in self.flows:
+            if f.send and f.channel == channel:
+                if f.peer == peer:
+                    return f
+                alt = alt or f
+        return alt
+
+    def recv_flow(self, channel: int, peer: int) -> Flow | None:
+        alt = None
+        for f in self.flows:
+            if not f.send and f.channel == channel:
+                if f.peer == peer:
+                    return f
+                alt = alt or f
+        return alt
+
+
+def _stopped(ref: SpanRef | None) -> bool:
+    if ref is None or ref.span is None:
+        return False
+    for kv in ref.span.attributes:
+        if kv.key == sc.PROCESS_STOPPED:
+            return bool(kv.value.bool_value)
+    return False
+
+
+def build_views(st: TraceState, decode_completed: bool = True) -> dict[int, RankView]:
+    """One RankView per rank that said anything about this trace."""
+    views: dict[int, RankView] = {}
+    ranks = set(st.op) | set(st.inflight) | set(st.status)
+    for r in ranks:
+        op, inf, status = st.op.get(r), st.inflight.get(r), st.status.get(r)
+        if op is not None:
+            ref, state = op, COMPLETED
+        elif status is not None and status.status == sc.STATUS_PROCESS_EXITED:
+            ref, state = inf or status, EXITED
+        elif inf is not None:
+            ref, state = inf, (STOPPED if _stopped(inf) else IN_FLIGHT)
+        else:
+            ref, state = status, (STOPPED if _stopped(status) else NOT_ENTERED)
+        attrs = evidence_attributes(ref) if (state != COMPLETED or decode_completed) else {}
+        views[r] = RankView(rank=r, state=state, ref=ref, attrs=attrs, flows=flows_of(attrs),
+                            host=ref.resource.host if ref else "", global_rank=ref.global_rank if ref else -1)
+    return views
+
+
+def _signature(v: RankView) -> tuple | None:
+    func = v.ref.func if v.ref else ""
+    if v.state in (NOT_ENTERED, MISSING) or not func:
+        return None
+    return (func, v.attrs.get(sc.COLL_COUNT), v.attrs.get(sc.COLL_DATATYPE))
+
+
+def check_mismatch(st: TraceState, views: dict[int, RankView]) -> Finding | None:
+    """Ranks that called different functions, sizes or types at the same sequence number."""
+    groups: dict[tuple, list[int]] = {}
+    for v in views.values():
+        if v.ref is not None and v.ref.status:  # status spans carry no size
+            continue
+        sig = _signature(v)
+        if sig is not None:
+            groups.setdefault(sig, []).append(v.rank)
+    if len(groups) < 2:
+        return None
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    majority_sig, majority = ordered[0]
+    culprits = sorted(r for _, rs in ordered[1:] for r in rs)
+    sig = _signature(views[culprits[0]])
+    what = []
+    names = ("function", "count", "datatype")
+    for i, name in enumerate(names):
+        if sig[i] != majority_sig[i]:
+            what.append(f"{name} {sig[i]} (others {majority_sig[i]})")
+    conf = 0.95 if len(majority) > len(culprits) else 0.6
+    return Finding(
+        kind=sc.KIND_HANG, category="coll_mismatch", ranks=culprits, confidence=conf,
+        evidence=(f"rank{'s' if len(culprits) > 1 else ''} {_ranks(culprits)} called {', '.join(what)} "
+                  f"at collective {st.seq} of communicator {st.comm}"),
+        onset_ns=min((views[r].ref.start_ns for r in culprits if views[r].ref), default=st.first_evidence_ns),
+    )
+
+
+def _ranks(rs: list[int]) -> str:
+    return ", ".join(str(r) for r in rs[:8]) + (f" (+{len(rs) - 8})" if len(rs) > 8 else "")
+
+
+# --- hang walk ------------------------------------------------------------------------------------
+
+# Terminals: ("rank", category, rank, why) or ("flow", sender, receiver, channel)
+_FOLLOW_ORDER = {"data": 0, "credit": 1, "net": 2}
+
+
+def _rank_terminal(pv: RankView | None, p: int) -> tuple | None:
+    if pv is None:
+        return ("rank", "rank_absent", p, "silent")
+    if pv.state == NOT_ENTERED:
+        return ("rank", "rank_absent", p, "not_entered")
+    if pv.state == STOPPED:
+        return ("rank", "rank_absent", p, "stopped")
+    if pv.state == EXITED:
+        return ("rank", "process_exited", p, "exited")
+    return None
+
+
+def _edges(v: RankView) -> tuple[list[tuple], bool]:
+    """(edges (kind, peer, channel, flow), has_gpu_wait) of one stalled rank."""
+    edges: list[tuple] = []
+    gpu = False
+    for f in v.flows:
+        if f.finished or f.steps <= 0 and not f.wait_state:
+            continue
+        ws = f.wait_state
+        if f.send:
+            if ws == "SendPeerWait" or (not ws and f.ready > f.transmitted):
+                edges.append(("credit", f.peer, f.channel, f))
+            elif ws == "SendWait" or (not ws and f.transmitted > f.done):
+                edges.append(("net", f.peer, f.channel, f))
+            elif ws == "SendGpuWait" or not ws:
+                gpu = True
+        else:
+            if ws == "RecvWait" or (not ws and f.ready < f.steps and f.ready <= f.done):
+                edges.append(("data", f.peer, f.channel, f))
+            else:
+                gpu = True
+    edges.sort(key=lambda e: _FOLLOW_ORDER[e[0]])
+    return edges, gpu
+
+
+def _resolve(v: RankView, views: dict[int, RankView], nranks: int) -> tuple[list[tuple], list[int]]:
+    """(terminals reached directly, ranks to follow) from stalled rank ``v``."""
+    terms: list[tuple] = []
+    follow: list[int] = []
+    edges, gpu = _edges(v)
+    r = v.rank
+    for kind, p, ch, f in edges:
+        if p < 0 or p >= max(nranks, 1) or p == r:
+            continue
+        pv = views.get(p)
+        t = _rank_terminal(pv, p)
+        if t is not None:
+            terms.append(t)
+            continue
+        if kind == "data":  # r receives from p on ch
+            pf = pv.send_flow(ch, r)
+            if pv.state == COMPLETED or (pf is not None and pf.finished):
+                terms.append(("flow", p, r, ch))
+            elif pf is not None and pf.wait_state in ("SendPeerWait", "SendWait"):
+                terms.append(("flow", p, r, ch))
+            else:
+                follow.append(p)
+        else:  # r sends to p on ch: waits for p's credit or for the network
+            qf = pv.recv_flow(ch, r)
+            if pv.state == COMPLETED or (qf is not None and qf.finished):
+                terms.append(("flow", r, p, ch))
+            elif qf is not None and (qf.wait_state == "RecvWait" or (kind == "net" and not qf.wait_state)):
+                terms.append(("flow", r, p, ch))
+            elif qf is None and kind == "net":
+                terms.append(("flow", r, p, ch))
+            else:
+                follow.append(p)
+    if not terms and not follow:
+        if not v.flows:
+            terms.append(("rank", "noflow", r, "no network flows"))
+        elif all(f.posted == 0 and f.ready == 0 for f in v.flows):
+            terms.append(("rank", "rank_absent", r, "not_started"))
+        else:
+            terms.append(("rank", "gpu_stalled", r, "gpu" if gpu else "gpu_unfinished"))
+    return terms, follow
+
+
+def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
+    """Votes per terminal: each stalled rank's walk ends somewhere; iterative, memoized, cycle-safe."""
+    stalled = [r for r, v in views.items() if v.state == IN_FLIGHT]
+    memo: dict[int, list[tuple]] = {}
+    direct: dict[int, tuple[list[tuple], list[int]]] = {}
+
+    def step(r: int) -> tuple[list[tuple], list[int]]:
+        d = direct.get(r)
+        if d is None:
+            d = direct[r] = _resolve(views[r], views, nranks)
+        return d
+
+    def result(start: int) -> list[tuple]:
+        # follow the first follow-edge until a rank with terminals (or a cycle / known result)
+        path: list[int] = []
+        seen: set[int] = set()
+        r = start
+        out: list[tuple] | None = None
+        while True:
+            if r in memo:
+                out = memo[r]
+                break
+            v = views.get(r)
+            if v is None:
+                out = [("rank", "rank_absent", r, "silent")]
+                break
+            if v.state != IN_FLIGHT:
+                out = [_rank_terminal(v, r) or ("rank", "gpu_stalled", r, "gpu_unfinished")]
+                break
+            if r in seen:  # a cycle of waits with no explanation: the rank that waits longest
+                cyc = path[path.index(r):]
+                oldest = min(cyc, key=lambda x: _wait_since(views[x]))
+                out = [("rank", "gpu_stalled", oldest, "cycle")]
+                break
+            seen.add(r)
+            path.append(r)
+            terms, follow = step(r)
+            if terms:
+                out = terms
+                break
+            r = follow[0]
+        for x in path:
+            memo[x] = out
+        return out
+
+    votes: dict[tuple, float] = {}
+    for r in stalled:
+        res = result(r)
+        w = 1.0 / len(res)
+        for t in res:
+            votes[t] = votes.get(t, 0.0) + w
+    return votes
+
+
+def _wait_since(v: RankView) -> int:
+    ws = [f.wait_since_ns for f in v.flows if f.wait_since_ns > 0 and not f.finished]
+    return min(ws) if ws else (v.ref.last_progress_ns if v.ref else 0)
+
+
+def _classify_flow(views: dict[int, RankView], s: int, d: int, ch: int) -> tuple[str, str]:
+    sv = views.get(s)
+    sf = sv.send_flow(ch, d) if sv else None
+    if sf is None:
+        return "net_delivery_stalled", "sent data never reached the receiver"
+    if sf.wait_state == "SendWait" or (sf.transmitted > sf.done and sf.ready <= sf.transmitted):
+        return ("net_delivery_stalled",
+                f"transmitted {sf.transmitted} > done {sf.done} of {sf.steps} steps, receiver still waiting")
+    if sf.ready > sf.transmitted:
+        return ("net_send_stalled",
+                f"GPU-ready {sf.ready} > transmitted {sf.transmitted} of {sf.steps} steps, receiver waiting for data")
+    if sf.transmitted > sf.done:
+        return ("net_delivery_stalled", f"transmitted {sf.transmitted} > done {sf.done} of {sf.steps} steps")
+    return "net_send_stalled", f"sender and receiver wait on each other at step {sf.done} of {sf.steps}"
+
+
+def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Finding | None:
+    views = build_views(st) if views is None else views
+    mm = check_mismatch(st, views)
+    if mm is not None:
+        _decorate(st, views, mm)
+        return mm
+    nranks = max(st.nranks, max(views) + 1 if views else 0)
+    votes = walk(views, nranks)
+    # status evidence about ranks that nobody's walk reached still counts (e.g. ranks with no flows)
+    for r, v in views.items():
+        t = _rank_terminal(v, r) if v.state in (NOT_ENTERED, STOPPED, EXITED) else None
+        if t is not None:
+            votes[t] = votes.get(t, 0.0) + 0.5
+    if st.stalled_ranks():
+        missing = [r for r in range(nranks) if r not in views]
+        if missing and len(missing) <= max(1, nranks // 2):
+            for r in missing:
+                t = ("rank", "rank_absent", r, "silent")
+                votes[t] = votes.get(t, 0.0) + 0.25
+    if not votes:
+        return None
+    total = sum(votes.values())
+    onset = max(st.last_progress_ns, st.first_evidence_ns)
+    flow_votes = {t: w for t, w in votes.items() if t[0] == "flow"}
+    rank_votes = {t: w for t, w in votes.items() if t[0] == "rank"}
+    # noflow terminals are the weakest explanation: only when nothing else is there
+    strong_rank = {t: w for t, w in rank_votes.items() if t[1] != "noflow"}
+    best_rank = max(strong_rank.items(), key=lambda kv: (kv[1], -kv[0][2]), default=None)
+    flow_total = sum(flow_votes.values())
+    if flow_votes and (best_rank is None or flow_total > best_rank[1]):
+        f = _flow_finding(st, views, flow_votes, flow_total / total)
+    elif best_rank is not None:
+        f = _rank_finding(st, views, best_rank[0], best_rank[1] / total)
+    else:
+        # collectives without network flows (intra-node): the rank that stopped progressing first
+        stalled = [views[t[2]] for t in rank_votes]
+        v = min(stalled, key=lambda x: (x.ref.last_progress_ns if x.ref else 0, x.rank))
+        f = Finding(kind=sc.KIND_HANG, category="gpu_stalled", ranks=[v.rank], confidence=0.3,
+                    evidence=(f"all {len(stalled)} ranks wait in {st.func} without network flows; "
+                              f"rank {v.rank} progressed last earliest"), onset_ns=onset)
+    if f.onset_ns == 0:
+        f.onset_ns = onset
+    _decorate(st, views, f)
+    return f
+
+
+def _flow_finding(st: TraceState, views: dict[int, RankView], flow_votes: dict[tuple, float],
+                  share: float) -> Finding:
+    flows = sorted(flow_votes, key=lambda t: -flow_votes[t])
+    # which rank touches the most stalled flows (a NIC: all flows of one rank)
+    touch: dict[int, float] = {}
+    for (_, s, d, _ch) in flows:
+        touch[s] = touch.get(s, 0) + 1.0
+        touch[d] = touch.get(d, 0) + 0.9  # ties go to the sender
+    top = max(touch.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+    mine = [t for t in flows if t[1] == top or t[2] == top]
+    cats = [_classify_flow(views, s, d, ch) for (_, s, d, ch) in mine]
+    cat = max(set(c for c, _ in cats), key=lambda c: sum(1 for x, _ in cats if x == c))
+    detail = next(txt for c, txt in cats if c == cat)
+    onset = max((views[s].ref.last_progress_ns for (_, s, _, _) in mine if s in views and views[s].ref), default=0)
+    if len(mine) == 1:
+        _, s, d, ch = mine[0]
+        return Finding(kind=sc.KIND_HANG, category=cat, ranks=[s], channel=ch, peer=d,
+                       confidence=round(min(0.95, 0.5 + 0.45 * share), 3),
+                       evidence=f"flow rank {s} -> rank {d} on channel {ch} stalled: {detail}", onset_ns=onset)
+    peers = sorted({(d if s == top else s) for (_, s, d, _) in mine})
+    chans = sorted({ch for (_, _, _, ch) in mine})
+    return Finding(kind=sc.KIND_HANG, category=cat, ranks=[top],
+                   confidence=round(min(0.95, 0.5 + 0.45 * share * len(mine) / len(flows)), 3),
+                   evidence=(f"all {len(mine)} stalled flows touch rank {top}'s NIC (channels {_ranks(chans)}, "
+                             f"peers {_ranks(peers)}): {detail}"), onset_ns=onset)
+
+
+def _rank_finding(st: TraceState, views: dict[int, RankView], term: tuple, share: float) -> Finding:
+    _, cat, r, why = term
+    v = views.get(r)
+    base = {"silent": 0.75, "not_entered": 0.9, "stopped": 0.9, "exited": 0.95, "gpu": 0.9,
+            "gpu_unfinished": 0.6, "not_started": 0.6, "cycle": 0.4}.get(why, 0.5)
+    conf = round(min(0.99, base * (0.5 + 0.5 * min(1.0, share))), 3)
+    waiting = len(st.stalled_ranks())
+    onset = 0
+    if why == "silent":
+        ev = f"rank {r} sent no span for collective {st.seq} while {waiting} ranks wait on it"
+    elif why == "not_entered":
+        last = v.attrs.get(sc.STATUS_LAST_SEQ, "?") if v else "?"
+        state = v.attrs.get(sc.STATUS_LAST_STATE, "") if v else ""
+        ev = (f"rank {r} never entered {st.func or 'the collective'} {st.seq} (idle after collective {last}"
+              + (f"; last: {state}" if state else "") + f") while {waiting} ranks wait on it")
+    elif why == "stopped":
+        ev = f"rank {r}'s process is stopped (SIGSTOP) and went silent; {waiting} ranks wait on it"
+    elif why == "exited":
+        state = v.attrs.get(sc.STATUS_LAST_STATE, "") if v else ""
+        ev = f"rank {r}'s process exited" + (f" ({state})" if state else "") + f"; {waiting} ranks wait on it"
+    elif why == "not_started":
+        ev = f"rank {r} is in {st.func} {st.seq} but none of its flows started; its peers wait on it"
+    else:
+        waits = ", ".join(f"ch{f.channel} {'send' if f.send else 'recv'} {f.wait_state or 'idle'} "
+                          f"{f.ready}/{f.transmitted}/{f.done} of {f.steps}"
+                          for f in (v.flows if v else [])[:4] if not f.finished)
+        ev = (f"rank {r}'s GPU neither consumes nor produces: data arrived but its flows wait on the GPU "
+              f"({waits}); {waiting} ranks wait on it")
+        if v and v.ref:
+            onset = v.ref.last_progress_ns
+    return Finding(kind=sc.KIND_HANG, category=cat, ranks=[r], confidence=conf, evidence=ev, onset_ns=onset)
+
+
+def _decorate(st: TraceState, views: dict[int, RankView], f: Finding) -> None:
+    """Culprit/evidence span ids, global ranks and hosts."""
+    from mycroft_otel import ids
+    tid = int.from_bytes(st.trace_id, "big")
+    for r in f.ranks:
+        f.culprit_spans.append(ids.span_id(tid, r, sc.ROLE_OP).to_bytes(8, "big"))
+        v = views.get(r)
+        if v is not None and v.ref is not None and v.ref.span_id not in f.culprit_spans:
+            f.culprit_spans.append(v.ref.span_id)
+        if v is not None:
+            if v.global_rank >= 0:
+                f.global_ranks.append(v.global_rank)
+            if v.host and v.host not in f.hosts:
+                f.hosts.append(v.host)
+    if f.peer is not None and f.peer in views and views[f.peer].ref is not None:
+        f.evidence_spans.append(views[f.peer].ref.span_id)
+    # a few waiting ranks' evidence
+    for r, v in list(views.items())[:16]:
+        if r not in f.ranks and v.ref is not None and v.ref.span_id not in f.evidence_spans:
+            f.evidence_spans.append(v.ref.span_id)
+        if len(f.evidence_spans) >= 8:
+            break
+
+
+# --- slowdown --------------------------------------------------------------------------------------
+
+def _arrival(v: RankView) -> int:
+    a = v.attrs.get(sc.TIME_API) or v.attrs.get(sc.TIME_ENQUEUE)
+    return int(a) if isinstance(a, int) and a > 0 else (v.ref.start_ns if v.ref else 0)
+
+
+def _outlier(values: dict, min_ratio: float, floor: float) -> tuple | None:
+    """(key, value, ratio to the median of the others) of a clear single top outlier."""
+    if len(values) < 3:
+        return None
+    items = sorted(values.items(), key=lambda kv: -kv[1])
+    top_k, top_v = items[0]
+    rest = [v for _, v in items[1:]]
+    med = statistics.median(rest)
+    if top_v < floor:
+        return None
+    ratio = top_v / max(med, floor / min_ratio, 1e-9)
+    if ratio < min_ratio:
+        return None
+    return top_k, top_v, ratio
+
+
+def analyse_slowdown(st: TraceState, baseline_ns: float | None, factor: float = 2.0,
+                     views: dict[int, RankView] | None = None) -> Finding | None:
+    """A clear culprit of a slow completed collective, or None."""
+    views = build_views(st) if views is None else views
+    done = {r: v for r, v in views.items() if v.state == COMPLETED and v.ref is not None}
+    if len(done) < 2:
+        return None
+    mm = check_mismatch(st, views)
+    if mm is not None:
+        _decorate(st, views, mm)
+        return mm
+    durations = {r: v.ref.duration_ns for r, v in done.items()}
+    med_dur = statistics.median(durations.values())
+    base = baseline_ns or 0.0
+    excess = med_dur - base if base else med_dur / 2
+    candidates: list[tuple[float, Finding]] = []
+    # 1. late arrival: the late rank's own span is short; the others waited for it
+    arrivals = {r: _arrival(v) for r, v in done.items()}
+    first = min(arrivals.values())
+    lateness = {r: a - first for r, a in arrivals.items()}
+    lr = max(lateness, key=lambda r: lateness[r])
+    others = [lateness[r] for r in lateness if r != lr]
+    late = lateness[lr] - statistics.median(others)
+    if late > 0 and late >= 0.5 * max(excess, 1) and late >= 0.3 * med_dur and durations[lr] < med_dur:
+        score = late / max(med_dur - late, 1)
+        candidates.append((2.0 + score, Finding(
+            kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[lr], confidence=round(min(0.95, 0.6 + 0.1 * score), 3),
+            evidence=(f"rank {lr} arrived {late / 1e6:.1f} ms after the others at {st.func} {st.seq}; "
+                      f"the others' median duration {med_dur / 1e6:.1f} ms" +
+                      (f" vs baseline {base / 1e6:.1f} ms" if base else "")),
+            onset_ns=arrivals[lr] - int(late))))
+    # 2. per-flow network time per step (send side)
+    net: dict[tuple, float] = {}
+    gpu_rank: dict[int, float] = {}
+    proxy_rank: dict[int, float] = {}
+    send_flows: dict[int, list[tuple]] = {}
+    recv_into: dict[int, list[tuple]] = {}
+    for r, v in done.items():
+        g = 0.0
+        gsteps = 0
+        for f in v.flows:
+            steps = max(f.steps, 1)
+            if f.send:
+                key = (r, f.peer, f.channel)
+                net[key] = f.net_wait_ns / steps
+                send_flows.setdefault(r, []).append(key)
+                recv_into.setdefault(f.peer, []).append(key)
+            else:
+                g += f.gpu_wait_ns
+                gsteps += steps
+            if f.send and f.end_ns > f.start_ns:
+                # time not accounted for by GPU or network waits: the proxy posting late
+                idle = (f.end_ns - f.start_ns) - f.gpu_wait_ns - f.net_wait_ns
+                proxy_rank[r] = max(proxy_rank.get(r, 0.0), idle / steps)
+        if gsteps:
+            gpu_rank[r] = g / gsteps
+    step_floor = 20_000.0  # 20 us per step: below that nothing is "slow"
+    o = _outlier(net, 2.0, step_floor)
+    if o is not None:
+        (s, d, ch), val, ratio = o
+        slow = {k for k, x in net.items() if x >= val / 2 and x >= 2 * statistics.median(net.values())}
+        by_sender = {k for k in slow if k[0] == s}
+        by_recv = {k for k in slow if k[1] == d}
+        s_all = set(send_flows.get(s, []))
+        d_all = set(recv_into.get(d, []))
+        if len(s_all) > 1 and s_all <= slow and len(by_sender) >= len(by_recv):
+            cat, who, chan, peer = "slow_nic", s, None, None
+            ev = f"all {len(s_all)} flows sent by rank {s} are {ratio:.1f}x slower per step than the others"
+        elif len(d_all) > 1 and d_all <= slow:
+            cat, who, chan, peer = "slow_nic", d, None, None
+            ev = f"all {len(d_all)} flows into rank {d} are {ratio:.1f}x slower per step than the others"
+        else:
+            cat, who, chan, peer = "slow_flow", s, ch, d
+            ev = f"flow rank {s} -> rank {d} on channel {ch} is {ratio:.1f}x slower per step than its siblings"
+        candidates.append((min(ratio, 10.0), Finding(
+            kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
+            confidence=round(min(0.95, 0.5 + 0.05 * ratio), 3), evidence=ev,
+            onset_ns=done[s].ref.start_ns)))
+    o = _outlier(gpu_rank, 2.0, step_floor)
+    if o is not None:
+        r, val, ratio = o
+        candidates.append((min(ratio, 10.0), Finding(
+            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r], confidence=round(min(0.95, 0.5 + 0.05 * ratio), 3),
+            evidence=(f"rank {r}'s GPU takes {val / 1e3:.0f} us per step to consume received data, "
+                      f"{ratio:.1f}x the other ranks"), onset_ns=done[r].ref.start_ns)))
+    o = _outlier(proxy_rank, 3.0, 100_000.0)
+    if o is not None:
+        r, val, ratio = o
+        candidates.append((min(ratio, 10.0) * 0.9, Finding(
+            kind=sc.KIND_SLOWDOWN, category="slow_proxy", ranks=[r], confidence=round(min(0.9, 0.4 + 0.05 * ratio), 3),
+            evidence=(f"rank {r}'s proxy left ready chunks unposted {val / 1e6:.1f} ms per step, "
+                      f"{ratio:.1f}x the other ranks"), onset_ns=done[r].ref.start_ns)))
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: -c[0])
+    f = candidates[0][1]
+    _decorate(st, views, f)
+    return f

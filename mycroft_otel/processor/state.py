@@ -1,0 +1,182 @@
+"""Per-trace state: everything every rank said about one collective, bounded.
+
+One :class:`TraceState` per trace id (= one collective instance or p2p transfer):
+per rank its completed op span, its latest in-flight snapshot and its status
+evidence. :class:`TraceStore` keeps them in LRU order with a TTL after the last
+span (MYCROFT_TRACE_TTL_S) and a size cap (MYCROFT_MAX_TRACES); evictions are
+counted. A small per-process index (host + global rank, else host + pid) lets the
+pipeline see that a rank missing from one communicator's collective is busy in
+another one's (hang propagation across communicators).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from mycroft_otel.processor.spans import INFLIGHT, OP, STATUS, SpanRef
+from mycroft_otel import semconv as sc
+
+ProcKey = tuple  # (host, "g", global_rank) or (host, "p", pid)
+
+
+def proc_key(ref: SpanRef) -> ProcKey | None:
+    host = ref.resource.host
+    if ref.global_rank >= 0:
+        return (host, "g", ref.global_rank)
+    if ref.resource.pid >= 0:
+        return (host, "p", ref.resource.pid)
+    return None
+
+
+@dataclass(slots=True)
+class TraceState:
+    trace_id: bytes
+    comm: str = ""
+    seq: int = -1
+    func: str = ""
+    nranks: int = 0
+    created_mono: float = 0.0
+    updated_mono: float = 0.0
+    op: dict[int, SpanRef] = field(default_factory=dict)
+    inflight: dict[int, SpanRef] = field(default_factory=dict)
+    status: dict[int, SpanRef] = field(default_factory=dict)
+    last_progress_ns: int = 0      # realtime ns of the last progress any evidence shows
+    first_evidence_ns: int = 0     # earliest start among the ranks' spans
+    anomalous: bool = False        # an op span carries ANOMALY
+    slow_since_mono: float = 0.0   # first anomalous/slow op span seen (processor clock)
+    verdict: object | None = None  # the Verdict emitted for this trace
+    explained_by: bytes | None = None  # another trace whose incident explains this one
+    analysed_slow: bool = False
+    spans: int = 0
+
+    # -- views -----------------------------------------------------------------------------
+    def stalled_ranks(self) -> list[int]:
+        """Ranks whose latest evidence is in flight (no completed span yet)."""
+        return [r for r in self.inflight if r not in self.op]
+
+    def has_hang_evidence(self) -> bool:
+        return any(r not in self.op for r in self.inflight) or any(
+            s.status == sc.STATUS_PROCESS_EXITED for s in self.status.values())
+
+    def complete(self) -> bool:
+        return self.nranks > 0 and len(self.op) >= self.nranks
+
+    def add(self, ref: SpanRef, now: float) -> None:
+        self.spans += 1
+        self.updated_mono = now
+        if not self.comm and ref.comm:
+            self.comm = ref.comm
+        if self.seq < 0 <= ref.seq:
+            self.seq = ref.seq
+        if not self.func and ref.func:
+            self.func = ref.func
+        if ref.nranks > self.nranks:
+            self.nranks = ref.nranks
+        start = ref.start_ns
+        if start and (not self.first_evidence_ns or start < self.first_evidence_ns):
+            self.first_evidence_ns = start
+        if ref.kind == OP:
+            self.op[ref.rank] = ref
+            self.last_progress_ns = max(self.last_progress_ns, ref.end_ns)
+            if ref.anomaly:
+                self.anomalous = True
+                if not self.slow_since_mono:
+                    self.slow_since_mono = now
+        elif ref.kind == INFLIGHT:
+            old = self.inflight.get(ref.rank)
+            if old is None or (ref.snapshot, ref.end_ns) >= (old.snapshot, old.end_ns):
+                self.inflight[ref.rank] = ref
+            progress = ref.last_progress_ns or ref.start_ns
+            self.last_progress_ns = max(self.last_progress_ns, progress)
+        elif ref.kind == STATUS:
+            old = self.status.get(ref.rank)
+            # process_exited outranks not_entered; otherwise the newest wins
+            if old is None or old.status != sc.STATUS_PROCESS_EXITED or ref.status == sc.STATUS_PROCESS_EXITED:
+                self.status[ref.rank] = ref
+
+
+class TraceStore:
+    """Traces in LRU order, bounded by TTL and count; evictions counted."""
+
+    def __init__(self, ttl_s: float = 120.0, max_traces: int = 20000, clock=time.monotonic):
+        self.ttl_s = ttl_s
+        self.max_traces = max_traces
+        self.clock = clock
+        self.traces: OrderedDict[bytes, TraceState] = OrderedDict()
+        self.evicted_ttl = 0
+        self.evicted_size = 0
+        # process -> {trace_id: None} where its latest evidence is in flight / not entered
+        self.inflight_by_proc: dict[ProcKey, dict[bytes, None]] = {}
+        self.proc_of: dict[tuple[str, int], ProcKey] = {}  # (comm, rank) -> process
+
+    def __len__(self) -> int:
+        return len(self.traces)
+
+    def get(self, trace_id: bytes) -> TraceState | None:
+        return self.traces.get(trace_id)
+
+    def add(self, ref: SpanRef) -> TraceState:
+        now = self.clock()
+        st = self.traces.get(ref.trace_id)
+        if st is None:
+            st = TraceState(trace_id=ref.trace_id, created_mono=now)
+            self.traces[ref.trace_id] = st
+            if len(self.traces) > self.max_traces:
+                self._drop(next(iter(self.traces)))
+                self.evicted_size += 1
+        else:
+            self.traces.move_to_end(ref.trace_id)
+        st.add(ref, now)
+        key = proc_key(ref)
+        if key is not None:
+            ck = (ref.comm, ref.rank)
+            if ck not in self.proc_of:
+                if len(self.proc_of) > 4 * self.max_traces + 65536:
+                    self.proc_of.clear()
+                self.proc_of[ck] = key
+            if ref.kind == INFLIGHT and ref.rank not in st.op:
+                self.inflight_by_proc.setdefault(key, {})[ref.trace_id] = None
+            elif ref.kind == OP:
+                d = self.inflight_by_proc.get(key)
+                if d is not None:
+                    d.pop(ref.trace_id, None)
+                    if not d:
+                        del self.inflight_by_proc[key]
+        return st
+
+    def _drop(self, trace_id: bytes) -> None:
+        st = self.traces.pop(trace_id, None)
+        if st is None:
+            return
+        for ref in st.inflight.values():
+            key = proc_key(ref)
+            d = self.inflight_by_proc.get(key) if key else None
+            if d is not None:
+                d.pop(trace_id, None)
+                if not d:
+                    del self.inflight_by_proc[key]
+
+    def expire(self) -> int:
+        """Evict traces idle longer than the TTL; returns how many."""
+        now = self.clock()
+        n = 0
+        while self.traces:
+            tid, st = next(iter(self.traces.items()))
+            if now - st.updated_mono < self.ttl_s:
+                break
+            self._drop(tid)
+            n += 1
+        self.evicted_ttl += n
+        return n
+
+    def busy_elsewhere(self, key: ProcKey, trace_id: bytes) -> list[TraceState]:
+        """Other traces where process ``key`` is in flight (latest evidence)."""
+        out = []
+        for tid in self.inflight_by_proc.get(key, ()):
+            if tid != trace_id:
+                st = self.traces.get(tid)
+                if st is not None:
+                    out.append(st)
+        return out

@@ -1,0 +1,186 @@
+"""Detection and root-cause analysis on synthetic traces of the agent's span schema."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mycroft_otel import ids
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor import Processor
+
+from synth import Ring
+
+
+def _run(ring: Ring, now_ns: int | None = None, proc: Processor | None = None):
+    proc = proc or Processor(env={})
+    proc.ingest_request(ring.request())
+    return proc, proc.tick(now_ns if now_ns is not None else time.time_ns())
+
+
+def _one(verdicts):
+    assert len(verdicts) == 1, [v.summary() for v in verdicts]
+    return verdicts[0]
+
+
+@pytest.mark.parametrize("n,c", [(8, 3), (16, 0), (64, 63)])
+def test_gpu_stalled(n, c):
+    ring = Ring(n)
+    ring.gpu_stall(c)
+    _, vs = _run(ring)
+    v = _one(vs)
+    assert (v.kind, v.category, v.finding.ranks) == ("hang", "gpu_stalled", [c])
+    assert v.finding.confidence >= 0.8
+    assert v.trace_id == ring.tid.to_bytes(16, "big")
+    assert v.span_id == ids.span_id(ring.tid, -1, sc.ROLE_ROOT_CAUSE, 0).to_bytes(8, "big")
+
+
+@pytest.mark.parametrize("channel", [0, 1])
+def test_net_send_stalled_one_flow(channel):
+    ring = Ring(8, nch=2)
+    ring.net_send_stall(5, channel)
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks, v.finding.channel, v.finding.peer) == ("net_send_stalled", [5], channel, 6)
+
+
+def test_nic_down_aggregates_to_rank():
+    ring = Ring(8, nch=4)
+    ring.net_send_stall(2, None)
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks, v.finding.channel) == ("net_send_stalled", [2], None)
+
+
+def test_net_delivery_stalled():
+    ring = Ring(8, nch=2)
+    ring.net_delivery_stall(4, 1)
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks, v.finding.channel, v.finding.peer) == ("net_delivery_stalled", [4], 1, 5)
+
+
+@pytest.mark.parametrize("how,cat", [("not_entered", "rank_absent"), ("none", "rank_absent"),
+                                     ("stopped", "rank_absent"), ("process_exited", "process_exited")])
+def test_absent_ranks(how, cat):
+    ring = Ring(8)
+    ring.absent(6, how)
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks) == (cat, [6])
+    if how != "none":
+        assert v.finding.global_ranks == [6]
+
+
+def test_mismatch():
+    ring = Ring(8)
+    ring.mismatch(2)
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks) == ("coll_mismatch", [2])
+    assert "count" in v.finding.evidence
+
+
+def test_no_verdict_before_stall_threshold():
+    ring = Ring(8)
+    when = time.time_ns() - 1_000_000_000  # stalled 1 s ago only
+    ring.t0 = when - 1_000_000
+    ring.gpu_stall(3)
+    for rv in ring.ranks.values():
+        rv.last_progress = when
+        rv.start = when - 1_000_000
+    proc, vs = _run(ring)
+    assert vs == []
+    assert len(proc.tick(when + 3_100_000_000)) == 1
+
+
+def test_progress_resets_stall():
+    ring = Ring(8)
+    ring.gpu_stall(3)
+    proc, _ = _run(ring, now_ns=0)
+    # now every rank completes: no hang
+    done = Ring(8, t0=ring.t0)
+    proc.ingest_request(done.request())
+    assert proc.tick() == []
+
+
+def test_replay_gives_no_second_verdict():
+    ring = Ring(8)
+    ring.gpu_stall(1)
+    proc, vs = _run(ring)
+    assert len(vs) == 1
+    proc.ingest_request(ring.request())
+    proc.ingest_request(ring.request())
+    assert proc.tick() == []
+    assert len(proc.verdicts) == 1
+
+
+def test_healthy_completed_no_verdict():
+    ring = Ring(16)
+    proc, vs = _run(ring)
+    assert vs == [] and proc.tick(time.time_ns() + 10**10) == []
+
+
+def test_late_rank():
+    ring = Ring(8)
+    ring.late(5, 40_000_000)
+    proc, vs = _run(ring)
+    v = _one(vs or _settle(proc))
+    assert (v.kind, v.category, v.finding.ranks) == ("slowdown", "late_rank", [5])
+
+
+def _settle(proc):
+    time.sleep(proc.settle_s + 0.05)
+    return proc.tick()
+
+
+@pytest.mark.parametrize("fault,cat,chan", [("slow_flow", "slow_flow", 1), ("slow_nic", "slow_nic", None),
+                                            ("slow_gpu", "slow_gpu", None)])
+def test_slowdowns(fault, cat, chan):
+    ring = Ring(8, nch=2)
+    if fault == "slow_flow":
+        ring.slow_flow(3, 1)
+    elif fault == "slow_nic":
+        ring.slow_nic(3)
+    else:
+        ring.slow_gpu(3)
+    proc, vs = _run(ring)
+    v = _one(vs or _settle(proc))
+    assert (v.kind, v.category, v.finding.ranks, v.finding.channel) == ("slowdown", cat, [3], chan)
+
+
+def test_slow_but_no_clear_culprit_is_silent():
+    ring = Ring(8)
+    ring.slow()  # everybody uniformly slow: no culprit worth naming
+    proc, vs = _run(ring)
+    assert vs == [] and _settle(proc) == []
+
+
+def test_cross_comm_propagation_one_verdict():
+    """Rank 3 (global 3) is GPU-stalled in a DP ring; its TP peers wait for it in a TP collective."""
+    dp = Ring(8, comm=0xD0, seq=40)
+    dp.gpu_stall(3)
+    tp = Ring(4, nch=1, comm=0x70, seq=90)
+    tp.absent(3, "not_entered")  # TP rank 3 is the same process as DP rank 3 (global rank 3)
+    for r, rv in tp.ranks.items():
+        rv.global_rank = r
+        rv.host = dp.ranks[r].host
+    for rv in dp.ranks.values():
+        rv.host = f"node-{rv.rank // 8}"
+    proc = Processor(env={})
+    proc.ingest_request(tp.request())
+    proc.ingest_request(dp.request())
+    vs = proc.tick()
+    v = _one(vs)
+    assert (v.comm, v.category, v.finding.ranks) == ("00000000000000d0", "gpu_stalled", [3])
+    assert proc.tick() == [] and proc.counts["propagated"] == 1
+
+
+def test_two_faults_two_comms_two_verdicts():
+    a = Ring(8, comm=0xA)
+    a.gpu_stall(2)
+    b = Ring(8, comm=0xB)
+    b.net_send_stall(6, 0)
+    for rv in b.ranks.values():
+        rv.global_rank += 100
+    proc = Processor(env={})
+    proc.ingest_request(a.request())
+    proc.ingest_request(b.request())
+    vs = sorted(proc.tick(), key=lambda v: v.comm)
+    assert [(v.category, v.finding.ranks) for v in vs] == [("gpu_stalled", [2]), ("net_send_stalled", [6])]
