@@ -153,7 +153,7 @@ class TraceStoreClient:
             "query.service_name": service,
             "query.start_time_min": _rfc3339(start),
             "query.start_time_max": _rfc3339(end + 1),
-            "query.search_depth": 100,
+            "query.num_traces": 100,
         }
         if span_name:
             params["query.operation_name"] = span_name
