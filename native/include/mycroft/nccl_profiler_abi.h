@@ -88,8 +88,9 @@
 //         then never stopped) -> RecvWait (irecv posted) -> RecvFlushWait (data arrived; flush if needed) ->
 //         RecvGPUWait (handed to the GPU) -> stop (GPU consumed it).
 //   stateArgs.proxyStep.transSize is meaningful at SendWait (bytes sent) and RecvFlushWait (bytes received);
-//   at other states it holds a stale value. ProxyOp/ProxyStep exist only for network (NET/CollNet) transfers,
-//   proxyOp.isSend is 1 only for network sends.
+//   at other states it holds a stale value. ProxyOp events exist for every proxy-driven transfer (network,
+//   plus P2P/SHM when they copy through the proxy); ProxySteps come from the network transports; proxyOp.isSend
+//   is 1 only for NET sends (0 for everything else, including non-network sends).
 // NetPlugin
 //   * Emitted only by net plugins built with profiling (NCCL_ENABLE_NET_PROFILING); the PyPI builds have it
 //     compiled out, so expect none. netPlugin.id = network type | version: type in the bits above 16
