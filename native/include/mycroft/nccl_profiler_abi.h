@@ -46,8 +46,8 @@
 // Order and lifetime
 //   * Group start -> Coll/P2p start (one per task in the plan) -> proxy ops handed to the proxy thread ->
 //     Coll/P2p stop -> Group stop, all at LAUNCH time. Completion is only visible through the children
-//     (ProxyOp/ProxyStep stops, KernelCh stop), which start and end AFTER their parent was stopped: a parent
-//     handle must stay valid after stopEvent until its last child is stopped (or be a stable slot).
+//     (ProxyOp/ProxyStep stops, KernelCh stop), which end (and usually start) AFTER their parent was stopped,
+//     on other threads: a parent handle must stay valid after stopEvent until its last child is stopped.
 //   * ProxyOp: start when the proxy appends it, state ProxyOpInProgress when progress begins, stop when all
 //     its steps are done. ProxySteps are tracked in NCCL_STEPS (8) slots per op, step = DIVUP(step,
 //     sliceSteps), so at most 8 are in flight per op.
