@@ -268,6 +268,11 @@ def valid_flows(op_rows: np.ndarray) -> list[np.ndarray]:
     return [row["flows"][: int(row["op"]["n_flows"])] for row in np.atleast_1d(op_rows)]
 
 
+def torn_slots(live: np.ndarray) -> np.ndarray:
+    """Mask of live slots that never held still (odd generation: a writer frozen while initialising it)."""
+    return (live["generation"] & 1).astype(bool)
+
+
 def torn_flows(flows: np.ndarray) -> np.ndarray:
     """Mask of flows caught mid-update by a writer that stopped (odd seqlock version)."""
     return (flows["version"] & 1).astype(bool)
@@ -295,5 +300,5 @@ __all__ = [
     "PROTO_NAMES", "RING_RECORD_DTYPE", "RingReader", "ShmHeader", "State", "UNKNOWN_INDEX", "WAIT_STATE_NAMES",
     "WaitState", "algo_name", "datatype_name", "datatype_size", "dir_name", "drain", "func_name", "index_of",
     "log_messages", "mono_to_realtime", "monotonic_ns", "new_events", "op_kind_name", "open_ring", "pid_alive",
-    "plugin_path", "proto_name", "read_header", "ring_files", "torn_flows", "valid_flows", "wait_state_name",
+    "plugin_path", "proto_name", "read_header", "ring_files", "torn_flows", "torn_slots", "valid_flows", "wait_state_name",
 ]
