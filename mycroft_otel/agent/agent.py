@@ -1,0 +1,387 @@
+"""The node agent's poll loop: discover → read → spans → sample → export.
+
+Every MYCROFT_POLL_MS the :class:`Agent` rescans the ring directory, and for each
+rank context (one shared-memory file, a :class:`~.source.RingSource`):
+
+1. drains new completion records from the ring (bounded per poll, never waits on export);
+2. classifies them (:mod:`.sampling`: slow / late / had in-flight snapshots) and keeps
+   anomalous and sampled ones as ``nccl.<Func>`` spans (:mod:`.spans`), the rest in the
+   window's summary;
+3. snapshots the live table: operations in flight longer than MYCROFT_INFLIGHT_AFTER_MS
+   get a ``mycroft.inflight`` span every MYCROFT_SNAPSHOT_MS;
+4. emits ``mycroft.status`` evidence: ``not_entered`` for a rank idle past
+   MYCROFT_IDLE_AFTER_MS (with back-off), ``process_exited`` when the writer is gone;
+5. queues the spans with the ring's cursor for export (:mod:`.exporter`); committed
+   cursors are persisted (:mod:`.state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.agent import spans as sp
+from mycroft_otel.agent.discovery import Discovery
+from mycroft_otel.agent.exporter import ExportQueue, OtlpTransport, Transport
+from mycroft_otel.agent.health import Health, RateLimitedLog
+from mycroft_otel.agent.sampling import Baselines, Summary, sample_bound, sampled
+from mycroft_otel.agent.settings import AgentSettings
+from mycroft_otel.agent.source import PROC_EXITED, PROC_STOPPED, RingSource, default_reader_factory
+from mycroft_otel.agent.state import CursorStore
+
+log = logging.getLogger("mycroft_otel.agent")
+
+MAX_RECORDS_PER_READ = 4096
+MAX_READS_PER_POLL = 8
+MAX_STATUS_BACKOFF_NS = 60_000_000_000
+
+
+@dataclass
+class _Inflight:
+    k: int = 0              # next snapshot number
+    next_due: int = 0       # monotonic ns
+    anomaly: str = sc.ANOMALY_SLOW
+
+
+@dataclass
+class _Ctx:
+    """Per-source state of the loop."""
+    src: RingSource
+    builder: sp.SpanBuilder
+    baselines: Baselines
+    summary: Summary
+    inflight: dict[int, _Inflight] = field(default_factory=dict)   # op_id -> snapshots state
+    had_inflight: dict[int, str] = field(default_factory=dict)     # op_id -> anomaly, until it completes
+    last_seq: int = -1            # last completed collective
+    last_end: int = 0             # end of the last completed op (monotonic)
+    busy: bool = False            # something in flight at the last poll
+    idle_emits: int = 0           # not_entered emissions in the current idle period
+    idle_next: int = 0            # monotonic ns of the next not_entered emission
+    exit_emits: int = 0
+    exit_next: int = 0
+    done: bool = False            # process exited and reported: nothing more to read
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, transport: Transport | None = None,
+                 reader_factory: Callable[[str], Any] | None = None, resource_extra: list | None = None,
+                 health: Health | None = None):
+        self.s = settings
+        self.health = health or Health()
+        self.reader_factory = reader_factory or default_reader_factory
+        self.discovery = Discovery(settings.ring_dir)
+        self.store = CursorStore(settings.state_dir)
+        self.ctxs: dict[str, _Ctx] = {}
+        self.bound = sample_bound(settings.sample_ratio)
+        if resource_extra is None:
+            resource_extra = _env_resource_attributes()
+        self.resource_extra = resource_extra
+        self.queue = ExportQueue(transport or OtlpTransport(settings.protocol), self.health,
+                                 settings.export_queue, settings.export_batch, scope=sp.SCOPE)
+        self._rl = RateLimitedLog()
+        self._stop = threading.Event()
+        self._closed = False
+
+    # --- sources --------------------------------------------------------------------------
+    def _open(self, path: str, ident: tuple[int, int]) -> None:
+        try:
+            reader = self.reader_factory(path)
+        except (ValueError, OSError) as exc:
+            if self.discovery.rejected(ident):
+                self.health.bad_files += 1
+                log.info("not a ring (yet): %s", exc)
+            return
+        try:
+            src = RingSource(path, reader)
+        except Exception as exc:
+            reader.close()
+            if self.discovery.rejected(ident):
+                self.health.bad_files += 1
+                log.info("cannot use %s: %s", path, exc)
+            return
+        saved = self.store.get(src.identity.key) or {}
+        head = int(reader.ring_head)
+        cursor = int(saved.get("cursor", 0))
+        src.cursor = cursor if 0 <= cursor <= head else 0
+        now = time.monotonic_ns()
+        ctx = _Ctx(src, sp.SpanBuilder(src, self.s.service_name, self.resource_extra, self.s.detail_chunk),
+                   Baselines(self.s.slow_factor, self.s.warmup_ops), Summary(now))
+        ctx.last_seq = int(saved.get("last_seq", -1))
+        ctx.last_end = int(saved.get("last_end", 0))
+        self.ctxs[path] = ctx
+        self.discovery.accepted(path, ident)
+        self.health.sources_opened += 1
+        log.info("following %s (comm %s rank %d/%d pid %d, cursor %d)", path, src.comm_hex, src.rank,
+                 src.nranks, src.pid, src.cursor)
+
+    def _close(self, path: str) -> None:
+        ctx = self.ctxs.pop(path, None)
+        if ctx is None:
+            return
+        if not ctx.done:
+            out: list[bytes] = []
+            self._drain(ctx, out, time.monotonic_ns())  # the mapping outlives the unlink: read the rest
+            self._queue(ctx, out)
+        self.store.forget(ctx.src.identity.key)
+        ctx.src.close()
+        log.info("ring gone: %s", path)
+
+    # --- the loop ---------------------------------------------------------------------------
+    def poll_once(self) -> None:
+        t0 = time.perf_counter()
+        scan = self.discovery.scan()
+        for path in scan.gone:
+            self._close(path)
+        for path, ident in scan.appeared:
+            self._open(path, ident)
+        now = time.monotonic_ns()
+        pstate: dict[int, str] = {}
+        pending: dict[str, list[bytes]] = {}
+        for path, ctx in list(self.ctxs.items()):
+            if ctx.done:
+                continue
+            out: list[bytes] = []
+            try:
+                self._poll_ctx(ctx, out, now, pstate)
+            except Exception:  # one bad ring must not stop the others
+                self._rl.warning(path, "error polling %s", path)
+                log.debug("error polling %s", path, exc_info=True)
+            pending[path] = out
+        self._status(now, pending, pstate)
+        backlog = 0
+        for path, ctx in self.ctxs.items():
+            if path in pending:
+                self._queue(ctx, pending[path])
+            backlog += ctx.src.backlog if not ctx.done else 0
+        self.health.ring_backlog = backlog
+        self.health.sources = sum(1 for c in self.ctxs.values() if not c.done)
+        for key, cursor in list(self.queue.committed.items()):
+            self.store.update(key, **cursor)
+        self.queue.committed.clear()
+        self.store.save()
+        self.health.polls += 1
+        self.health.poll_duration_s = time.perf_counter() - t0
+
+    def _queue(self, ctx: _Ctx, out: list[bytes]) -> None:
+        self.health.spans_built += len(out)
+        mark = {ctx.src.identity.key: {"cursor": ctx.src.cursor, "last_seq": ctx.last_seq, "last_end": ctx.last_end}}
+        self.queue.put(ctx.builder.resource, out, mark)
+
+    def _poll_ctx(self, ctx: _Ctx, out: list[bytes], now: int, pstate: dict[int, str]) -> None:
+        self._drain(ctx, out, now)
+        src = ctx.src
+        st = pstate.get(src.pid)
+        if st is None:
+            st = pstate[src.pid] = src.process_state()
+        live = src.live()
+        ctx.busy = len(live) > 0
+        if ctx.busy:
+            ctx.idle_emits = 0
+            ctx.idle_next = 0
+        if st != PROC_EXITED:
+            self._snapshots(ctx, live, out, now, st == PROC_STOPPED)
+        # summary window
+        if now - ctx.summary.start >= self.s.summary_ns:
+            sm = ctx.summary
+            if sm.ops or sm.dropped_ring:
+                out.append(ctx.builder.summary_span(src.to_real(sm.start), src.to_real(now), sm.attributes()))
+            ctx.summary = Summary(now)
+
+    def _drain(self, ctx: _Ctx, out: list[bytes], now: int) -> None:
+        src = ctx.src
+        for _ in range(MAX_READS_PER_POLL):
+            recs, over = src.read(MAX_RECORDS_PER_READ)
+            if over:
+                self.health.dropped_ring += over
+                ctx.summary.dropped_ring += over
+                self._rl.warning("ring-" + src.path, "%s: %d completions overwritten before the agent read them",
+                                 src.path, over)
+            if len(recs):
+                self.health.records_read += len(recs)
+                self._records(ctx, recs, out)
+            if len(recs) < MAX_RECORDS_PER_READ:
+                break
+
+    def _records(self, ctx: _Ctx, recs: np.ndarray, out: list[bytes]) -> None:
+        b = ctx.builder
+        ops = recs["op"]
+        traces = b.trace_ids(ops)
+        kinds = ops["kind"].tolist()
+        funcs = ops["func"].tolist()
+        seqs = ops["seq"].tolist()
+        nbytes = ops["bytes"].tolist()
+        api = ops["api_ns"].tolist()
+        start = ops["start_ns"].tolist()
+        end = ops["end_ns"].tolist()
+        op_ids = ops["op_id"].tolist()
+        keep, anomalies = [], []
+        for i in range(len(recs)):
+            arrive = api[i] or start[i]
+            an = ctx.baselines.classify(funcs[i], nbytes[i], arrive, end[i])
+            stalled = ctx.had_inflight.pop(op_ids[i], None)
+            ctx.inflight.pop(op_ids[i], None)
+            if stalled and an is None:
+                an = (stalled, None, None)
+            exported = an is not None or sampled(traces[i], self.bound)
+            if exported:
+                keep.append(i)
+                anomalies.append(an)
+            ctx.summary.add(sp.func_name(funcs[i]), seqs[i], nbytes[i], end[i] - arrive, exported)
+            if kinds[i] == sp.KIND_COLL and seqs[i] > ctx.last_seq:
+                ctx.last_seq = seqs[i]
+            if end[i] > ctx.last_end:
+                ctx.last_end = end[i]
+                ctx.idle_emits = 0
+                ctx.idle_next = 0
+        if keep:
+            sel = recs[np.asarray(keep, dtype=np.int64)]
+            out.extend(b.op_spans(sel, [traces[i] for i in keep], anomalies))
+
+    def _snapshots(self, ctx: _Ctx, live: np.ndarray, out: list[bytes], now: int, stopped: bool) -> None:
+        seen = set()
+        for slot in live:
+            op = slot["op"]
+            start = int(op["start_ns"])
+            op_id = int(op["op_id"])
+            if not start:
+                continue
+            seen.add(op_id)
+            if now - start < self.s.inflight_after_ns:
+                continue
+            inf = ctx.inflight.get(op_id)
+            if inf is None:
+                inf = ctx.inflight[op_id] = _Inflight()
+            if now < inf.next_due:
+                continue
+            self._emit_snapshot(ctx, slot, inf, out, now, stopped)
+        for op_id in [k for k in ctx.inflight if k not in seen]:
+            del ctx.inflight[op_id]  # completed: had_inflight keeps its anomaly until its record is read
+        if len(ctx.had_inflight) > 4096:
+            ctx.had_inflight.clear()
+
+    def _emit_snapshot(self, ctx: _Ctx, slot: Any, inf: _Inflight, out: list[bytes], now: int,
+                       stopped: bool) -> None:
+        op = slot["op"]
+        last = max(int(op["last_progress_ns"]), int(op["start_ns"]))
+        anomaly = sc.ANOMALY_STALLED if now - last >= self.s.inflight_after_ns else sc.ANOMALY_SLOW
+        inf.anomaly = anomaly
+        out.append(ctx.builder.inflight_span(slot, inf.k, ctx.src.to_real(now), anomaly, stopped))
+        ctx.had_inflight[int(op["op_id"])] = anomaly
+        inf.k += 1
+        inf.next_due = now + self.s.snapshot_ns
+
+    # --- status evidence ------------------------------------------------------------------------
+    def _status(self, now: int, pending: dict[str, list[bytes]], pstate: dict[int, str]) -> None:
+        by_comm: dict[int, list[_Ctx]] = {}
+        for ctx in self.ctxs.values():
+            if not ctx.done:
+                by_comm.setdefault(ctx.src.comm_hash, []).append(ctx)
+        for path, ctx in self.ctxs.items():
+            if ctx.done or path not in pending:
+                continue
+            src = ctx.src
+            st = pstate.get(src.pid)
+            out = pending[path]
+            finalized = int(src.refresh_header().get("finalized_ns", 0)) != 0
+            if st == PROC_EXITED:
+                if not finalized:
+                    self._exited(ctx, out, now)
+                else:
+                    ctx.done = True
+                continue
+            if finalized or ctx.busy:
+                continue
+            idle_since = ctx.last_end or src.start_mono_ns
+            idle_for = now - idle_since
+            if idle_for < self.s.idle_after_ns or now < ctx.idle_next:
+                continue
+            peers = by_comm.get(src.comm_hash, [])
+            if len(peers) > 1 and all(not p.busy and p.last_seq == ctx.last_seq for p in peers):
+                continue  # the whole communicator is idle here: no local evidence of a wait
+            nxt = ctx.last_seq + 1
+            trace = ctx.builder.trace_id(sp.KIND_COLL, nxt, -1)
+            text = (f"idle since collective {ctx.last_seq} completed" if ctx.last_seq >= 0
+                    else "no collective completed yet")
+            out.append(ctx.builder.status_span(sc.STATUS_NOT_ENTERED, trace, nxt, ctx.last_seq,
+                                               src.to_real(idle_since), src.to_real(now), text,
+                                               st == PROC_STOPPED))
+            ctx.idle_emits += 1
+            backoff = min(self.s.idle_after_ns * (2 ** ctx.idle_emits), MAX_STATUS_BACKOFF_NS)
+            ctx.idle_next = idle_since + backoff if ctx.idle_emits < 6 else now + MAX_STATUS_BACKOFF_NS
+            ctx.idle_next = max(ctx.idle_next, now + self.s.poll_s * 1e9)
+
+    def _exited(self, ctx: _Ctx, out: list[bytes], now: int) -> None:
+        if ctx.exit_emits and now < ctx.exit_next:
+            return
+        src = ctx.src
+        live = src.live()
+        slots = sorted(live, key=lambda s: int(s["op"]["start_ns"])) if len(live) else []
+        real_now = src.to_real(now)
+        if slots:
+            first = slots[0]
+            op = first["op"]
+            trace = ctx.builder.trace_id(int(op["kind"]), int(op["seq"]), int(op["root_or_peer"]))
+            text = "process exited " + sp.last_state_text(op, first["flows"])
+            out.append(ctx.builder.status_span(sc.STATUS_PROCESS_EXITED, trace, int(op["seq"]), ctx.last_seq,
+                                               src.to_real(int(op["start_ns"])), real_now, text, False,
+                                               func=sp.func_name(int(op["func"]))))
+            if ctx.exit_emits == 0:
+                for slot in slots:  # the last state each op reached, as a final snapshot
+                    inf = ctx.inflight.setdefault(int(slot["op"]["op_id"]), _Inflight())
+                    self._emit_snapshot(ctx, slot, inf, out, now, False)
+                    inf.anomaly = sc.ANOMALY_STALLED
+        else:
+            nxt = ctx.last_seq + 1
+            trace = ctx.builder.trace_id(sp.KIND_COLL, nxt, -1)
+            idle_since = ctx.last_end or src.start_mono_ns
+            out.append(ctx.builder.status_span(
+                sc.STATUS_PROCESS_EXITED, trace, nxt, ctx.last_seq, src.to_real(idle_since), real_now,
+                f"process exited after collective {ctx.last_seq}", False))
+        ctx.exit_emits += 1
+        ctx.exit_next = now + self.s.snapshot_ns
+        if ctx.exit_emits >= 2:
+            ctx.done = True
+            log.info("%s: process %d exited; evidence sent", src.path, src.pid)
+
+    # --- running ----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        while not stop.is_set():
+            t = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception:
+                log.exception("poll failed")
+            stop.wait(max(0.0, self.s.poll_s - (time.monotonic() - t)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self, flush_timeout_s: float = 5.0) -> None:
+        """Flush pending spans (bounded), persist cursors, release rings (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self.queue.shutdown(flush_timeout_s)
+        for key, cursor in list(self.queue.committed.items()):
+            self.store.update(key, **cursor)
+        self.store.save()
+        for ctx in self.ctxs.values():
+            ctx.src.close()
+        self.ctxs.clear()
+
+
+def _env_resource_attributes() -> list[tuple[str, Any]]:
+    """OTEL_RESOURCE_ATTRIBUTES (and the SDK's telemetry.sdk.*), as the SDK parses them."""
+    from opentelemetry.sdk.resources import Resource
+
+    attrs = dict(Resource.create({}).attributes)
+    attrs.pop("service.name", None)  # ours: OTEL_SERVICE_NAME or mycroft-otel-agent
+    return [(k, v if not isinstance(v, tuple) else list(v)) for k, v in attrs.items()]

@@ -1,0 +1,221 @@
+"""Export: a bounded queue of encoded spans, one thread, OTLP per OTEL_*.
+
+The poll loop hands over encoded spans with :meth:`ExportQueue.put` and never
+blocks: when the queue holds ``MYCROFT_EXPORT_QUEUE`` spans, new spans are dropped
+and counted (collector down, slow or erroring). The export thread batches up to
+``MYCROFT_EXPORT_BATCH`` spans per request and sends them through the
+OpenTelemetry OTLP exporters (gRPC or HTTP/protobuf), which bring the OTEL_*
+configuration (endpoint, headers, TLS certificates, compression, timeout) and the
+retry/back-off/reconnect behaviour; we only skip their object-to-protobuf step, as
+the payload is already protobuf bytes (:mod:`.otlp`).
+
+Every item also carries per-ring cursor marks; once its spans are exported (or
+given up on), the marks become the committed cursors that :mod:`.state` persists,
+so a restart resumes after the last exported record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Sequence
+
+from mycroft_otel.agent import otlp
+from mycroft_otel.agent.health import Health
+
+log = logging.getLogger("mycroft_otel.agent")
+
+_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class Transport:
+    """Sends one encoded ExportTraceServiceRequest; True on success."""
+
+    def send(self, payload: bytes, n_spans: int) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _grpc_exporter_class() -> type:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    class _RawStub:
+        def __init__(self, channel: Any):
+            self.Export = channel.unary_unary(_EXPORT_METHOD, request_serializer=lambda b: b,
+                                              response_deserializer=ExportTraceServiceResponse.FromString)
+
+    class RawGrpcSpanExporter(OTLPSpanExporter):
+        """The SDK's gRPC span exporter (channel, OTEL_* config, retries) sending pre-encoded bytes."""
+
+        def _initialize_channel_and_stub(self) -> None:
+            super()._initialize_channel_and_stub()
+            self._client = _RawStub(self._channel)
+
+        def _translate_data(self, data: Any) -> bytes:  # data = (payload, n_spans)
+            return data[0]
+
+        def _count_data(self, data: Any) -> int:
+            return data[1]
+
+    return RawGrpcSpanExporter
+
+
+class OtlpTransport(Transport):
+    """OTLP over gRPC or HTTP/protobuf, configured by OTEL_* only."""
+
+    def __init__(self, protocol: str = "grpc"):
+        self.protocol = protocol
+        if protocol == "grpc":
+            self._exp = _grpc_exporter_class()()
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            self._exp = OTLPSpanExporter()
+
+    def send(self, payload: bytes, n_spans: int) -> bool:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if self.protocol == "grpc":
+            return self._exp._export((payload, n_spans)) == SpanExportResult.SUCCESS
+        return bool(self._exp._client.export(payload).success)
+
+    def shutdown(self) -> None:
+        try:
+            self._exp.shutdown()
+        except Exception:  # pragma: no cover
+            pass
+
+
+class ExportQueue:
+    """Bounded FIFO of (resource, spans, cursor marks) with one export thread."""
+
+    def __init__(self, transport: Transport, health: Health, max_spans: int = 20000, batch: int = 2048,
+                 on_committed: Callable[[dict], None] | None = None, scope: bytes = b""):
+        self.transport = transport
+        self.health = health
+        self.max_spans = max_spans
+        self.batch = batch
+        self.on_committed = on_committed
+        self.scope = scope
+        self._items: deque = deque()
+        self._queued = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._busy = False
+        self.committed: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, name="mycroft-agent-export", daemon=True)
+        self._thread.start()
+
+    # --- producer side (poll loop), never blocks ------------------------------------------
+    def put(self, resource: bytes, spans: Sequence[bytes], marks: dict | None = None) -> int:
+        """Queue spans of one resource; returns how many were accepted (the rest are dropped, counted)."""
+        n = len(spans)
+        with self._cv:
+            if self._stop:
+                self.health.dropped_export_queue += n
+                return 0
+            if n and self._queued + n > self.max_spans:
+                room = max(0, self.max_spans - self._queued)
+                self.health.dropped_export_queue += n - room
+                spans = list(spans[:room])
+                n = room
+            if not n and not marks:
+                return 0
+            self._items.append((time.monotonic(), resource, spans, marks))
+            self._queued += n
+            self.health.queue_spans = self._queued
+            self._cv.notify()
+        return n
+
+    def pending(self) -> int:
+        with self._cv:
+            return self._queued + (1 if self._busy else 0)
+
+    # --- export thread --------------------------------------------------------------------
+    def _take(self) -> list:
+        taken, n = [], 0
+        while self._items and (n < self.batch or not taken):
+            item = self._items[0]
+            if taken and n + len(item[2]) > self.batch and n > 0:
+                break
+            self._items.popleft()
+            taken.append(item)
+            n += len(item[2])
+        self._queued -= n
+        self.health.queue_spans = self._queued
+        return taken
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._items and not self._stop:
+                    self._cv.wait()
+                if not self._items and self._stop:
+                    return
+                taken = self._take()
+                self._busy = True
+            try:
+                self._export(taken)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _export(self, taken: list) -> None:
+        groups: dict[bytes, list[bytes]] = {}
+        n = 0
+        for _, resource, spans, _ in taken:
+            if spans:
+                groups.setdefault(resource, []).extend(spans)
+                n += len(spans)
+        if n:
+            self.health.export_lag_s = max(0.0, time.monotonic() - taken[0][0])
+            payload = otlp.request([(res, self.scope, spans) for res, spans in groups.items()])
+            self.health.export_requests += 1
+            try:
+                ok = self.transport.send(payload, n)
+            except Exception as exc:  # a transport must not kill the thread
+                log.warning("export failed: %s", exc)
+                ok = False
+            if ok:
+                self.health.spans_exported += n
+            else:
+                self.health.export_errors += 1
+                self.health.dropped_export_failed += n
+        marks: dict = {}
+        for _, _, _, m in taken:
+            if m:
+                marks.update(m)
+        if marks:
+            self.committed.update(marks)
+            if self.on_committed:
+                self.on_committed(marks)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._items or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Flush what can be flushed in ``timeout_s``, then stop (idempotent)."""
+        self.flush(timeout_s)
+        with self._cv:
+            self._stop = True
+            dropped = self._queued
+            self._items.clear()
+            self._queued = 0
+            self.health.dropped_export_queue += dropped
+            self._cv.notify_all()
+        self.transport.shutdown()
+        self._thread.join(timeout=max(1.0, timeout_s))

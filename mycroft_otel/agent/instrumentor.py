@@ -1,0 +1,89 @@
+"""In-process mode: an OpenTelemetry instrumentor that traces this process's NCCL collectives.
+
+``opentelemetry-instrument python train.py`` (entry point ``nccl`` in the
+``opentelemetry_instrumentor`` group) or ``mycroft_otel.instrument()`` sets
+``NCCL_PROFILER_PLUGIN`` to our plugin unless already set (NCCL reads it when the
+first communicator is created, so call this before ``init_process_group``), and
+runs the agent's loop on a daemon thread over the ring directory, exporting with
+the same OTEL_* configuration. One in-process agent per node is enough; with one
+per process each follows only rings whose writer is its own process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Any, Collection
+
+try:  # opentelemetry-instrumentation is optional
+    from opentelemetry.instrumentation.instrumentor import BaseInstrumentor as _Base
+except ImportError:  # pragma: no cover - depends on the environment
+    class _Base:  # minimal stand-in with the same lifecycle
+        _instance = None
+        _is_instrumented_by_opentelemetry = False
+
+        def instrument(self, **kwargs: Any) -> None:
+            if not self._is_instrumented_by_opentelemetry:
+                self._instrument(**kwargs)
+                self._is_instrumented_by_opentelemetry = True
+
+        def uninstrument(self, **kwargs: Any) -> None:
+            if self._is_instrumented_by_opentelemetry:
+                self._uninstrument(**kwargs)
+                self._is_instrumented_by_opentelemetry = False
+
+
+class NcclInstrumentor(_Base):
+    """Sets NCCL_PROFILER_PLUGIN and runs the mycroft-otel agent loop on a thread."""
+
+    _agent = None
+    _thread = None
+    _stop = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ()
+
+    def _instrument(self, **kwargs: Any) -> None:
+        from mycroft_otel.agent.agent import Agent
+        from mycroft_otel.agent.health import register_otel_metrics
+        from mycroft_otel.agent.settings import AgentSettings
+        from mycroft_otel.paths import plugin_path
+
+        if not os.environ.get("NCCL_PROFILER_PLUGIN"):
+            try:
+                os.environ["NCCL_PROFILER_PLUGIN"] = str(plugin_path())
+            except FileNotFoundError:
+                pass  # no plugin built: nothing will be recorded, but do not break the application
+        settings = kwargs.get("settings") or AgentSettings.from_env(ring_dir=kwargs.get("ring_dir"))
+        agent = Agent(settings, transport=kwargs.get("transport"))
+        register_otel_metrics(agent.health, kwargs.get("meter_provider"))
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), name="mycroft-otel-agent", daemon=True)
+        thread.start()
+        NcclInstrumentor._agent, NcclInstrumentor._thread, NcclInstrumentor._stop = agent, thread, stop
+        atexit.register(self._shutdown)
+
+    def _shutdown(self) -> None:
+        agent, thread, stop = NcclInstrumentor._agent, NcclInstrumentor._thread, NcclInstrumentor._stop
+        if agent is None:
+            return
+        stop.set()
+        thread.join(timeout=5)
+        agent.poll_once()  # the last completions
+        agent.close()
+        NcclInstrumentor._agent = NcclInstrumentor._thread = NcclInstrumentor._stop = None
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._shutdown()
+
+    @property
+    def agent(self):
+        return NcclInstrumentor._agent
+
+
+def instrument(**kwargs: Any) -> NcclInstrumentor:
+    """Trace this process's NCCL collectives (see the module docstring)."""
+    inst = NcclInstrumentor()
+    inst.instrument(**kwargs)
+    return inst
