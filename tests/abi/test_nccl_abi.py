@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,8 +34,11 @@ COMPARED = ("Profiler", "EventDescr", "StateArgs", "EventType", "State")
 
 
 def _extractor():
+    if "extract_nccl_abi" in sys.modules:
+        return sys.modules["extract_nccl_abi"]
     spec = importlib.util.spec_from_file_location("extract_nccl_abi", EXTRACTOR)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["extract_nccl_abi"] = mod  # its worker processes pickle functions by module name
     spec.loader.exec_module(mod)
     return mod
 
