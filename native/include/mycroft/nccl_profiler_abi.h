@@ -12,7 +12,9 @@
 // "_v5", "_v4" (then v3..v1), newest first; each is an instance of that version's `Profiler` table. The newest
 // table each release looks for: 2.27 -> v4, 2.28 -> v5, 2.29 and 2.30 -> v6, 2.31 and 2.32 -> v7. A newer
 // NCCL drives an older table through an adapter that copies its descriptor into the old layout and silently
-// drops event types and states the old version does not know (its adapters also clear unknown mask bits).
+// drops event types and states the old version does not know. Since we export all four tables, every release
+// from 2.27 on calls its own native version and no adapter ever runs for us (good: e.g. the v4 adapter leaves
+// p2p.nChannels uninitialised).
 //
 // ---------------------------------------------------------------------------------------------------------
 // Semantics (verified in NCCL's sources: src/plugin/profiler.cc, src/enqueue.cc, src/proxy.cc,
