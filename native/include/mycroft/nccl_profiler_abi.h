@@ -79,7 +79,7 @@
 //             symmetric kernels (isSymColl) algo is the kernel variant's suffix and kernelVariant the full name.
 //   proto:    "LL" "LL128" "SIMPLE", else "Unknown"; "" for symmetric kernels.
 // KernelCh
-//   * One event per (Coll/P2p task, channel it runs on): started when the device marks the channel's work
+//   * One event per (Coll/P2p task, channel it runs on; for a Coll each channel of its range, nChannels): started when the device marks the channel's work
 //     started (kernelCh.pTimer = GPU start), then recordEventState(KernelChStop, stateArgs.kernelCh.pTimer =
 //     GPU end) and stopEvent once it is marked complete. pTimer is the GPU %globaltimer in ns, NOT host
 //     CLOCK_MONOTONIC. coll.nChannels tells how many to expect (recent releases: p2p.nChannels too when KernelCh is on).
@@ -93,6 +93,10 @@
 //   at other states it holds a stale value. ProxyOp events exist for every proxy-driven transfer (network,
 //   plus P2P/SHM when they copy through the proxy); ProxySteps come from the network transports; proxyOp.isSend
 //   is 1 only for NET sends (0 for everything else, including non-network sends).
+// CE collectives (v6+)
+//   * A collective that NCCL runs on copy engines produces CeColl (parent = CollApi; its own counter
+//     ceColl.seqNumber == ceSeqNum; syncStrategy "MC" or "UC") with CeSync/CeBatch children, started and
+//     stopped on the enqueueing thread, and NO Coll event. NCCL records no states for them.
 // NetPlugin
 //   * Emitted only by net plugins built with profiling (NCCL_ENABLE_NET_PROFILING); the PyPI builds have it
 //     compiled out, so expect none. netPlugin.id = network type | version: type in the bits above 16
