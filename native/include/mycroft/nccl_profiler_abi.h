@@ -58,8 +58,8 @@
 //        and p2p.parentGroup = Group; ProxyOp -> Coll or P2p; ProxyStep -> ProxyOp; KernelCh -> Coll or P2p;
 //        KernelPhase -> KernelCh; NetPlugin -> ProxyStep; Group, GroupApi, ProxyCtrl: none.
 //   v4:  the adapter (and 2.27 natively) sets Coll/P2p parentObj = the Group handle; no API events.
-//   The descriptor `rank` is set for Coll, P2p, ProxyOp, ProxyStep, NetPlugin (API events: recent releases only);
-//   it is 0 for Group and KernelCh. Use the rank given to init().
+//   The descriptor `rank` is set for Coll, P2p, ProxyOp, ProxyStep, NetPlugin (API events: recent releases
+//   only); it is 0 for Group and KernelCh. Use the rank given to init().
 // PXN (a proxy op posted by another process on the node, executed by OUR proxy thread, or vice versa)
 //   * proxyOp.pid = pid of the process that posted the op (NCCL's getpid() at plugin load). When it is not
 //     our getpid(), BOTH parentObj and the `context` argument are pointers from the other process: never
@@ -79,10 +79,11 @@
 //             symmetric kernels (isSymColl) algo is the kernel variant's suffix and kernelVariant the full name.
 //   proto:    "LL" "LL128" "SIMPLE", else "Unknown"; "" for symmetric kernels.
 // KernelCh
-//   * One event per (Coll/P2p task, channel it runs on; for a Coll each channel of its range, nChannels): started when the device marks the channel's work
+//   * One event per (Coll/P2p task, channel it runs on): started when the device marks the channel's work
 //     started (kernelCh.pTimer = GPU start), then recordEventState(KernelChStop, stateArgs.kernelCh.pTimer =
 //     GPU end) and stopEvent once it is marked complete. pTimer is the GPU %globaltimer in ns, NOT host
-//     CLOCK_MONOTONIC. coll.nChannels tells how many to expect (recent releases: p2p.nChannels too when KernelCh is on).
+//     CLOCK_MONOTONIC. coll.nChannels tells how many to expect (recent releases: p2p.nChannels too, when
+//     KernelCh is on).
 // ProxyStep state order (each state marks the start of a wait; stop = the step is finished)
 //   send: start (buffer posted to the GPU) -> SendGPUWait -> SendPeerWait (data ready, isend being tried;
 //         re-recorded on every retry while the network refuses it) -> SendWait (isend posted) -> stop (done).
