@@ -273,8 +273,8 @@ std::string Shared() {
                  sub("TUNING", abi::kLogTuning), sub("ENV", abi::kLogEnv),         sub("ALLOC", abi::kLogAlloc),
                  sub("CALL", abi::kLogCall),     sub("PROXY", abi::kLogProxy),     sub("NVLS", abi::kLogNvls),
                  sub("BOOTSTRAP", abi::kLogBootstrap), sub("REG", abi::kLogReg), sub("PROFILE", abi::kLogProfile),
-                 sub("RAS", abi::kLogRas),       sub("DESTROY", abi::kLogDestroy), sub("ALLOC_HOST", abi::kLogAllocHost),
-                 sub("ALL", abi::kLogAll)};
+                 sub("RAS", abi::kLogRas),       sub("DESTROY", abi::kLogDestroy),
+                 sub("ALLOC_HOST", abi::kLogAllocHost), sub("ALL", abi::kLogAll)};
   return "{\"Result\": " + EnumJson(result) + ", \"LogLevel\": " + EnumJson(level) + ", \"LogSubsys\": " +
          EnumJson(subsys) + ", \"DebugLogger\": {" + Sig<abi::DebugLogger>::Json().substr(2) + "}}";
 }
