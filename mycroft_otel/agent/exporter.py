@@ -106,6 +106,7 @@ class ExportQueue:
         self._queued = 0
         self._cv = threading.Condition()
         self._stop = False
+        self._closing = False
         self._busy = False
         self.committed: dict[str, Any] = {}
         self._thread = threading.Thread(target=self._run, name="mycroft-agent-export", daemon=True)
@@ -126,7 +127,11 @@ class ExportQueue:
                 n = room
             if not n and not marks:
                 return 0
-            self._items.append((time.monotonic(), resource, spans, marks))
+            now = time.monotonic()
+            for i in range(0, n - self.batch, self.batch):  # big hand-overs travel as several requests
+                self._items.append((now, resource, spans[i:i + self.batch], None))
+            last = ((n - 1) // self.batch) * self.batch if n else 0
+            self._items.append((now, resource, spans[last:], marks))
             self._queued += n
             self.health.queue_spans = self._queued
             self._cv.notify()
@@ -187,6 +192,8 @@ class ExportQueue:
             else:
                 self.health.export_errors += 1
                 self.health.dropped_export_failed += n
+                if self._closing:
+                    return  # aborted by shutdown: leave the cursors, a restart reads these records again
         marks: dict = {}
         for _, _, _, m in taken:
             if m:
@@ -211,6 +218,7 @@ class ExportQueue:
         """Flush what can be flushed in ``timeout_s``, then stop (idempotent)."""
         self.flush(timeout_s)
         with self._cv:
+            self._closing = True
             self._stop = True
             dropped = self._queued
             self._items.clear()
