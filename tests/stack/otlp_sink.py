@@ -6,7 +6,8 @@ It is not a model of the processor: it only proves the wiring around it.
 - for each new trace it has seen, sends ONE span named `mycroft.root_cause` in that trace to
   OTEL_EXPORTER_OTLP_ENDPOINT (the gateway's root-cause receiver), like the processor does;
   the test then checks it reaches the trace store and never comes back to a sink (no loop);
-- /metrics on --metrics-port (Prometheus text) with the number of spans received.
+- /metrics on --metrics-port (Prometheus text): spans received, and the verdicts it sent as
+  mycroft_root_causes_total{kind,category,comm}, so the real Prometheus can fire the real alert.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
         self.out_path = out_path
         self.lock = threading.Lock()
         self.received = 0
+        self.verdicts = 0
         self.seen_traces: set[bytes] = set()
         self.upstream = None
         if upstream:
@@ -92,6 +94,8 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
             ]
         )
         self.upstream.Export(req, timeout=10)
+        with self.lock:
+            self.verdicts += 1
 
 
 def main() -> None:
@@ -111,7 +115,10 @@ def main() -> None:
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            body = f"mycroft_sink_spans_received_total {sink.received}\n".encode()
+            text = f"mycroft_sink_spans_received_total {sink.received}\n"
+            if sink.verdicts:
+                text += f'mycroft_root_causes_total{{kind="hang",category="routing_probe",comm="smoke"}} {sink.verdicts}\n'
+            body = text.encode()
             self.send_response(200 if self.path == "/metrics" else 404)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.end_headers()

@@ -129,14 +129,34 @@ def test_prometheus_scrapes_processors_and_loads_rules(stack, sent):
         return res and float(res[0]["value"][1]) >= 3 * N_TRACES
 
     wait_until(scraped, 40, "processor metrics in Prometheus")
-    up = stack.prometheus_query('up{job=~"mycroft-processor|otelcol-gateway"}')
-    assert len(up) == 3 and all(r["value"][1] == "1" for r in up), up
+
+    def all_up():  # each target has its own scrape offset within the 5 s interval
+        up = stack.prometheus_query('up{job=~"mycroft-processor|otelcol-gateway|tempo"}')
+        return len(up) == 4 and all(r["value"][1] == "1" for r in up) and up
+
+    wait_until(all_up, 30, "processors, gateway and trace store up in Prometheus")
     import urllib.request
 
     with urllib.request.urlopen(f"{stack.prometheus_url}/api/v1/rules", timeout=5) as resp:
         rules = json.load(resp)["data"]["groups"]
     names = {r["name"] for g in rules for r in g["rules"]}
     assert {"MycroftRootCause", "MycroftProcessorDown"} <= names
+
+
+def test_root_cause_alert_fires_in_prometheus(stack, sent):
+    """The probe counts its verdicts in mycroft_root_causes_total; the shipped rule must fire on them."""
+    import urllib.request
+
+    def firing():
+        with urllib.request.urlopen(f"{stack.prometheus_url}/api/v1/alerts", timeout=5) as resp:
+            alerts = json.load(resp)["data"]["alerts"]
+        return [a for a in alerts if a["labels"].get("alertname") == "MycroftRootCause" and a["state"] == "firing"]
+
+    alerts = wait_until(firing, 40, "MycroftRootCause firing")
+    labels = alerts[0]["labels"]
+    assert (labels["kind"], labels["category"], labels["comm"], labels["severity"]) == (
+        "hang", "routing_probe", "smoke", "critical")  # fmt: skip
+    assert "routing_probe" in alerts[0]["annotations"]["summary"]
 
 
 def test_stack_logs_and_endpoints_written(stack):
