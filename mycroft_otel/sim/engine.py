@@ -1,0 +1,506 @@
+"""Discrete-event timing of one collective instance, and the NCCL callbacks it produces.
+
+Three shapes cover what a training job runs:
+
+* **ring** (AllReduce, AllGather, ReduceScatter on a ring; per channel a ring order):
+  each rank's GPU runs NCCL's primitive sequence per loop -- send, then m-1 times
+  recv+reduce/copy+send, then recv -- so send step s of a rank needs its recv step
+  s-1 consumed. Steps per ProxyOp = nLoops x m with m = 2(n-1) (AllReduce) or n-1.
+* **chain** (Broadcast along the ring from the root, and point-to-point Send/Recv as a
+  chain of two): recv step s and send step s of a rank are one GPU op.
+* **kernel-only** (every hop inside a node: NVLink/P2P, no network ProxyOps): Coll and
+  KernelCh events only; the collective ends when the last rank has arrived plus the
+  transfer time.
+
+Per flow (channel, sender -> receiver) and step s, with NCCL_STEPS = 8 slots:
+  send posted P_s = max(ProxyOp start, done_{s-8})           (8 steps in flight)
+  recv posted Q_s = max(ProxyOp start, consumed_{s-8})       (receiver's free slots)
+  GPU ready   G_s = GPU op end (needs P_s: a free FIFO slot, and the data it forwards)
+  transmit    T_s = max(G_s, Q_s at the receiver, T_{s-1})   (credit back-pressure; SendPeerWait if Q_s > G_s)
+  arrival     A_s = max(T_s, wire busy) + bytes/bw + latency;  done D_s = A_s + ack
+  flushed     F_s = A_s + flush;  consumed U_s = GPU op end that reads it
+Faults set thresholds (a time after which something never happens: +inf) and factors;
++inf propagates through max/+, which is how a stall back-pressures its sender and
+starves the ranks downstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mycroft_otel.sim import abi
+from mycroft_otel.sim.model import TimingModel
+from mycroft_otel.sim.rows import PROXY, USER, Block, SlotAllocator, block
+from mycroft_otel.sim.topology import Comm
+
+INF = np.inf
+RING_STEPS_PER_LOOP = {"AllReduce": lambda n: 2 * (n - 1), "AllGather": lambda n: n - 1,
+                       "ReduceScatter": lambda n: n - 1}
+
+
+def data_bytes_per_channel(func: str, count: int, dtsize: int, n: int, n_channels: int) -> int:
+    """Bytes one channel moves through its ring: AllGather/ReduceScatter counts are per rank."""
+    total = count * dtsize * (n if func in ("AllGather", "ReduceScatter") else 1)
+    return -(-total // n_channels)
+
+
+def step_sizes(func: str, count: int, dtsize: int, n: int, n_channels: int, chunk: int) -> np.ndarray:
+    """Bytes of each ProxyStep of one channel's send (and recv) ProxyOp; its length is the op's nSteps.
+
+    Ring: per loop every rank handles a slice of min(chunk, remaining/n) bytes in m steps, nLoops =
+    ceil(bytes_per_channel / (n * chunk)). Chain (Broadcast, Send/Recv): ceil(bytes_per_channel / chunk)
+    steps of chunk bytes (the last one shorter).
+    """
+    per_ch = data_bytes_per_channel(func, count, dtsize, n, n_channels)
+    if func in RING_STEPS_PER_LOOP:
+        m = RING_STEPS_PER_LOOP[func](n)
+        loop = n * chunk
+        nloops = max(1, -(-per_ch // loop))
+        sizes = []
+        for lp in range(nloops):
+            rem = per_ch - lp * loop
+            sizes += [max(1, min(chunk, -(-rem // n)))] * m
+        return np.asarray(sizes, dtype=np.int64)
+    nsteps = max(1, -(-per_ch // chunk))
+    sizes = np.full(nsteps, chunk, dtype=np.int64)
+    sizes[-1] = max(1, per_ch - chunk * (nsteps - 1))
+    return sizes
+
+
+@dataclass
+class Mods:
+    """What faults do to one collective instance; arrays indexed by comm rank (flows: [channel, rank])."""
+
+    n: int
+    C: int
+    absent: np.ndarray = None          # bool: never calls this collective
+    issue_delay: np.ndarray = None     # ns added before the call (late rank)
+    gpu_factor: np.ndarray = None      # GPU time per chunk multiplier
+    send_bw_factor: np.ndarray = None  # [C, n]: flow rank -> its ring successor, bandwidth divided by
+    recv_bw_factor: np.ndarray = None  # all flows into the rank, bandwidth divided by
+    gpu_stall_t: np.ndarray = None     # GPU never starts an op at or after this time
+    send_stall_t: np.ndarray = None    # NIC down: nothing transmitted at or after
+    deliver_stall_t: np.ndarray = None  # [C, n]: transmitted at or after, never completes
+    dead_t: np.ndarray = None          # process gone / frozen: nothing at or after
+    proxy_sleep_t: np.ndarray = None   # proxy thread sleeps proxy_sleep_ns from this time
+    proxy_sleep_ns: float = 1e9
+    mismatch: dict = field(default_factory=dict)  # comm rank -> (func, count)
+
+    def __post_init__(self) -> None:
+        n, C = self.n, self.C
+        self.absent = np.zeros(n, bool)
+        self.issue_delay = np.zeros(n)
+        self.gpu_factor = np.ones(n)
+        self.send_bw_factor = np.ones((C, n))
+        self.recv_bw_factor = np.ones(n)
+        for name in ("gpu_stall_t", "send_stall_t", "dead_t", "proxy_sleep_t"):
+            setattr(self, name, np.full(n, INF))
+        self.deliver_stall_t = np.full((C, n), INF)
+
+
+@dataclass
+class Instance:
+    """One collective (or p2p transfer) on one communicator, as the ranks will call it."""
+
+    comm: Comm
+    members: np.ndarray      # comm ranks taking part (all, or [src, dst] for p2p)
+    seq: int                 # collective number, or p2p transfer n
+    func: str                # "AllReduce", ..., "Send" (p2p: src sends, dst receives)
+    count: int
+    issue: np.ndarray        # per member: time the rank calls NCCL (inf: never)
+    root: int = -1           # Broadcast root (comm rank)
+    step: int = 0            # training step
+    ordinal: int = 0         # index among this comm kind's instances in the step
+    algo: str = "Ring"
+    nccl_seq: int = -1       # NCCL's coll.seqNumber: per communicator and function (-1: p2p, none)
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.func == "Send"
+
+
+@dataclass
+class Result:
+    end: np.ndarray          # per member: time the rank's op completed (inf: never)
+    blocks: list             # [Block] in causal order
+    flows: list              # predicted per-flow counters (dicts), for tests and ground truth
+    kstart: np.ndarray       # per member: kernel start
+
+
+def _kill(t: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    return np.where(t >= thr, INF, t)
+
+
+def ring_times(m: int, sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack,
+               gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns) -> dict:
+    """Times of every step of a ring, position space: arrays (S, C, n); hop p -> p+1 (mod n)."""
+    S = len(sizes)
+    C, n = kstart.shape
+    out = {k: np.full((S, C, n), INF) for k in ("P", "G", "T", "D", "Q", "A", "F", "U")}
+    P_, G_, T_, D_, Q_, A_, F_, U_ = (out[k] for k in ("P", "G", "T", "D", "Q", "A", "F", "U"))
+    X = kstart.copy()
+    wire = np.full((C, n), -INF)
+    tprev = np.full((C, n), -INF)
+    flush_in = np.roll(flush, 1, axis=1)
+    for lp in range(S // m):
+        for j in range(m + 1):
+            sr = lp * m + j - 1 if j >= 1 else -1
+            if j < m:
+                s = lp * m + j
+                b = float(sizes[s])
+                # +1 ns: the slot's previous step stops strictly before the next one starts
+                P = pstart if s < abi.NCCL_STEPS else np.maximum(pstart, D_[s - abi.NCCL_STEPS] + 1)
+                P_[s] = P = _kill(P, dead)
+                Q = pstart if s < abi.NCCL_STEPS else np.maximum(pstart, U_[s - abi.NCCL_STEPS] + 1)
+                Q_[s] = Q = _kill(Q, dead)
+                start = np.maximum(X, P)
+                if sr >= 0:
+                    start = np.maximum(start, F_[sr])
+                start = _kill(_kill(start, gpu_stall), dead)
+                X = start + b * gpu_nspb
+                G_[s] = X
+                if sr >= 0:
+                    U_[sr] = X
+                T = np.maximum(np.maximum(X, np.roll(Q, -1, axis=1)), tprev)
+                T = _kill(_kill(T, send_stall), dead)
+                T = np.where((T >= sleep_t) & (T < sleep_t + sleep_ns), sleep_t + sleep_ns, T)
+                T_[s] = tprev = T
+                wire = np.maximum(T, wire) + b / bw
+                A = np.where(T >= deliver_stall, INF, wire + lat)
+                D_[s] = A + ack
+                A_[s] = Ar = _kill(np.roll(A, 1, axis=1), dead)
+                F_[s] = Ar + flush_in
+            else:
+                start = _kill(_kill(np.maximum(X, F_[sr]), gpu_stall), dead)
+                X = start + float(sizes[sr]) * gpu_nspb
+                U_[sr] = X
+    out["X"] = X
+    return out
+
+
+def chain_times(sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack,
+                gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns) -> dict:
+    """Times of a chain (position 0 = root/sender, n-1 = last receiver), arrays (S, C, n); hop p -> p+1."""
+    S = len(sizes)
+    C, n = kstart.shape
+    out = {k: np.full((S, C, n), INF) for k in ("P", "G", "T", "D", "Q", "A", "F", "U")}
+    P_, G_, T_, D_, Q_, A_, F_, U_ = (out[k] for k in ("P", "G", "T", "D", "Q", "A", "F", "U"))
+    X = kstart.copy()
+    wire = np.full((C, n), -INF)
+    tprev = np.full((C, n), -INF)
+    for s in range(S):
+        b = float(sizes[s])
+        for p in range(n):
+            if p > 0:  # recv post happened when its slot freed; data from p-1 is in A_[s, :, p]
+                pass
+            start = X[:, p].copy()
+            if p < n - 1:
+                Pp = (pstart[:, p] if s < abi.NCCL_STEPS
+                      else np.maximum(pstart[:, p], D_[s - abi.NCCL_STEPS, :, p] + 1))
+                P_[s, :, p] = Pp = _kill(Pp, dead[:, p])
+                start = np.maximum(start, Pp)
+            if p > 0:
+                start = np.maximum(start, F_[s, :, p])
+            start = _kill(_kill(start, gpu_stall[:, p]), dead[:, p])
+            Xp = start + b * gpu_nspb[:, p]
+            X[:, p] = Xp
+            if p > 0:
+                U_[s, :, p] = Xp
+            if p < n - 1:
+                G_[s, :, p] = Xp
+                q = p + 1
+                Qq = (pstart[:, q] if s < abi.NCCL_STEPS
+                      else np.maximum(pstart[:, q], U_[s - abi.NCCL_STEPS, :, q] + 1))
+                Q_[s, :, q] = Qq = _kill(Qq, dead[:, q])
+                T = np.maximum(np.maximum(Xp, Qq), tprev[:, p])
+                T = _kill(_kill(T, send_stall[:, p]), dead[:, p])
+                T = np.where((T >= sleep_t[:, p]) & (T < sleep_t[:, p] + sleep_ns), sleep_t[:, p] + sleep_ns, T)
+                T_[s, :, p] = tprev[:, p] = T
+                wire[:, p] = np.maximum(T, wire[:, p]) + b / bw[:, p]
+                A = np.where(T >= deliver_stall[:, p], INF, wire[:, p] + lat[:, p])
+                D_[s, :, p] = A + ack
+                A_[s, :, q] = Ar = _kill(A, dead[:, q])
+                F_[s, :, q] = Ar + flush[:, p]
+    out["X"] = X
+    return out
+
+
+def _user_rows(inst: Instance, t_issue: np.ndarray, model: TimingModel, slots: SlotAllocator, ctx: np.ndarray,
+               owner: np.ndarray, funcs: list, counts: np.ndarray, peers: np.ndarray) -> tuple[list, np.ndarray]:
+    """The user-thread calls of one NCCL API call per member (NCCL 2.28 order, design §3); returns the
+    blocks and each member's Coll/P2p slot (the parent of its ProxyOps and KernelChs)."""
+    nc = model.nccl
+    gap = model.gpu.api_gap_ns
+    n = len(t_issue)
+    s_gapi, s_capi, s_kl, s_grp, s_coll = (slots.take(n) for _ in range(5))
+    func_idx = np.asarray([abi.FUNC[f] for f in funcs], dtype=np.uint8)
+    dt = abi.DATATYPE[nc.datatype]
+    p2p = inst.is_p2p
+    common = dict(ctx=ctx, rank=inst.members if not p2p else inst.members)
+    t = t_issue
+    api_type = abi.P2P_API if p2p else abi.COLL_API
+    ev_type = abi.P2P if p2p else abi.COLL
+    root = peers if p2p else np.full(n, inst.root)
+    out = [
+        block(t, owner, USER, op=abi.OP_START, type=abi.GROUP_API, slot=s_gapi, parent_slot=abi.NO_SLOT, **common),
+        block(t + gap, owner, USER, op=abi.OP_RECORD, slot=s_gapi, state=abi.S_GROUP_START_API_STOP, **common),
+        block(t + 2 * gap, owner, USER, op=abi.OP_START, type=api_type, slot=s_capi, parent_slot=s_gapi,
+              func=func_idx, count=counts, datatype=dt, root_or_peer=root, **common),
+        block(t + 3 * gap, owner, USER, op=abi.OP_STOP, slot=s_capi, **common),
+        block(t + 4 * gap, owner, USER, op=abi.OP_RECORD, slot=s_gapi, state=abi.S_GROUP_END_API_START, **common),
+        block(t + 5 * gap, owner, USER, op=abi.OP_START, type=abi.KERNEL_LAUNCH, slot=s_kl, parent_slot=s_gapi,
+              **common),
+        block(t + 6 * gap, owner, USER, op=abi.OP_STOP, slot=s_kl, **common),
+        block(t + 7 * gap, owner, USER, op=abi.OP_START, type=abi.GROUP, slot=s_grp, parent_slot=abi.NO_SLOT,
+              **common),
+        block(t + 8 * gap, owner, USER, op=abi.OP_START, type=ev_type, slot=s_coll, parent_slot=s_capi,
+              func=func_idx, count=counts, datatype=dt, root_or_peer=root,
+              seq=inst.nccl_seq if inst.nccl_seq >= 0 else inst.seq,
+              algo=abi.ALGO[inst.algo], proto=abi.PROTO[nc.proto], n_channels=inst.comm.n_channels,
+              # the Group handle (coll.parentGroup) rides in `size` as slot + 1 (driver_event.h convention)
+              size=s_grp.astype(np.uint64) + 1, **common),
+        block(t + 9 * gap, owner, USER, op=abi.OP_STOP, slot=s_coll, **common),
+        block(t + 10 * gap, owner, USER, op=abi.OP_STOP, slot=s_grp, **common),
+        block(t + 11 * gap, owner, USER, op=abi.OP_STOP, slot=s_gapi, **common),
+    ]
+    return [b for b in out if b is not None], s_coll
+
+
+def _flow_rows(is_send: bool, mask, rank_pos, peer_pos, member_pos, tm: dict, sizes, pstart_pos,
+               coll_slot, ctx_pos, owner_pos, nsteps_pos, chunk: int, slots: SlotAllocator,
+               predict: bool, hang_mask=None) -> tuple[list, list, np.ndarray]:
+    """ProxyOp + ProxySteps of one direction for every flow in ``mask`` (C, L). Returns (blocks, predicted
+    flow counters, per-flow op end (C, L))."""
+    S = len(sizes)
+    C, L = mask.shape
+    if is_send:
+        st = [tm["P"], tm["P"], np.where(tm["T"] > tm["G"], tm["G"], INF), tm["T"], tm["D"]]
+        states = (abi.S_SEND_GPU_WAIT, abi.S_SEND_PEER_WAIT, abi.S_SEND_WAIT)
+    else:
+        st = [tm["Q"], tm["Q"], tm["A"], tm["F"], tm["U"]]
+        states = (abi.S_RECV_WAIT, abi.S_RECV_FLUSH_WAIT, abi.S_RECV_GPU_WAIT)
+    # Causality: a state happens only if the previous ones did (SendPeerWait is optional).
+    reach = np.isfinite(st[0])
+    for k in (1, 3, 4):
+        st[k] = np.where(reach, st[k], INF)
+        reach = np.isfinite(st[k])
+    st[2] = np.where(np.isfinite(st[1]), st[2], INF)
+    m3 = np.broadcast_to(mask, (S, C, L))
+    st = [np.where(m3, x, INF) for x in st]
+    op_end = np.where(mask, st[4].max(axis=0), INF)
+    nflows = int(mask.sum())
+    op_slot = np.zeros((C, L), dtype=np.uint32)
+    op_slot[mask] = slots.take(nflows)
+    step_slot = np.zeros((S, C, L), dtype=np.uint32)
+    step_slot[m3] = slots.take(nflows * S)
+    t_op = np.where(mask & np.isfinite(pstart_pos), pstart_pos, INF)
+    step_idx = np.broadcast_to(np.arange(S, dtype=np.int32)[:, None, None], (S, C, L))
+    size3 = np.broadcast_to(sizes[:, None, None], (S, C, L))
+    ch = np.broadcast_to(np.arange(C, dtype=np.uint8)[:, None], (C, L))
+    ctx3 = np.broadcast_to(ctx_pos, (S, C, L))
+    own3 = np.broadcast_to(owner_pos, (S, C, L))
+    rank3 = np.broadcast_to(rank_pos, (S, C, L))
+    blocks = [
+        block(t_op, owner_pos, PROXY, op=abi.OP_START, type=abi.PROXY_OP, slot=op_slot, parent_slot=coll_slot,
+              ctx=ctx_pos, rank=rank_pos, root_or_peer=peer_pos, channel=ch, is_send=int(is_send),
+              n_steps=nsteps_pos, chunk_size=chunk),
+        block(np.where(np.isfinite(t_op), st[0][0], INF), owner_pos, PROXY, op=abi.OP_RECORD, slot=op_slot,
+              state=abi.S_PROXY_OP_IN_PROGRESS, ctx=ctx_pos, rank=rank_pos),
+        block(st[0], own3, PROXY, op=abi.OP_START, type=abi.PROXY_STEP, slot=step_slot,
+              parent_slot=np.broadcast_to(op_slot, (S, C, L)), step=step_idx, ctx=ctx3, rank=rank3),
+    ]
+    for k, state in enumerate(states):
+        # transSize is valid at SendWait and RecvFlushWait only (NCCL sets it when it posts / receives).
+        sz = size3 if state in (abi.S_SEND_WAIT, abi.S_RECV_FLUSH_WAIT) else 0
+        blocks.append(block(st[k + 1], own3, PROXY, op=abi.OP_RECORD, slot=step_slot, state=state, size=sz,
+                            step=step_idx, ctx=ctx3, rank=rank3))
+    blocks.append(block(st[4], own3, PROXY, op=abi.OP_STOP, slot=step_slot, ctx=ctx3, rank=rank3))
+    if hang_mask is not None and hang_mask.any():
+        # A rank that called a bigger collective (coll_mismatch) posts more steps than its peers serve:
+        # after its last real step it waits forever on the next ones (no credit / no data).
+        last = np.where(np.isfinite(st[4][-1]), st[4][-1], INF)
+        extra = 1 if is_send else abi.NCCL_STEPS
+        for c, p in zip(*np.nonzero(hang_mask & mask & np.isfinite(last))):
+            sl = slots.take(extra)
+            t = np.full(extra, last[c, p])
+            steps = np.arange(S, S + extra, dtype=np.int32)
+            kw = dict(ctx=ctx_pos[c, p], rank=rank_pos[c, p], step=steps)
+            blocks.append(block(t, owner_pos[c, p], PROXY, op=abi.OP_START, type=abi.PROXY_STEP, slot=sl,
+                                parent_slot=op_slot[c, p], **kw))
+            blocks.append(block(t, owner_pos[c, p], PROXY, op=abi.OP_RECORD, slot=sl, state=states[0], **kw))
+            if is_send:  # the GPU produced it; the receiver never gives credit
+                blocks.append(block(t + 1000.0, owner_pos[c, p], PROXY, op=abi.OP_RECORD, slot=sl,
+                                    state=abi.S_SEND_PEER_WAIT, size=int(sizes[-1]), **kw))
+        op_end = np.where(hang_mask, INF, op_end)
+    blocks.append(block(op_end, owner_pos, PROXY, op=abi.OP_STOP, slot=op_slot, ctx=ctx_pos, rank=rank_pos))
+    flows = []
+    if predict:
+        fin = [np.isfinite(x) for x in st]
+        ready = fin[2] | fin[3] if is_send else fin[2]
+        for c, p in zip(*np.nonzero(mask)):
+            flows.append(dict(
+                rank=int(rank_pos[c, p]), channel=int(c), dir="send" if is_send else "recv",
+                peer=int(peer_pos[c, p]), n_steps=int(nsteps_pos[c, p]), posted=int(fin[0][:, c, p].sum()),
+                ready=int(ready[:, c, p].sum()), transmitted=int(fin[3][:, c, p].sum()),
+                done=int(fin[4][:, c, p].sum()), bytes_done=int(sizes[fin[4][:, c, p]].sum()),
+                end_ns=float(op_end[c, p])))
+    return [b for b in blocks if b is not None], flows, op_end
+
+
+def simulate(inst: Instance, mods: Mods, model: TimingModel, slots: SlotAllocator, ctx_base: int,
+             rng: np.random.Generator, predict: bool = True) -> Result:
+    """Times and callbacks of one instance for all its members."""
+    comm, nc, gpu, net = inst.comm, model.nccl, model.gpu, model.net
+    mem = inst.members
+    nm = len(mem)
+    C = comm.n_channels
+    dtsize = abi.DATATYPE_SIZES[abi.DATATYPE[nc.datatype]]
+    issue = np.asarray(inst.issue, dtype=np.float64) + mods.issue_delay[mem]
+    issue = np.where(mods.absent[mem], INF, issue)
+    issue = _kill(issue, mods.dead_t[mem])
+    launch = issue + 9 * gpu.api_gap_ns
+    kstart = launch + gpu.kernel_launch_ns
+    pstart = launch + gpu.proxy_post_ns
+    ctx = (ctx_base + mem).astype(np.uint32)
+    owner = comm.ranks[mem]
+    funcs = [inst.func] * nm
+    counts = np.full(nm, inst.count, dtype=np.uint64)
+    peers = np.full(nm, -1, dtype=np.int32)
+    if inst.is_p2p:
+        funcs = ["Send", "Recv"]
+        peers = np.asarray([mem[1], mem[0]], dtype=np.int32)
+    for r, (f, cnt) in mods.mismatch.items():
+        hit = np.nonzero(mem == r)[0]
+        if len(hit):
+            funcs[hit[0]] = f
+            counts[hit[0]] = cnt
+    blocks, coll_slot = _user_rows(inst, issue, model, slots, ctx, owner, funcs, counts, peers)
+    sizes = step_sizes(inst.func if not inst.is_p2p else "Send", inst.count, dtsize, comm.nranks if not inst.is_p2p
+                       else 2, C, nc.chunk_size)
+    # Position space: perm[c, p] = member index at position p of channel c.
+    midx = np.full(comm.nranks, -1, dtype=np.int64)
+    midx[mem] = np.arange(nm)
+    if inst.is_p2p:
+        perm = np.tile(np.arange(2), (C, 1))
+        chain = True
+    elif inst.func in RING_STEPS_PER_LOOP:
+        perm = midx[comm.ring_orders()]
+        chain = False
+    else:  # Broadcast: along each channel's ring, starting at the root
+        orders = comm.ring_orders()
+        perm = np.stack([np.roll(o, -int(np.nonzero(o == inst.root)[0][0])) for o in orders])
+        perm = midx[perm]
+        chain = True
+    L = perm.shape[1]
+    hosts = comm.hosts[mem][perm]
+    nxt = np.roll(hosts, -1, axis=1)
+    net_hop = hosts != nxt
+    if chain:
+        net_hop[:, -1] = False
+    end = np.full(nm, -INF)
+    flows: list = []
+    if not net_hop.any():
+        # Kernel-only (NVLink/P2P): everyone arrives, then the data moves at NVLink speed.
+        total = sizes.sum() * C
+        m = RING_STEPS_PER_LOOP[inst.func](comm.nranks) if inst.func in RING_STEPS_PER_LOOP else 1
+        dur = (m * total / max(1, (comm.nranks if not chain else 1)) / net.nvlink_bw
+               + m * net.nvlink_latency_ns) * float(mods.gpu_factor[mem].max())
+        t_end = float(np.max(kstart)) + dur
+        if not np.isfinite(t_end) or np.any(mods.gpu_stall_t[mem] < t_end) or np.any(mods.dead_t[mem] < t_end):
+            t_end = INF
+        kend = np.full((C, nm), t_end)
+        kst = np.broadcast_to(kstart, (C, nm))
+        owner_c = np.broadcast_to(owner, (C, nm))
+        ctx_c = np.broadcast_to(ctx, (C, nm))
+        kslot = slots.take(C * nm).reshape(C, nm)
+        par = np.broadcast_to(coll_slot, (C, nm))
+        ch = np.broadcast_to(np.arange(C, dtype=np.uint8)[:, None], (C, nm))
+        rk = np.broadcast_to(mem, (C, nm))
+        kstop = np.where(np.isfinite(kst), kend, INF)
+        end = np.where(np.isfinite(kstart), t_end, INF)
+    else:
+        pos_rank = perm  # member index per position
+        gpu_nspb = (mods.gpu_factor[mem] / gpu.reduce_bw)[pos_rank]
+        jit = np.exp(rng.normal(0.0, model.step.net_jitter, size=(C, L))) if model.step.net_jitter else 1.0
+        nic_flows = np.maximum(1, net_hop.sum(axis=0, keepdims=True))  # send flows per NIC ~ channels
+        nic_flows = np.broadcast_to(net_hop.sum(axis=0).max(initial=1), (C, L))
+        bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) * jit
+        sfac = mods.send_bw_factor[:, mem][np.arange(C)[:, None], pos_rank]
+        rfac = mods.recv_bw_factor[mem][np.roll(pos_rank, -1, axis=1)]
+        bw = np.where(net_hop, bw_net / (sfac * rfac), net.nvlink_bw)
+        lat = np.where(net_hop, net.net_latency_ns, net.nvlink_latency_ns)
+        flush = np.where(net_hop, net.flush_ns, 0.0)
+        thr = lambda a: a[mem][pos_rank]  # noqa: E731
+        send_stall = np.where(net_hop, thr(mods.send_stall_t), INF)
+        deliver = np.where(net_hop, mods.deliver_stall_t[:, mem][np.arange(C)[:, None], pos_rank], INF)
+        sleep_t = np.where(net_hop, thr(mods.proxy_sleep_t), INF)
+        args = (kstart[pos_rank], pstart[pos_rank], gpu_nspb, bw, lat, flush, net.ack_latency_ns,
+                thr(mods.gpu_stall_t), send_stall, deliver, thr(mods.dead_t), sleep_t, mods.proxy_sleep_ns)
+        if chain:
+            tm = chain_times(sizes, *args)
+        else:
+            tm = ring_times(RING_STEPS_PER_LOOP[inst.func](comm.nranks), sizes, *args)
+        ctx_pos = ctx[pos_rank]
+        own_pos = owner[pos_rank]
+        rank_pos = mem[pos_rank]
+        cslot_pos = coll_slot[pos_rank]
+        S = len(sizes)
+        nsteps = np.full((C, L), S, dtype=np.int32)
+        hang = np.zeros((C, L), bool)
+        for r in mods.mismatch:
+            hang |= rank_pos == r
+        nsteps[hang] = S + abi.NCCL_STEPS
+        send_mask = net_hop.copy()
+        recv_mask = np.roll(net_hop, 1, axis=1)
+        if chain:
+            send_mask[:, -1] = False
+            recv_mask[:, 0] = False
+        peer_send = np.roll(rank_pos, -1, axis=1)
+        peer_recv = np.roll(rank_pos, 1, axis=1)
+        bs, fs, send_end = _flow_rows(True, send_mask, rank_pos, peer_send, pos_rank, tm, sizes, pstart[pos_rank],
+                                      cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang)
+        br, fr, recv_end = _flow_rows(False, recv_mask, rank_pos, peer_recv, pos_rank, tm, sizes,
+                                      pstart[pos_rank], cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots,
+                                      predict, hang)
+        flows = fs + fr
+        # Kernel channels: one per channel per member, from kernel start to its GPU's last op.
+        inv = np.argsort(pos_rank, axis=1)  # position of member i on channel c
+        xf = np.take_along_axis(tm["X"], inv, axis=1)           # (C, nm)
+        kst = np.broadcast_to(kstart, (C, nm))
+        kstop = np.where(np.isfinite(kst), xf, INF)
+        owner_c = np.broadcast_to(owner, (C, nm))
+        ctx_c = np.broadcast_to(ctx, (C, nm))
+        kslot = slots.take(C * nm).reshape(C, nm)
+        par = np.broadcast_to(coll_slot, (C, nm))
+        ch = np.broadcast_to(np.arange(C, dtype=np.uint8)[:, None], (C, nm))
+        rk = np.broadcast_to(mem, (C, nm))
+        op_end = np.maximum(np.where(send_mask, send_end, -INF), np.where(recv_mask, recv_end, -INF))
+        end = np.maximum(kstop.max(axis=0), np.take_along_axis(op_end, inv, axis=1).max(axis=0))
+        blocks += bs + br
+    for r in mods.mismatch:  # a rank that called something else never completes
+        hit = np.nonzero(mem == r)[0]
+        if len(hit):
+            end[hit[0]] = INF
+            kstop[:, hit[0]] = INF
+    blocks += [b for b in (
+        block(kst, owner_c, PROXY, op=abi.OP_START, type=abi.KERNEL_CH, slot=kslot, parent_slot=par, ctx=ctx_c,
+              channel=ch, rank=rk, ptimer=np.where(np.isfinite(kst), kst, 0).astype(np.uint64)),
+        block(kstop, owner_c, PROXY, op=abi.OP_RECORD, slot=kslot, state=abi.S_KERNEL_CH_STOP, ctx=ctx_c, rank=rk,
+              ptimer=np.where(np.isfinite(kstop), kstop, 0).astype(np.uint64)),
+        block(kstop, owner_c, PROXY, op=abi.OP_STOP, slot=kslot, ctx=ctx_c, rank=rk),
+    ) if b is not None]
+    # Nothing happens in a process after it died or froze.
+    dead_g = np.full(comm.ranks.max() + 1, INF)
+    dead_g[owner] = mods.dead_t[mem]
+    kept = []
+    for b in blocks:
+        ok = b.t < dead_g[b.owner]
+        if ok.all():
+            kept.append(b)
+        elif ok.any():
+            kept.append(Block(b.rows[ok], b.owner[ok], b.thread, b.t[ok]))
+    end = np.where(end >= mods.dead_t[mem], INF, end)
+    return Result(end=end, blocks=kept, flows=flows, kstart=kstart)
+

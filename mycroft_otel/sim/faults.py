@@ -1,0 +1,235 @@
+"""The fault catalogue: what each fault does to the simulated job, and its ground truth.
+
+A fault is named (``--fault NAME[:k=v,...]``) and targets one collective instance:
+the first instance of communicator kind ``comm`` (tp | dp | pp) that global rank
+``rank`` takes part in at training step >= ``step``, ordinal ``op`` within that step
+(default: the first), and issued at or after ``at`` seconds of simulated time. Every
+parameter has a seeded random default, so ``--seed`` picks a different victim.
+
+From that instance on the fault acts physically through the timing model (engine.py):
+thresholds after which something never happens (hangs) or factors (slowdowns). The
+ground truth names the category (design §4; ``slow_proxy`` is our extension), the
+culprit in the communicator and globally, its host, channel/peer for flow faults, the
+onset time and the collective it hit.
+
+| fault | category | what happens |
+|---|---|---|
+| rank_absent | rank_absent | the rank never calls the collective (dataloader / CPU hang) |
+| process_exited | process_exited | the rank's host process is SIGKILLed mid-collective (multi-process mode) |
+| sigstop | rank_absent | the host process is frozen by SIGSTOP mid-collective: it goes silent, its shm stays |
+| gpu_stalled | gpu_stalled | from onset the rank's GPU starts no new work: data arrives, nothing is consumed or produced |
+| nic_down | net_send_stalled | from onset the rank's NIC transmits nothing: its send steps are ready, never transmitted |
+| flow_stall | net_delivery_stalled | one flow (channel) of the rank: transmitted from onset, never completes |
+| coll_mismatch | coll_mismatch | the rank calls the collective with twice the count: it waits for steps nobody serves |
+| late_rank | late_rank | the rank calls the collective ``delay_ms`` late (compute straggler), every step from onset |
+| slow_gpu | slow_gpu | the rank's GPU reduce/copy is ``factor`` x slower from onset |
+| slow_flow | slow_flow | one channel's link from the rank is ``factor`` x slower from onset |
+| slow_nic | slow_nic | every flow through the rank's NIC (send side) is ``factor`` x slower from onset |
+| congestion | slow_nic | background traffic into the rank: every flow it receives is ``factor`` x slower |
+| slow_proxy | slow_proxy | the rank's proxy thread sleeps ``sleep_ms`` (1 s) with probability ``p`` per collective |
+| healthy | – | nothing (jitter only): any verdict is a false positive |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mycroft_otel import ids
+from mycroft_otel.sim.engine import INF, Instance, Mods
+
+#: name -> (category, kind, default comm kind, needs a real process)
+CATALOGUE: dict[str, tuple[str, str, str, bool]] = {
+    "healthy": ("", "", "dp", False),
+    "rank_absent": ("rank_absent", "hang", "dp", False),
+    "process_exited": ("process_exited", "hang", "dp", True),
+    "sigstop": ("rank_absent", "hang", "dp", True),
+    "gpu_stalled": ("gpu_stalled", "hang", "dp", False),
+    "nic_down": ("net_send_stalled", "hang", "dp", False),
+    "flow_stall": ("net_delivery_stalled", "hang", "dp", False),
+    "coll_mismatch": ("coll_mismatch", "hang", "dp", False),
+    "late_rank": ("late_rank", "slowdown", "dp", False),
+    "slow_gpu": ("slow_gpu", "slowdown", "dp", False),
+    "slow_flow": ("slow_flow", "slowdown", "dp", False),
+    "slow_nic": ("slow_nic", "slowdown", "dp", False),
+    "congestion": ("slow_nic", "slowdown", "dp", False),
+    "slow_proxy": ("slow_proxy", "slowdown", "dp", False),
+}
+
+_INT = ("rank", "step", "op", "channel", "seq")
+_FLOAT = ("at", "factor", "delay_ms", "frac", "p", "sleep_ms")
+
+
+class FaultError(ValueError):
+    """A --fault spec that names no fault or has a bad parameter."""
+
+
+def parse_fault(spec: str) -> "Fault":
+    """``NAME[:k=v,...]``, e.g. ``nic_down:rank=3,step=2`` or ``slow_flow:factor=4,channel=1``."""
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if name not in CATALOGUE:
+        raise FaultError(f"unknown fault {name!r}; known: {', '.join(CATALOGUE)}")
+    params: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise FaultError(f"fault parameter {item!r} is not k=v")
+        try:
+            if k in _INT:
+                params[k] = int(v)
+            elif k in _FLOAT:
+                params[k] = float(v)
+            elif k == "comm":
+                if v not in ("tp", "dp", "pp"):
+                    raise ValueError
+                params[k] = v
+            else:
+                raise FaultError(f"unknown fault parameter {k!r} (known: comm, {', '.join(_INT + _FLOAT)})")
+        except ValueError:
+            raise FaultError(f"bad value for fault parameter {k}: {v!r}") from None
+    return Fault(name, params)
+
+
+@dataclass
+class Fault:
+    name: str
+    params: dict = field(default_factory=dict)
+    truth: dict | None = None        # filled when the fault strikes
+    _armed: bool = False
+    _onset: float = INF
+    _n_hits: int = 0
+
+    @property
+    def category(self) -> str:
+        return CATALOGUE[self.name][0]
+
+    @property
+    def kind(self) -> str:
+        return CATALOGUE[self.name][1]
+
+    @property
+    def needs_process(self) -> bool:
+        return CATALOGUE[self.name][3]
+
+    def resolve(self, sim) -> None:
+        """Fill the seeded random defaults."""
+        if self.name == "healthy":
+            return
+        rng = sim.rng_faults
+        p = self.params
+        p.setdefault("comm", CATALOGUE[self.name][2])
+        if not sim.comms.get(p["comm"]):
+            p["comm"] = next(k for k in ("dp", "pp", "tp") if sim.comms.get(k))
+        if "rank" not in p:
+            p["rank"] = int(rng.integers(sim.topo.world))
+        if not 0 <= p["rank"] < sim.topo.world:
+            raise FaultError(f"rank={p['rank']} is outside the job (world size {sim.topo.world})")
+        p.setdefault("step", 1 if sim.max_steps is None or sim.max_steps > 1 else 0)
+        p.setdefault("at", 0.0)
+        p.setdefault("frac", float(rng.uniform(0.2, 0.6)))
+        comm = sim.comm_of(p["comm"], p["rank"])
+        p.setdefault("channel", int(rng.integers(comm.n_channels)))
+        p["channel"] %= comm.n_channels
+        p.setdefault("factor", 4.0)
+        p.setdefault("delay_ms", 0.0)
+        p.setdefault("p", 0.5)
+        p.setdefault("sleep_ms", 1000.0)
+
+    # --- called by the simulation for every instance, before it is timed ---------------------------
+    def on_instance(self, sim, inst: Instance, mods: Mods) -> None:
+        if self.name == "healthy":
+            return
+        p = self.params
+        x = p["rank"]
+        if inst.comm.kind != p["comm"] or x not in inst.comm.ranks[inst.members]:
+            if self._armed:
+                self._persist(sim, inst, mods)
+            return
+        r = inst.comm.comm_rank(x)
+        if not self._armed:
+            t_issue = float(inst.issue[list(inst.members).index(r)])
+            if (inst.step < p["step"] or t_issue < p["at"] * 1e9 or ("op" in p and inst.ordinal != p["op"])
+                    or ("seq" in p and inst.seq != p["seq"]) or not np.isfinite(t_issue)):
+                return
+            self._armed = True
+            self._strike(sim, inst, mods, r, t_issue)
+        else:
+            self._persist(sim, inst, mods)
+
+    def _strike(self, sim, inst: Instance, mods: Mods, r: int, t_issue: float) -> None:
+        p, x, name = self.params, self.params["rank"], self.name
+        comm = inst.comm
+        onset = t_issue
+        if name in ("process_exited", "sigstop", "gpu_stalled", "nic_down", "flow_stall"):
+            k0, k1 = sim.dry_run_span(inst)
+            onset = k0 + p["frac"] * (k1 - k0)
+        culprits = [x]
+        if name in ("process_exited", "sigstop"):
+            host = int(sim.topo.host_of(x))
+            culprits = [g for g in range(sim.topo.world) if sim.topo.host_of(g) == host]
+            sim.dead_t[culprits] = onset
+        elif name == "gpu_stalled":
+            sim.gpu_stall_t[x] = onset
+        elif name == "nic_down":
+            sim.nic_down_t[x] = onset
+        elif name == "flow_stall":
+            sim.deliver_stall[(comm.kind, comm.index, r, p["channel"])] = onset
+        elif name == "rank_absent":
+            mods.absent[r] = True
+        elif name == "coll_mismatch":
+            mods.mismatch[r] = (inst.func, inst.count * 2)
+        elif name == "late_rank":
+            p["delay_ms"] = p["delay_ms"] or max(50.0, 3 * sim.typical_ns(inst) / 1e6)
+            mods.issue_delay[r] += p["delay_ms"] * 1e6
+            onset = t_issue
+        elif name == "slow_gpu":
+            sim.gpu_factor[x] = p["factor"]
+        elif name == "slow_nic":
+            sim.nic_factor[x] = p["factor"]
+        elif name == "congestion":
+            sim.recv_factor[x] = p["factor"]
+        elif name == "slow_flow":
+            sim.flow_factor[(comm.kind, comm.index, r, p["channel"])] = p["factor"]
+        elif name == "slow_proxy":
+            self._proxy_sleep(sim, inst, mods, r, force=True)
+        self._onset = onset
+        self._target = (comm.kind, comm.index, inst.ordinal)
+        in_comm = [int(comm.comm_rank(g)) for g in culprits if comm.comm_rank(g) >= 0]
+        flow = name in ("flow_stall", "slow_flow")
+        peer = None
+        if flow:
+            _, nxt = comm.ring_neighbours()
+            peer = int(nxt[p["channel"], r])
+        self.truth = {
+            "fault": name, "category": self.category, "kind": self.kind,
+            "comm_kind": comm.kind, "comm_name": comm.name, "comm_hash": ids.comm_hash_hex(comm.comm_hash),
+            "coll_seq": int(inst.seq), "coll_func": inst.func, "step": int(inst.step),
+            "culprit_ranks": in_comm, "culprit_global_ranks": [int(g) for g in culprits],
+            "culprit_hosts": sorted({sim.topo.host_name(int(sim.topo.host_of(g))) for g in culprits}),
+            "channel": int(p["channel"]) if flow else None, "peer": peer,
+            "onset_sim_ns": int(onset), "onset_ns": None,
+            "signal": {"process_exited": "SIGKILL", "sigstop": "SIGSTOP"}.get(name),
+            "params": {k: v for k, v in p.items()},
+        }
+
+    def _persist(self, sim, inst: Instance, mods: Mods) -> None:
+        p, name = self.params, self.name
+        x = p["rank"]
+        if x not in inst.comm.ranks[inst.members]:
+            return
+        r = inst.comm.comm_rank(x)
+        same_target = getattr(self, "_target", None) == (inst.comm.kind, inst.comm.index, inst.ordinal)
+        if name == "late_rank" and same_target:
+            mods.issue_delay[r] += p["delay_ms"] * 1e6
+        elif name == "slow_proxy":
+            self._proxy_sleep(sim, inst, mods, r)
+
+    def _proxy_sleep(self, sim, inst: Instance, mods: Mods, r: int, force: bool = False) -> None:
+        if not (force or sim.rng_faults.random() < self.params["p"]):
+            return
+        t_issue = float(inst.issue[list(inst.members).index(r)])
+        mods.proxy_sleep_t[r] = t_issue + 0.2 * sim.typical_ns(inst)
+        mods.proxy_sleep_ns = self.params["sleep_ms"] * 1e6

@@ -1,0 +1,66 @@
+"""Building EVENT_DTYPE rows in bulk: blocks of rows plus who delivers them.
+
+A :class:`Block` is a set of rows with the same shape of call (e.g. "every ProxyStep
+START of this collective") and, per row, the global rank whose process makes the call
+and the thread (user or proxy) it is made on. Blocks are emitted in causal order
+(START before its RECORDs before its STOP, parents before children), so delivering
+the blocks of one collective in order is already a valid NCCL call sequence per
+context; real-time delivery sorts each thread's rows by time (stable, so ties keep
+this order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mycroft_otel.sim.abi import EVENT_DTYPE
+
+USER, PROXY = 0, 1  # calling thread of a row
+
+
+@dataclass
+class Block:
+    rows: np.ndarray    # EVENT_DTYPE; t_ns holds the time, ctx the global context id
+    owner: np.ndarray   # int64 global rank per row
+    thread: int         # USER | PROXY
+    t: np.ndarray       # float64 time per row (inf = never happens)
+
+
+def block(t, owner, thread: int, **fields) -> Block | None:
+    """Rows for every finite ``t``; other fields broadcast against ``t`` (scalars or arrays)."""
+    t = np.asarray(t, dtype=np.float64)
+    shape = t.shape
+    keep = np.isfinite(t).ravel()
+    n = int(keep.sum())
+    if n == 0:
+        return None
+    rows = np.zeros(n, dtype=EVENT_DTYPE)
+    tk = t.ravel()[keep]
+    rows["t_ns"] = np.maximum(tk, 0).astype(np.uint64) + 1
+    for name, value in fields.items():
+        v = np.asarray(value)
+        rows[name] = np.broadcast_to(v, shape).ravel()[keep] if v.ndim else v
+    own = np.broadcast_to(np.asarray(owner, dtype=np.int64), shape).ravel()[keep]
+    return Block(rows, own, thread, tk)
+
+
+class SlotAllocator:
+    """Handle-table slots: every START takes the next one, modulo the driver's table size.
+
+    A slot is reused only after ``modulo`` more STARTs, long after its event ended (or hung for good:
+    a hung event gets no more rows).
+    """
+
+    def __init__(self, modulo: int = 1 << 22) -> None:
+        self.next = 0
+        self.modulo = modulo
+
+    def take(self, n: int) -> np.ndarray:
+        out = (np.arange(self.next, self.next + n, dtype=np.int64) % self.modulo).astype(np.uint32)
+        self.next += n
+        return out
+
+    def reset(self) -> None:
+        self.next = 0

@@ -1,0 +1,322 @@
+"""Delivering a simulation to the real plugin through the ABI driver (mycroft_otel._native.Driver).
+
+One plugin context per (simulated rank, communicator), created with ``Driver.init`` and
+the environment a launcher gives that rank (RANK, LOCAL_RANK, WORLD_SIZE,
+NCCL_HOSTID=<simulated host>, MYCROFT_RING_DIR, MYCROFT_JOB_ID), so each gets its own
+shared-memory file exactly as in a real job. Modes:
+
+* accelerated: no pacing; each collective instance is delivered as soon as it is timed
+  (rows in causal order, one thread), then dropped: memory stays bounded at any scale;
+* real-time: every row is delivered at its simulated time from the epoch (CLOCK_MONOTONIC),
+  user-thread calls from one thread and proxy-thread calls (ProxyOp, ProxyStep, KernelCh)
+  from another per simulated host, so a live agent sees the job as in production; a hang
+  keeps the process alive, the stalled state in shm, until the run's duration ends;
+* multi-process (real-time): each simulated host is an OS process with its own Driver, so
+  ``process_exited`` is a real SIGKILL and ``sigstop`` a real SIGSTOP of that process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mycroft_otel.sim.rows import PROXY, USER, Block
+from mycroft_otel.sim.simulation import Simulation
+
+SLOTS = 1 << 22
+
+
+def find_plugin() -> str:
+    """The packaged plugin, else a dev build under build/ (newest)."""
+    from mycroft_otel import paths
+
+    try:
+        return str(paths.plugin_path())
+    except FileNotFoundError:
+        root = Path(__file__).resolve().parents[2] / "build"
+        found = sorted(root.glob("*/native/" + paths.PLUGIN_NAME), key=lambda p: p.stat().st_mtime)
+        if found:
+            return str(found[-1])
+        raise
+
+
+@dataclass
+class RunConfig:
+    ring_dir: str
+    job_id: str = "sim"
+    realtime: bool = False
+    multiprocess: bool = False
+    duration_s: float | None = None    # real time: the process lives this long from the epoch
+    plugin: str | None = None
+    abi_version: int | None = None
+    ring_records: int | None = None    # MYCROFT_RING_RECORDS per context (small for huge jobs)
+    live_slots: int | None = None
+    lead_s: float = 0.3                # real time: epoch this long after the contexts exist
+    extra_env: dict = field(default_factory=dict)
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when it is a terminal or forced)."""
+
+    def __init__(self, label: str, enabled: bool | None = None):
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.last = -1
+
+    def __call__(self, frac: float, note: str = "") -> None:
+        if not self.enabled:
+            return
+        pct = int(100 * min(1.0, max(0.0, frac)))
+        if pct == self.last and not note:
+            return
+        self.last = pct
+        bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+        sys.stderr.write(f"\r{self.label} [{bar}] {pct:3d}% {note}   ")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _ctx_env(sim: Simulation, i: int, cfg: RunConfig) -> dict:
+    c = sim.contexts[i]
+    env = {"RANK": str(c.global_rank), "LOCAL_RANK": str(c.global_rank % sim.topo.gpus),
+           "WORLD_SIZE": str(sim.topo.world), "NCCL_HOSTID": sim.topo.host_name(c.node),
+           "MYCROFT_RING_DIR": cfg.ring_dir, "MYCROFT_JOB_ID": cfg.job_id}
+    if cfg.ring_records:
+        env["MYCROFT_RING_RECORDS"] = str(cfg.ring_records)
+    if cfg.live_slots:
+        env["MYCROFT_LIVE_SLOTS"] = str(cfg.live_slots)
+    env.update(cfg.extra_env)
+    return env
+
+
+def _init_contexts(driver, sim: Simulation, indexes, cfg: RunConfig) -> np.ndarray:
+    """Create the plugin contexts of ``indexes`` (global context ids); returns global id -> driver ctx."""
+    ctx_map = np.full(len(sim.contexts), 0xFFFFFFFF, dtype=np.uint32)
+    for i in indexes:
+        c = sim.contexts[i]
+        comm = sim.comms[c.kind][c.comm_index]
+        ctx_map[i] = driver.init(comm.name, comm.comm_hash, comm.n_nodes, comm.nranks, c.comm_rank,
+                                 comm_id=comm.comm_hash, env=_ctx_env(sim, i, cfg))
+    return ctx_map
+
+
+def _stream(blocks: list[Block], ctx_map: np.ndarray) -> np.ndarray:
+    """One thread's rows: concatenated, ctx remapped, stably sorted by time (ties keep causal order)."""
+    if not blocks:
+        from mycroft_otel.sim.abi import EVENT_DTYPE
+        return np.zeros(0, dtype=EVENT_DTYPE)
+    rows = np.concatenate([b.rows for b in blocks])
+    rows = rows[np.argsort(rows["t_ns"], kind="stable")]
+    rows["ctx"] = ctx_map[rows["ctx"]]
+    return rows
+
+
+def _driver(cfg: RunConfig):
+    from mycroft_otel import _native
+
+    return _native.Driver(cfg.plugin or find_plugin(), cfg.abi_version, SLOTS)
+
+
+def _merge_stats(total: dict, st: dict) -> None:
+    for k, v in st.items():
+        if isinstance(v, (int, float)):
+            total[k] = max(total.get(k, 0), v) if k.startswith("max") else total.get(k, 0) + v
+
+
+def run(sim: Simulation, cfg: RunConfig, progress: Progress | None = None) -> dict:
+    """Simulate and deliver; returns {"truth": [...], "stats": {...}, ...} (see cli.py for the JSON)."""
+    Path(cfg.ring_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+    progress = progress or Progress("sim", enabled=False)
+    if not cfg.realtime:
+        return _run_accelerated(sim, cfg, progress)
+    return _run_realtime(sim, cfg, progress)
+
+
+def _run_accelerated(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
+    driver = _driver(cfg)
+    t0 = time.monotonic()
+    ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
+    t_init = time.monotonic() - t0
+    stats: dict = {}
+    real0 = time.time_ns()
+
+    def sink(inst, res) -> None:
+        if not res.blocks:
+            return
+        rows = np.concatenate([b.rows for b in res.blocks])
+        # Causal order across blocks: a flow's step s+8 starts only after step s stopped (NCCL_STEPS).
+        rows = rows[np.argsort(rows["t_ns"], kind="stable")]
+        rows["t_ns"] = 0
+        rows["ctx"] = ctx_map[rows["ctx"]]
+        _merge_stats(stats, driver.replay(rows))
+
+    t1 = time.monotonic()
+    sim.run(sink, progress=lambda f: progress(f, f"{sim.n_rows / 1e6:.1f}M events"))
+    wall = time.monotonic() - t1
+    progress.done()
+    truths = sim.truths()
+    for t in truths:
+        t["onset_ns"] = real0 + t["onset_sim_ns"]
+    return {"mode": "accelerated", "truth": truths, "stats": stats, "events": sim.n_rows, "init_s": t_init,
+            "wall_s": wall, "contexts": len(sim.contexts), "steps": sim.steps_done, "driver": driver}
+
+
+def _host_streams(blocks: list[Block], world_hosts: np.ndarray, n_hosts: int) -> dict:
+    """(host, thread) -> list of blocks (rows split by the owner's host)."""
+    out: dict = {}
+    for b in blocks:
+        h = world_hosts[b.owner]
+        for host in np.unique(h):
+            sel = h == host
+            part = b if sel.all() else Block(b.rows[sel], b.owner[sel], b.thread, b.t[sel])
+            out.setdefault((int(host), b.thread), []).append(part)
+    return out
+
+
+def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
+    from mycroft_otel import _native
+
+    blocks: list[Block] = []
+    sim.run(lambda inst, res: blocks.extend(res.blocks))
+    world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
+    streams = _host_streams(blocks, world_hosts, sim.topo.nodes)
+    del blocks
+    last_t = max((float(b.t.max()) for lst in streams.values() for b in lst), default=0.0)
+    duration_ns = cfg.duration_s * 1e9 if cfg.duration_s is not None else last_t + 0.5e9
+    truths = sim.truths()
+    hosts_ctx: dict[int, list[int]] = {}
+    for i, c in enumerate(sim.contexts):
+        hosts_ctx.setdefault(c.node, []).append(i)
+    stats: dict = {}
+    if not cfg.multiprocess:
+        driver = _driver(cfg)
+        ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
+        epoch = _native.monotonic_ns() + int(cfg.lead_s * 1e9)
+        real_epoch = time.time_ns() + (epoch - _native.monotonic_ns())
+        for t in truths:
+            t["onset_ns"] = real_epoch + t["onset_sim_ns"]
+        results: list[dict] = []
+        threads = [threading.Thread(target=lambda r=_stream(lst, ctx_map): results.append(driver.replay(r, epoch)),
+                                    name=f"sim-{'user' if th == USER else 'proxy'}-{h}", daemon=True)
+                   for (h, th), lst in sorted(streams.items())]
+        for th in threads:
+            th.start()
+        _wait_until(epoch, duration_ns, progress, lambda: False)
+        for th in threads:
+            th.join(timeout=max(0.0, (epoch + duration_ns - _native.monotonic_ns()) / 1e9) + 5)
+        for st in results:
+            _merge_stats(stats, st)
+        hung = not np.isfinite(sim.ready).all()
+        if not hung:
+            for i in range(len(sim.contexts)):
+                driver.finalize(int(ctx_map[i]))
+        progress.done()
+        return {"mode": "realtime", "truth": truths, "stats": stats, "events": sim.n_rows,
+                "contexts": len(sim.contexts), "steps": sim.steps_done, "epoch_mono_ns": epoch,
+                "epoch_realtime_ns": real_epoch, "driver": driver}
+    return _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truths)
+
+
+def _wait_until(epoch: int, duration_ns: float, progress: Progress, stop) -> None:
+    from mycroft_otel import _native
+
+    end = epoch + duration_ns
+    while True:
+        now = _native.monotonic_ns()
+        if now >= end or stop():
+            break
+        progress(max(0.0, (now - epoch) / duration_ns), f"{max(0, now - epoch) / 1e9:.1f}s")
+        time.sleep(min(0.2, (end - now) / 1e9))
+
+
+def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truths) -> dict:
+    from mycroft_otel import _native
+
+    n_ctx_max = max(len(v) for v in hosts_ctx.values())
+    epoch = _native.monotonic_ns() + int((cfg.lead_s + 0.3 + 0.002 * n_ctx_max) * 1e9)
+    real_epoch = time.time_ns() + (epoch - _native.monotonic_ns())
+    for t in truths:
+        t["onset_ns"] = real_epoch + t["onset_sim_ns"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids: dict[int, int] = {}
+    for host, ctxs in sorted(hosts_ctx.items()):
+        pid = os.fork()
+        if pid == 0:  # the simulated host: its own Driver, its ranks' contexts, two calling threads
+            code = 0
+            try:
+                driver = _driver(cfg)
+                ctx_map = _init_contexts(driver, sim, ctxs, cfg)
+                ths = [threading.Thread(target=driver.replay, args=(_stream(streams.get((host, th), []), ctx_map),
+                                                                    epoch), daemon=True) for th in (USER, PROXY)]
+                for th in ths:
+                    th.start()
+                for th in ths:
+                    th.join()
+                while _native.monotonic_ns() < epoch + duration_ns:
+                    time.sleep(0.05)
+            except BaseException as exc:  # noqa: BLE001 - report and leave without running the parent's code
+                print(f"sim host {host}: {exc}", file=sys.stderr)
+                code = 1
+            os._exit(code)
+        pids[host] = pid
+    # Signals for the process faults, at their onset.
+    actions = []
+    for t in truths:
+        if t.get("signal"):
+            host = int(t["culprit_hosts"][0].removeprefix("sim-node"))
+            actions.append((epoch + t["onset_sim_ns"], pids[host], getattr(signal, t["signal"]), t))
+    actions.sort(key=lambda a: a[0])
+    stopped = []
+    end = epoch + duration_ns
+    while True:
+        now = _native.monotonic_ns()
+        while actions and actions[0][0] <= now:
+            _, pid, sig, t = actions.pop(0)
+            try:
+                os.kill(pid, sig)
+                t["signal_sent_ns"] = time.time_ns()
+                t["pid"] = pid
+                if sig == signal.SIGSTOP:
+                    stopped.append(pid)
+            except ProcessLookupError:
+                pass
+        if now >= end:
+            break
+        progress(max(0.0, (now - epoch) / duration_ns), f"{max(0, now - epoch) / 1e9:.1f}s")
+        nxt = min([end] + [a[0] for a in actions])
+        time.sleep(max(0.0, min(0.1, (nxt - now) / 1e9)))
+    for pid in stopped:  # a frozen host is killed at the end of the run (like a job timeout)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    codes = {}
+    for host, pid in pids.items():
+        deadline = time.monotonic() + 10
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[host] = status
+                break
+            if time.monotonic() > deadline:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                deadline = float("inf")
+            time.sleep(0.01)
+    progress.done()
+    return {"mode": "multiprocess", "truth": truths, "stats": {}, "events": sim.n_rows,
+            "contexts": len(sim.contexts), "steps": sim.steps_done, "epoch_mono_ns": epoch,
+            "epoch_realtime_ns": real_epoch, "host_pids": pids, "exit_status": codes}

@@ -1,0 +1,255 @@
+"""A simulated training job: the schedule of a training step, run instance by instance.
+
+Every rank runs the same program (one training step: forward with TP collectives per
+layer and PP sends between stages, backward with TP collectives, DP gradient buckets
+and PP sends back, optimizer). A rank issues its next call when its previous operation
+completed plus the compute in between (jittered, lognormal), so a rank stuck in one
+communicator never issues its next call on another one: its peers there wait for it.
+Each instance is timed by engine.simulate; its callbacks go to ``sink`` in causal order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+
+from mycroft_otel.sim.engine import INF, Instance, Mods, Result, simulate
+from mycroft_otel.sim.faults import Fault
+from mycroft_otel.sim.model import TimingModel
+from mycroft_otel.sim.rows import SlotAllocator
+from mycroft_otel.sim.topology import Comm, Topology, build_comms
+
+
+@dataclass(frozen=True)
+class Context:
+    """One plugin context: (communicator, rank) in one process; index = position in Simulation.contexts."""
+
+    kind: str
+    comm_index: int
+    comm_rank: int
+    global_rank: int
+    node: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str            # comm kind
+    func: str
+    nbytes: int
+    compute_ns: float    # compute before the call
+    stage: int = -1      # pipeline stage whose ranks run it (-1: all)
+    dst_stage: int = -1  # p2p: receiving stage
+
+
+class Simulation:
+    def __init__(self, topo: Topology, model: TimingModel | None = None, faults: Iterable[Fault] = (),
+                 seed: int = 0, steps: int | None = None, duration_s: float | None = None,
+                 predict: bool = True, slots: SlotAllocator | None = None):
+        self.topo = topo
+        self.model = model or TimingModel()
+        nc = self.model.nccl
+        self.comms: dict[str, list[Comm]] = build_comms(topo, seed, nc.dp_channels, nc.pp_channels, nc.tp_channels)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.rng_faults = np.random.default_rng([seed, 1])
+        self.max_steps = steps
+        self.duration_ns = None if duration_s is None else duration_s * 1e9
+        if steps is None and duration_s is None:
+            self.max_steps = 1
+        self.predict = predict
+        self.slots = slots or SlotAllocator()
+        w = topo.world
+        self.contexts: list[Context] = []
+        self.ctx_base: dict[tuple[str, int], int] = {}
+        for kind in ("tp", "dp", "pp"):
+            for c in self.comms[kind]:
+                self.ctx_base[(kind, c.index)] = len(self.contexts)
+                for i, g in enumerate(c.ranks):
+                    self.contexts.append(Context(kind, c.index, i, int(g), int(topo.host_of(g))))
+        self._comm_of = {(k, int(g)): c for k, lst in self.comms.items() for c in lst for g in c.ranks}
+        # Global fault state, per global rank (engine thresholds are absolute sim times).
+        self.dead_t = np.full(w, INF)
+        self.gpu_stall_t = np.full(w, INF)
+        self.nic_down_t = np.full(w, INF)
+        self.gpu_factor = np.ones(w)
+        self.nic_factor = np.ones(w)
+        self.recv_factor = np.ones(w)
+        self.flow_factor: dict[tuple, float] = {}
+        self.deliver_stall: dict[tuple, float] = {}
+        self.faults = list(faults)
+        for f in self.faults:
+            f.resolve(self)
+        self.ready = np.zeros(w)
+        self.seq: dict[tuple[str, int], int] = {}
+        self.p2p_n: dict[tuple[int, int, int], int] = {}
+        self.log: list[dict] = []
+        self.steps_done = 0
+        self.n_rows = 0
+
+    # --- lookups ---------------------------------------------------------------------------------
+    def comm_of(self, kind: str, g: int) -> Comm:
+        return self._comm_of[(kind, int(g))]
+
+    def stage_of(self, g: int) -> int:
+        return self.topo.coords(g)[2]
+
+    # --- the program ---------------------------------------------------------------------------
+    def schedule(self, step: int) -> list[Entry]:
+        sm, t = self.model.step, self.topo
+        out: list[Entry] = []
+        L = max(1, sm.layers)
+
+        def tp_ops(stage: int, compute: float) -> None:
+            for _ in range(L):
+                if t.tp > 1:
+                    if sm.tp_mode == "sp":
+                        out.append(Entry("tp", "AllGather", sm.tp_bytes // t.tp, compute / L, stage))
+                        out.append(Entry("tp", "ReduceScatter", sm.tp_bytes // t.tp, 0.0, stage))
+                    else:
+                        out.append(Entry("tp", "AllReduce", sm.tp_bytes, compute / L, stage))
+                else:
+                    out.append(Entry("", "", 0, compute / L, stage))
+
+        if step == 0 and sm.initial_broadcast and t.dp > 1:
+            out.append(Entry("dp", "Broadcast", sm.dp_bucket_bytes, 0.0))
+        for s in range(t.pp):
+            tp_ops(s, sm.forward_ns / t.pp)
+            if s + 1 < t.pp:
+                out.append(Entry("pp", "Send", sm.pp_bytes, 0.0, s, s + 1))
+        for s in reversed(range(t.pp)):
+            tp_ops(s, sm.backward_ns / t.pp)
+            if t.dp > 1:
+                f = "ReduceScatter" if sm.dp_mode == "zero" else "AllReduce"
+                for _ in range(sm.dp_buckets):
+                    nb = sm.dp_bucket_bytes // (t.dp if f == "ReduceScatter" else 1)
+                    out.append(Entry("dp", f, nb, 0.0, s))
+            if s > 0:
+                out.append(Entry("pp", "Send", sm.pp_bytes, 0.0, s, s - 1))
+        out.append(Entry("", "", 0, sm.optimizer_ns))
+        if t.dp > 1 and sm.dp_mode == "zero":
+            for _ in range(sm.dp_buckets):
+                out.append(Entry("dp", "AllGather", sm.dp_bucket_bytes // t.dp, 0.0))
+        return out
+
+    def _compute(self, ranks: np.ndarray, ns: float) -> np.ndarray:
+        if ns <= 0:
+            return np.zeros(len(ranks))
+        j = self.model.step.jitter
+        return ns * np.exp(self.rng.normal(-j * j / 2, j, len(ranks))) if j else np.full(len(ranks), ns)
+
+    def _instances(self, step: int, entry: Entry, ordinal: dict) -> list[Instance]:
+        dsz = 2  # element size used to turn bytes into counts is the model datatype's
+        from mycroft_otel.sim.abi import DATATYPE, DATATYPE_SIZES
+        dsz = DATATYPE_SIZES[DATATYPE[self.model.nccl.datatype]]
+        out = []
+        if not entry.kind:  # compute only
+            g = np.arange(self.topo.world)
+            if entry.stage >= 0:
+                g = g[[self.stage_of(x) == entry.stage for x in g]]
+            self.ready[g] = self.ready[g] + self._compute(g, entry.compute_ns)
+            return out
+        comms = self.comms[entry.kind]
+        k = ordinal.get(entry.kind, 0)
+        ordinal[entry.kind] = k + 1
+        for comm in comms:
+            if entry.kind == "pp":
+                src, dst = entry.stage, entry.dst_stage
+                members = np.asarray([src, dst])
+                key = (comm.index, src, dst)
+                seq = self.p2p_n.get(key, 0)
+                self.p2p_n[key] = seq + 1
+                count = entry.nbytes // dsz
+            else:
+                if entry.stage >= 0 and self.stage_of(int(comm.ranks[0])) != entry.stage:
+                    continue
+                members = np.arange(comm.nranks)
+                seq = self.seq.get((comm.kind, comm.index), 0)
+                self.seq[(comm.kind, comm.index)] = seq + 1
+                nseq = self.seq.get((comm.kind, comm.index, entry.func), 0)
+                self.seq[(comm.kind, comm.index, entry.func)] = nseq + 1
+                count = max(1, entry.nbytes // dsz)
+            g = comm.ranks[members]
+            issue = self.ready[g] + self._compute(g, entry.compute_ns)
+            out.append(Instance(comm, members, seq, entry.func, int(count), issue, root=0 if entry.func ==
+                                "Broadcast" else -1, step=step, ordinal=k,
+                                nccl_seq=-1 if entry.kind == "pp" else nseq))
+        return out
+
+    def _mods(self, inst: Instance) -> Mods:
+        return Mods(inst.comm.nranks, inst.comm.n_channels)
+
+    def _apply_state(self, inst: Instance, mods: Mods) -> None:
+        comm = inst.comm
+        g = comm.ranks
+        mods.dead_t = np.minimum(mods.dead_t, self.dead_t[g])
+        mods.gpu_stall_t = np.minimum(mods.gpu_stall_t, self.gpu_stall_t[g])
+        mods.send_stall_t = np.minimum(mods.send_stall_t, self.nic_down_t[g])
+        mods.gpu_factor = mods.gpu_factor * self.gpu_factor[g]
+        mods.send_bw_factor = mods.send_bw_factor * self.nic_factor[g][None, :]
+        mods.recv_bw_factor = mods.recv_bw_factor * self.recv_factor[g]
+        for (kind, idx, r, c), f in self.flow_factor.items():
+            if kind == comm.kind and idx == comm.index:
+                mods.send_bw_factor[c, r] *= f
+        for (kind, idx, r, c), t in self.deliver_stall.items():
+            if kind == comm.kind and idx == comm.index:
+                mods.deliver_stall_t[c, r] = min(mods.deliver_stall_t[c, r], t)
+
+    def dry_run_span(self, inst: Instance) -> tuple[float, float]:
+        """(first kernel start, last end) of ``inst`` as it would run without the striking fault."""
+        mods = self._mods(inst)
+        self._apply_state(inst, mods)
+        r = simulate(inst, mods, self.model, SlotAllocator(), 0, np.random.default_rng(0), predict=False)
+        k0 = float(np.min(r.kstart))
+        fin = r.end[np.isfinite(r.end)]
+        k1 = float(fin.max()) if len(fin) else k0 + 1e6
+        return k0, max(k1, k0 + 1.0)
+
+    def typical_ns(self, inst: Instance) -> float:
+        k0, k1 = self.dry_run_span(inst)
+        return k1 - k0
+
+    # --- running ------------------------------------------------------------------------------
+    def run(self, sink: Callable[[Instance, Result], None] | None = None,
+            progress: Callable[[float], None] | None = None) -> None:
+        step = 0
+        while True:
+            if self.max_steps is not None and step >= self.max_steps:
+                break
+            if self.duration_ns is not None and (np.all(~np.isfinite(self.ready))
+                                                 or np.nanmin(np.where(np.isfinite(self.ready), self.ready, np.nan))
+                                                 >= self.duration_ns):
+                break
+            if not np.isfinite(self.ready).any():
+                break
+            ordinal: dict = {}
+            for entry in self.schedule(step):
+                for inst in self._instances(step, entry, ordinal):
+                    mods = self._mods(inst)
+                    for f in self.faults:
+                        f.on_instance(self, inst, mods)
+                    self._apply_state(inst, mods)
+                    res = simulate(inst, mods, self.model, self.slots,
+                                   self.ctx_base[(inst.comm.kind, inst.comm.index)], self.rng, self.predict)
+                    g = inst.comm.ranks[inst.members]
+                    self.ready[g] = res.end
+                    self.n_rows += sum(len(b.rows) for b in res.blocks)
+                    if self.predict:
+                        self.log.append(dict(kind=inst.comm.kind, comm=inst.comm.index, seq=inst.seq,
+                                             func=inst.func, step=step, ordinal=inst.ordinal,
+                                             members=g.tolist(), issue=inst.issue.tolist(),
+                                             kstart=res.kstart.tolist(), end=res.end.tolist(), flows=res.flows))
+                    if sink is not None:
+                        sink(inst, res)
+            step += 1
+            self.steps_done = step
+            if progress is not None:
+                if self.max_steps is not None:
+                    progress(step / self.max_steps)
+                else:
+                    fin = self.ready[np.isfinite(self.ready)]
+                    progress(min(1.0, (fin.min() if len(fin) else self.duration_ns) / self.duration_ns))
+
+    def truths(self) -> list[dict]:
+        return [f.truth for f in self.faults if f.truth is not None]
