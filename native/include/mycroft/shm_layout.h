@@ -42,7 +42,8 @@ enum class OpKind : uint8_t { kNone = 0, kColl = 1, kP2pSend = 2, kP2pRecv = 3 }
 // Collective functions, numbered like NCCL's ncclFunc_t for the ones NCCL exposes.
 enum class Func : uint8_t {
   kBroadcast = 0, kReduce = 1, kAllGather = 2, kReduceScatter = 3, kAllReduce = 4,
-  kSendRecv = 5, kSend = 6, kRecv = 7, kAllToAll = 8, kGather = 9, kScatter = 10,
+  kSendRecv = 5, kSend = 6, kRecv = 7, kAlltoAll = 8, kGather = 9, kScatter = 10,
+  kPutSignal = 11, kSignal = 12, kWaitSignal = 13,
   kUnknown = 255
 };
 
@@ -61,20 +62,21 @@ enum class WaitState : uint8_t {
 };
 
 // Names stored as small indexes in OpInfo (func, datatype, algo, proto). The
-// spellings are the strings NCCL passes in its event descriptors; the plugin maps
-// a string to its index (kUnknownIndex when absent) and readers map it back.
+// spellings are the strings NCCL passes in its event descriptors (docs/nccl-abi.md:
+// algorithms and protocols are upper case, NCCL prints ncclUint8 as "Unknown"); the
+// plugin maps a string to its index (kUnknownIndex when absent) and readers map it back.
 inline constexpr uint8_t kUnknownIndex = 255;
 inline constexpr const char* kFuncNames[] = {
     "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "SendRecv",
-    "Send", "Recv", "AllToAll", "Gather", "Scatter"};
+    "Send", "Recv", "AlltoAll", "Gather", "Scatter", "PutSignal", "Signal", "WaitSignal"};
 inline constexpr const char* kDatatypeNames[] = {
     "ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64",
     "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3",
     "ncclFloat8e5m2"};
 inline constexpr uint8_t kDatatypeSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 inline constexpr const char* kAlgoNames[] = {
-    "Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"};
-inline constexpr const char* kProtoNames[] = {"LL", "LL128", "Simple"};
+    "TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT"};
+inline constexpr const char* kProtoNames[] = {"LL", "LL128", "SIMPLE"};
 
 // Slot states of the live table.
 enum class SlotState : uint32_t { kFree = 0, kActive = 1 };
