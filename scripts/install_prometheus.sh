@@ -10,6 +10,7 @@ set -euo pipefail
 build_lock prometheus
 mkdir -p "$MYCROFT_BIN_DIR"
 start=$(date +%s)
+installed=0
 
 have() { [ -x "$MYCROFT_BIN_DIR/$1" ] || command -v "$1" >/dev/null 2>&1; }
 
@@ -19,6 +20,7 @@ if ! have prometheus || ! have promtool; then
   fi
   command -v apt-get >/dev/null 2>&1 || die "prometheus/promtool not found and no apt-get: put both binaries in $MYCROFT_BIN_DIR"
   log "installing Debian package 'prometheus' (prometheus + promtool)"
+  installed=1
   export DEBIAN_FRONTEND=noninteractive
   if ! apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; then
     apt-get update -qq >/dev/null
@@ -40,5 +42,5 @@ for b in prometheus promtool; do
 done
 end=$(date +%s)
 log "$("$MYCROFT_BIN_DIR/prometheus" --version 2>&1 | head -1)"
-echo "build_time_s prometheus $((end - start))" >&2
+[ "$installed" = 1 ] && echo "build_time_s prometheus $((end - start))" >&2
 echo "$MYCROFT_BIN_DIR"
