@@ -172,7 +172,6 @@ class LocalStack:
     def __post_init__(self) -> None:
         self.bin_dir = Path(self.bin_dir) if self.bin_dir else default_bin_dir()
         self.config_dir = Path(self.config_dir) if self.config_dir else default_config_dir()
-        self._own_run_dir = self.run_dir is None
         self.run_dir = Path(self.run_dir or tempfile.mkdtemp(prefix="mycroft-stack-"))
         self._procs: list[_Proc] = []
         self.processor_ports: list[ProcessorPorts] = []
@@ -390,7 +389,11 @@ class LocalStack:
         self._spawn("prometheus", argv, {}, lambda: http_ok(url))
 
     def _start_processor(self, pp: ProcessorPorts) -> None:
+        # the child imports the same mycroft_otel as we do, installed or not (its cwd is the run dir)
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        pythonpath = os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))
         env = {
+            "PYTHONPATH": pythonpath,
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.rootcause_otlp_grpc,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
             "OTEL_SERVICE_NAME": "mycroft-processor",
