@@ -29,7 +29,7 @@ require_go "github.com/jaegertracing/jaeger@$JAEGER_VERSION"
 mkdir -p "$MYCROFT_BIN_DIR"
 start=$(date +%s)
 log "building jaeger $JAEGER_VERSION (several minutes on 2 cores)"
-(cd "$WRAPPER" && GOFLAGS=-mod=mod nice_build go build -trimpath -ldflags="-s -w" \
+(cd "$WRAPPER" && GOFLAGS="-mod=mod -buildvcs=false" nice_build go build -trimpath -ldflags="-s -w" \
     -o "$BIN.tmp" github.com/jaegertracing/jaeger/cmd/jaeger)
 mv "$BIN.tmp" "$BIN"
 echo "$STAMP" > "$BIN.stamp"

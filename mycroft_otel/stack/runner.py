@@ -293,7 +293,7 @@ class LocalStack:
 
     def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str], ready: Callable[[], bool]) -> None:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        log = open(log_path, "ab")  # noqa: SIM115 (closed by the child's lifetime; tiny leak-free)
+        log = open(log_path, "ab")  # noqa: SIM115 (the child keeps its own descriptor; ours closes below)
         full_env = {**os.environ, **env}
         with open(self.run_dir / "logs" / "commands.txt", "a") as f:
             f.write(f"{name}: {' '.join(map(str, argv))}\n")
