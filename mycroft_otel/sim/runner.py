@@ -60,6 +60,7 @@ class RunConfig:
     live_slots: int | None = None
     lead_s: float = 0.3                # real time: epoch this long after the contexts exist
     extra_env: dict = field(default_factory=dict)
+    on_signal: object = None           # multi-process: called (truth, pid) right after a fault's signal
 
 
 class Progress:
@@ -289,6 +290,8 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
                 t["pid"] = pid
                 if sig == signal.SIGSTOP:
                     stopped.append(pid)
+                if cfg.on_signal is not None:
+                    cfg.on_signal(t, pid)
             except ProcessLookupError:
                 pass
         if now >= end:
