@@ -133,7 +133,7 @@ class Fault:
         comm = sim.comm_of(p["comm"], p["rank"])
         p.setdefault("channel", int(rng.integers(comm.n_channels)))
         p["channel"] %= comm.n_channels
-        p.setdefault("factor", 4.0)
+        p.setdefault("factor", 8.0)
         p.setdefault("delay_ms", 0.0)
         p.setdefault("p", 0.5)
         p.setdefault("sleep_ms", 1000.0)

@@ -22,7 +22,7 @@ class NetModel:
 
 @dataclass(frozen=True)
 class GpuModel:
-    reduce_bw: float = 400.0          # GB/s: GPU reduce/copy of one step's chunk
+    reduce_bw: float = 30.0           # GB/s per channel: one thread block reducing/copying a step (Simple)
     kernel_launch_ns: float = 12_000  # Coll stop (launch) -> kernel running on the device
     proxy_post_ns: float = 6_000      # launch -> ProxyOp posted on the proxy thread
     api_gap_ns: float = 400           # between consecutive user-thread callbacks of one API call
