@@ -88,8 +88,9 @@ def test_tree_allreduce_keeps_one_flow_per_peer(plugin_so, ring_dir):
     assert set(flows["n_proxy_ops"]) == {1} and set(flows["done"]) == {4} and set(flows["n_steps"]) == {4}
 
 
-def test_p2p_both_sides_agree_on_n(plugin_so, ring_dir):
-    d = Driver(plugin_so)
+@pytest.mark.parametrize("version", [4, 5, 6, 7])
+def test_p2p_both_sides_agree_on_n(plugin_so, ring_dir, version):
+    d = Driver(plugin_so, version=version)
     env = {"MYCROFT_RING_DIR": str(ring_dir)}
     c0 = d.init("pp", 42, 1, 2, 0, env=env)
     c1 = d.init("pp", 42, 1, 2, 1, env=env)
@@ -113,8 +114,9 @@ def test_p2p_both_sides_agree_on_n(plugin_so, ring_dir):
     assert seen[1] == [("recv", 0, 0), ("recv", 0, 1), ("recv", 0, 2), ("send", 0, 0)]
 
 
-def test_inflight_state_is_live(plugin_so, ring_dir):
-    d = Driver(plugin_so)
+@pytest.mark.parametrize("version", [4, 7])
+def test_inflight_state_is_live(plugin_so, ring_dir, version):
+    d = Driver(plugin_so, version=version)
     ctx = d.init("dp", 3, 1, 4, 0, env={"MYCROFT_RING_DIR": str(ring_dir)})
     q = Seq()
     ring_allreduce(q, ctx, 0, 4, 0, n_channels=2, steps=6, stall_send_at=2)

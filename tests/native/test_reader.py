@@ -58,6 +58,7 @@ def test_truncated_and_missing(tmp_path):
 
 def test_cursor_resume_wrap_and_overwritten(tmp_path):
     f = FakeRing(tmp_path / "a.mycroft", ring_capacity=8)
+    f.path.chmod(0o400)  # the reader never needs write access
     r = RingReader(str(f.path))
     recs, cur, lost = r.read(0, 100)
     assert len(recs) == 0 and cur == 0 and lost == 0
