@@ -2,11 +2,15 @@
 // descriptor into the core's normalised Descr (core.cc). Everything else in the
 // library is hidden (-fvisibility=hidden); these four symbols are the whole ABI.
 #include <cstring>
+#include <type_traits>
 
 #include "internal.h"
 
 namespace mycroft::plugin {
 namespace {
+
+template <class D>
+inline constexpr bool kHasParentGroup = !std::is_same_v<D, abi::v4::EventDescr>;
 
 // Fields common to every version's Coll/P2p/ProxyOp/ProxyStep/KernelCh members.
 template <class D>
@@ -24,6 +28,7 @@ void CopyCommon(const D* e, Descr* d) {
       d->n_channels = e->coll.nChannels;
       d->algo = e->coll.algo;
       d->proto = e->coll.proto;
+      if constexpr (kHasParentGroup<D>) d->parent_group = e->coll.parentGroup;
       break;
     case kEvP2p:
       d->func = e->p2p.func;
@@ -31,6 +36,7 @@ void CopyCommon(const D* e, Descr* d) {
       d->count = e->p2p.count;
       d->peer = e->p2p.peer;
       d->n_channels = e->p2p.nChannels;
+      if constexpr (kHasParentGroup<D>) d->parent_group = e->p2p.parentGroup;
       break;
     case kEvProxyOp:
       d->pid = e->proxyOp.pid;

@@ -34,7 +34,8 @@ enum HandleKind : uint32_t {
   kHProxyOp = 4,    // ProxyOp:           payload = entry(14) | entry generation(18)
   kHProxyStep = 5,  // ProxyStep:         payload = entry(14) | step slot(3) | entry generation(15)
   kHApi = 6,        // GroupApi/CollApi/P2pApi: payload = api cursor + 1 (32 bits)
-  kHIgnored = 7,    // Group, KernelLaunch, ProxyCtrl, NetPlugin, Ce*, KernelPhase: nothing to track
+  kHGroup = 9,      // Group: payload = per-context group number (launch order)
+  kHIgnored = 7,    // KernelLaunch, ProxyCtrl, NetPlugin, Ce*, KernelPhase: nothing to track
   kHForeign = 8,    // ProxyOp/ProxyStep of another process (PXN): ignored
 };
 
@@ -84,7 +85,10 @@ struct SlotCtl {
   // started ProxyOp; the thread that brings it to 0 completes the op.
   std::atomic<int64_t> outstanding{0};
   std::atomic<uint32_t> launched{0};
-  std::atomic<uint32_t> kch_stopped{0};
+  // KernelCh references still held: (slot generation << 32) | count, so a release
+  // aimed at an op whose slot was since reused fails its CAS.
+  std::atomic<uint64_t> kref{0};
+  std::atomic<uint32_t> group{0};  // per-context Group number of the launch (0 = unknown)
   std::atomic<uint32_t> n_flows{0};  // flows claimed (may exceed kMaxFlows: truncated)
   std::atomic<uint64_t> kch_started_bits[4];
   std::atomic<uint64_t> kch_stopped_bits[4];
@@ -126,6 +130,7 @@ struct Context {
   std::atomic<uint32_t> proxy_hint{0};
   std::atomic<uint64_t> api_cursor{0};
   std::atomic<uint64_t> coll_seq{0};
+  std::atomic<uint32_t> group_seq{0};
   std::atomic<uint64_t> next_op_id{1};
 
   uint64_t finalized_at = 0;  // CLOCK_MONOTONIC of finalize (quarantine clock)

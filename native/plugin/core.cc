@@ -14,6 +14,7 @@
 //   1 + n_channels + started-but-not-stopped ProxyOps; the thread that takes it to 0
 //   publishes the record. An op with n_channels == 0 completes with its launch and
 //   ProxyOps alone.
+#include <cstdio>
 #include <cstring>
 #include <unistd.h>
 
@@ -26,6 +27,8 @@ namespace {
 using shm::Flow;
 using shm::LiveOp;
 using shm::OpInfo;
+
+void ReleaseEarlierKernels(Context* c, uint32_t group, uint64_t now);
 
 constexpr uint64_t kHeartbeatEveryNs = 1000000;  // 1 ms: keep the header line mostly read-only
 
@@ -191,6 +194,12 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
       api_ns = e.start_ns.load(std::memory_order_relaxed);
   }
 
+  // The launch (Group) this op belongs to: v5+ parentGroup, v4 parentObj.
+  uint32_t group = 0;
+  Decoded gd;
+  void* gh = c->abi_version >= 5 ? d.parent_group : d.parent;
+  if (gh != nullptr && Resolve(gh, &gd) == c && gd.kind == kHGroup) group = gd.payload;
+
   uint32_t s, odd;
   if (!ClaimSlot(c, &s, &odd)) {
     Add(c->hdr->dropped_live_full, uint64_t{1});
@@ -199,7 +208,8 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   SlotCtl& ctl = c->slots[s];
   ctl.outstanding.store(1 + int64_t(d.n_channels), std::memory_order_relaxed);
   ctl.launched.store(0, std::memory_order_relaxed);
-  ctl.kch_stopped.store(0, std::memory_order_relaxed);
+  ctl.kref.store((uint64_t(odd + 1) << 32) | d.n_channels, std::memory_order_relaxed);
+  ctl.group.store(group, std::memory_order_relaxed);
   ctl.n_flows.store(0, std::memory_order_relaxed);
   for (int w = 0; w < 4; ++w) {
     ctl.kch_started_bits[w].store(0, std::memory_order_relaxed);
@@ -259,8 +269,10 @@ Result StartKernelCh(Context* c, void** handle, const Descr& d, uint64_t now) {
   SlotCtl& ctl = c->slots[r.slot];
   OpInfo& op = c->live[r.slot].op;
   uint64_t bit = 1ull << (ch & 63);
-  if ((ctl.kch_started_bits[ch >> 6].fetch_or(bit, std::memory_order_relaxed) & bit) == 0)
-    Add(op.kernel_ch_started, uint32_t{1});
+  if ((ctl.kch_started_bits[ch >> 6].fetch_or(bit, std::memory_order_relaxed) & bit) == 0) {
+    if (Add(op.kernel_ch_started, uint32_t{1}) == 0)
+      ReleaseEarlierKernels(c, ctl.group.load(std::memory_order_relaxed), now);
+  }
   if (d.ptimer != 0) {
     MinStore(op.kernel_start_ns, d.ptimer);
     __atomic_fetch_or(&op.flags, uint32_t(shm::kFlagKernelTimes), __ATOMIC_RELAXED);
@@ -284,6 +296,17 @@ bool KernelChFromHandle(const void* h, Context** cp, OpRef* r, uint32_t* ch) {
   return true;
 }
 
+// Gives back one KernelCh reference of the op in `slot` if it still holds one.
+bool TakeKernelRef(Context* c, uint32_t slot, uint32_t gen) {
+  auto& kref = c->slots[slot].kref;
+  uint64_t v = kref.load(std::memory_order_relaxed);
+  for (int tries = 0; tries < 64; ++tries) {
+    if (uint32_t(v >> 32) != gen || uint32_t(v) == 0) return false;
+    if (kref.compare_exchange_weak(v, v - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
 void StopKernelCh(const OpRef& r, uint32_t ch, uint64_t now) {
   SlotCtl& ctl = r.c->slots[r.slot];
   OpInfo& op = r.c->live[r.slot].op;
@@ -294,8 +317,29 @@ void StopKernelCh(const OpRef& r, uint32_t ch, uint64_t now) {
   }
   Add(op.kernel_ch_stopped, uint32_t{1});
   St(op.last_progress_ns, now);
-  uint32_t k = ctl.kch_stopped.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (k <= Ld(op.n_channels)) Release(r.c, r.slot, now);
+  // More KernelCh than coll.nChannels announced: the extra ones hold no reference.
+  if (TakeKernelRef(r.c, r.slot, r.gen)) Release(r.c, r.slot, now);
+}
+
+// Kernels of one communicator run one after another on the GPU. When the first
+// channel of a later launch (Group) starts, every op of an earlier launch has
+// finished its kernel work: drop the KernelCh references they still hold. This
+// bounds the damage when NCCL emits fewer KernelCh events than nChannels said.
+void ReleaseEarlierKernels(Context* c, uint32_t group, uint64_t now) {
+  if (group == 0) return;
+  for (uint32_t s = 0; s < c->live_slots; ++s) {
+    uint32_t g = Ld(c->live[s].generation);
+    if ((g & 3) != 2) continue;
+    SlotCtl& ctl = c->slots[s];
+    uint32_t og = ctl.group.load(std::memory_order_relaxed);
+    if (og == 0 || int32_t(group - og) <= 0) continue;
+    uint64_t v = ctl.kref.load(std::memory_order_relaxed);
+    if (uint32_t(v >> 32) != g || uint32_t(v) == 0) continue;
+    if (!ctl.kref.compare_exchange_strong(v, uint64_t(g) << 32, std::memory_order_acq_rel)) continue;
+    // We hold uint32_t(v) references of that op: it cannot complete (or be reused) before we drop them.
+    int64_t k = int64_t(uint32_t(v));
+    if (ctl.outstanding.fetch_sub(k, std::memory_order_acq_rel) == k) Complete(c, s, now);
+  }
 }
 
 // ---- ProxyOp / ProxyStep -------------------------------------------------------------
@@ -478,13 +522,18 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
   // Time spent in the state the step leaves.
   uint64_t gpu_add = 0, net_add = 0;
   uint8_t old_level = 0;
+  // NCCL re-records SendPeerWait on every isend retry: a repeated state keeps its start time.
+  bool same_state = !start && new_level != 3 && wait == st.state.load(std::memory_order_relaxed);
   if (!start) {
-    uint8_t prev = st.state.load(std::memory_order_relaxed);
-    uint64_t since = st.since.load(std::memory_order_relaxed);
-    uint64_t dt = now > since ? now - since : 0;
-    if (prev == uint8_t(shm::WaitState::kSendGpuWait) || prev == uint8_t(shm::WaitState::kRecvGpuWait)) gpu_add = dt;
-    if (prev == uint8_t(shm::WaitState::kSendWait) || prev == uint8_t(shm::WaitState::kRecvWait)) net_add = dt;
     old_level = st.level.load(std::memory_order_relaxed);
+    if (!same_state) {
+      uint8_t prev = st.state.load(std::memory_order_relaxed);
+      uint64_t since = st.since.load(std::memory_order_relaxed);
+      uint64_t dt = now > since ? now - since : 0;
+      if (prev == uint8_t(shm::WaitState::kSendGpuWait) || prev == uint8_t(shm::WaitState::kRecvGpuWait))
+        gpu_add = dt;
+      if (prev == uint8_t(shm::WaitState::kSendWait) || prev == uint8_t(shm::WaitState::kRecvWait)) net_add = dt;
+    }
   }
   uint64_t add_bytes = 0;
   uint64_t prev_bytes = st.bytes.load(std::memory_order_relaxed);
@@ -493,8 +542,10 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
     st.bytes.store(bytes, std::memory_order_relaxed);
   }
   if (new_level > old_level || start) st.level.store(new_level, std::memory_order_relaxed);
-  st.state.store(wait, std::memory_order_relaxed);
-  st.since.store(now, std::memory_order_relaxed);
+  if (!same_state) {
+    st.state.store(wait, std::memory_order_relaxed);
+    st.since.store(now, std::memory_order_relaxed);
+  }
   if (new_level == 3) st.active.store(0, std::memory_order_relaxed);
 
   if (fi < 0 || !StillLive(op)) return;
@@ -561,10 +612,16 @@ Result StartProxyStep(Context* c, void** handle, const Descr& d, uint64_t now) {
   }
   uint32_t k = uint32_t(d.step) % kSteps;
   StepRec& st = r.pe->steps[k];
-  st.step.store(uint32_t(d.step), std::memory_order_relaxed);
-  st.bytes.store(0, std::memory_order_relaxed);
-  st.active.store(1, std::memory_order_relaxed);
-  StepUpdate(r, st, true, uint8_t(shm::WaitState::kNone), 0, 0, now);
+  // NCCL starts a recv step again while irecv is refused (the earlier handle is never
+  // stopped): a restart of a step that has not progressed reuses its slot, uncounted.
+  bool restart = st.active.load(std::memory_order_relaxed) && st.step.load(std::memory_order_relaxed) == uint32_t(d.step) &&
+                 st.level.load(std::memory_order_relaxed) == 0;
+  if (!restart) {
+    st.step.store(uint32_t(d.step), std::memory_order_relaxed);
+    st.bytes.store(0, std::memory_order_relaxed);
+    st.active.store(1, std::memory_order_relaxed);
+    StepUpdate(r, st, true, uint8_t(shm::WaitState::kNone), 0, 0, now);
+  }
   uint32_t gen = r.pe->gen.load(std::memory_order_relaxed);
   *handle = MakeHandle(kHProxyStep, c->index, c->inc, (r.idx << 18) | (k << 15) | (gen & 0x7fff));
   return Result::Success;
@@ -642,7 +699,12 @@ Result CoreStart(void* context, void** handle, const Descr& d) {
     case kEvP2pApi:
       StartApi(c, handle, now);
       return Result::Success;
-    case kEvGroup:
+    case kEvGroup: {
+      uint32_t gseq = c->group_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (gseq == 0) gseq = c->group_seq.fetch_add(1, std::memory_order_relaxed) + 1;
+      *handle = MakeHandle(kHGroup, c->index, c->inc, gseq);
+      return Result::Success;
+    }
     case kEvKernelLaunch:
     case kEvProxyCtrl:
     case kEvNetPlugin:
@@ -710,6 +772,7 @@ Result CoreStop(void* handle) {
       break;
     }
     case kHApi:
+    case kHGroup:
     case kHIgnored:
     case kHForeign:
       if (c->alive.load(std::memory_order_relaxed)) return Result::Success;
@@ -747,7 +810,9 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
         StepRec& st = r.pe->steps[r.step_slot];
         if (st.active.load(std::memory_order_relaxed)) {
           Beat(c, now);
-          StepUpdate(r, st, false, wait, level, has_args ? arg_size : 0, now);
+          // transSize is meaningful at SendWait (bytes sent) and RecvFlushWait (bytes received) only.
+          bool sized = state == kStProxyStepSendWait || state == kStProxyStepRecvFlushWait;
+          StepUpdate(r, st, false, wait, level, (has_args && sized) ? arg_size : 0, now);
           return Result::Success;
         }
       }
@@ -774,6 +839,7 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
       break;
     }
     case kHApi:
+    case kHGroup:
     case kHIgnored:
     case kHForeign:
       if (c->alive.load(std::memory_order_relaxed)) return Result::Success;

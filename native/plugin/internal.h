@@ -75,6 +75,7 @@ struct Descr {
   int root = -1;
   int peer = -1;
   uint8_t n_channels = 0;
+  void* parent_group = nullptr;  // v5+ coll/p2p.parentGroup (v4: parentObj is the Group)
   // ProxyOp
   pid_t pid = 0;
   uint8_t channel = 0;
