@@ -20,7 +20,7 @@ process that dies or a health endpoint that stays down raises StackError with it
 The processor command is injectable (``processor_command``) so the stack can run with any OTLP
 sink in place of ``mycroft-otel processor``.
 
-``python -m mycroft_otel.stack.runner --processors 2`` runs the stack until Ctrl-C.
+``python -m mycroft_otel.stack --processors 2`` runs the stack until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -457,7 +457,7 @@ def _terminate(popen: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mycroft_otel.stack.runner", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m mycroft_otel.stack", description=__doc__.split("\n")[0])
     ap.add_argument("--processors", type=int, default=2)
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--trace-store", choices=["auto", "tempo", "jaeger"], default="auto")
