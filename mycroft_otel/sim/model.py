@@ -55,7 +55,7 @@ class StepModel:
     tp_mode: str = "allreduce"            # "allreduce" | "sp" (sequence parallel: AllGather + ReduceScatter)
     dp_mode: str = "allreduce"            # "allreduce" | "zero" (ReduceScatter grads, AllGather params)
     initial_broadcast: bool = True        # step 0 starts with a DP Broadcast of the parameters from rank 0
-    jitter: float = 0.03                  # relative sigma of compute times (lognormal)
+    jitter: float = 0.01                  # relative sigma of compute times (lognormal)
     net_jitter: float = 0.02              # relative sigma of per-collective flow bandwidth
 
 

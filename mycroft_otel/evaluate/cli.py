@@ -1,0 +1,97 @@
+"""``mycroft-otel eval``: the fault catalogue end to end; detection, top-1 culprit, category, latency.
+
+Each scenario runs the real pipeline over loopback (see harness.py) and is scored against the
+simulator's ground truth. Prints a table (or ``--json``); verdict columns say "no verdict" when
+nothing came back, and a component that is missing or failed is named in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mycroft_otel import config
+from mycroft_otel.evaluate import harness, scenarios
+from mycroft_otel.evaluate.sink import Sink
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenarios", default="builtin", help="builtin, or a YAML/JSON file of scenarios")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these scenarios")
+    p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+    p.add_argument("--keep", action="store_true", help="keep each scenario's rings and component logs")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+
+
+def table(rows: list[dict], summary: dict) -> str:
+    head = ["scenario", "expected", "detected", "latency", "culprit", "category", "verdict"]
+    lines = []
+    for r in rows:
+        if r["detected"] is None:
+            det = "-" if not r["false_positives"] else f"FP x{r['false_positives']}"
+            vals = [r["scenario"], "(healthy)", det, "", "", "", r["top"] or "none (ok)"]
+        else:
+            ok = {True: "yes", False: "no", None: ""}
+            vals = [r["scenario"], r["expected"], ok[r["detected"]],
+                    f"{r['latency_s']:.1f}s" if r["latency_s"] is not None else "",
+                    ok[r["culprit_ok"]] if r["detected"] else "", ok[r["category_ok"]] if r["detected"] else "",
+                    r["top"] or "no verdict"]
+        broken = [f"{k} {v}" for k, v in r["components"].items() if v != "ok" and k != "workdir"]
+        if r["sim_error"]:
+            broken.append(r["sim_error"])
+        if broken:
+            vals[-1] += "  [" + "; ".join(b[:90] for b in broken) + "]"
+        lines.append(vals)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    fmt = lambda vals: "  ".join(str(v).ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(v) for v in lines]
+    s = summary
+    out.append("")
+    out.append(f"detected {s['detected']}/{s['faults']} ({s['detection_rate']:.0%}), top-1 culprit "
+               f"{s['top1_culprit_accuracy']:.0%}, category {s['category_accuracy']:.0%}, latency median "
+               f"{s['latency_median_s']}s p90 {s['latency_p90_s']}s; healthy runs {s['healthy_runs']} with "
+               f"{s['healthy_false_positives']} false positive(s)")
+    if s["components_failed"]:
+        out.append("components not working: " + "; ".join(c[:160] for c in s["components_failed"]))
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    stall_ms = config.get_int("MYCROFT_STALL_MS", lo=1)
+    try:
+        todo = scenarios.load(args.scenarios, stall_ms)
+    except (OSError, ValueError) as exc:
+        print(f"mycroft-otel eval: {exc}", file=sys.stderr)
+        return 2
+    if args.only:
+        unknown = set(args.only) - {s.name for s in todo}
+        if unknown:
+            print(f"mycroft-otel eval: unknown scenario(s) {sorted(unknown)}", file=sys.stderr)
+            return 2
+        todo = [s for s in todo if s.name in args.only]
+    if args.list:
+        for s in todo:
+            print(f"{s.name:16s} {s.fault:45s} {s.topology} {s.duration_s:.0f}s")
+        return 0
+    sink = Sink()
+    sink.start()
+    rows = []
+    try:
+        for i, sc in enumerate(todo):
+            print(f"[{i + 1}/{len(todo)}] {sc.name}: {sc.fault} ({sc.duration_s:.0f}s)", file=sys.stderr)
+            o = harness.run_scenario(sc, sink, stall_ms, keep_dir=args.keep,
+                                     log=lambda m: print(m, file=sys.stderr))
+            rows.append(harness.score(o))
+            r = rows[-1]
+            print(f"  -> {r['top'] or 'no verdict'}"
+                  + (f" ({r['latency_s']}s)" if r.get("latency_s") is not None else ""), file=sys.stderr)
+    finally:
+        sink.stop()
+    summary = harness.summarize(rows)
+    if args.json:
+        json.dump({"summary": summary, "scenarios": rows}, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(table(rows, summary))
+    return 0
