@@ -40,6 +40,8 @@ log = logging.getLogger("mycroft_otel.agent")
 MAX_RECORDS_PER_READ = 4096
 MAX_READS_PER_POLL = 8
 MAX_STATUS_BACKOFF_NS = 60_000_000_000
+VECTOR_MIN = 24  # batches of at least this many spans go through the vectorised encoder
+STALE_RING_NS = 600_000_000_000  # a crashed writer's ring older than this at discovery is history, not evidence
 
 
 @dataclass
@@ -111,9 +113,13 @@ class Agent:
         src.cursor = cursor if 0 <= cursor <= head else 0
         now = time.monotonic_ns()
         ctx = _Ctx(src, sp.SpanBuilder(src, self.s.service_name, self.resource_extra, self.s.detail_chunk),
-                   Baselines(self.s.slow_factor, self.s.warmup_ops), Summary(now))
+                   Baselines(self.s.slow_factor, self.s.warmup_ops, self.s.slow_min_ns), Summary(now))
         ctx.last_seq = int(saved.get("last_seq", -1))
         ctx.last_end = int(saved.get("last_end", 0))
+        if not saved and src.process_state() == PROC_EXITED:
+            h = src.header
+            if int(h.get("finalized_ns", 0)) or now - int(h.get("heartbeat_ns", 0)) > STALE_RING_NS:
+                ctx.done = True  # a finished or long-dead job's leftover file: nothing to report
         self.ctxs[path] = ctx
         self.discovery.accepted(path, ident)
         self.health.sources_opened += 1
@@ -239,9 +245,12 @@ class Agent:
                 ctx.last_end = end[i]
                 ctx.idle_emits = 0
                 ctx.idle_next = 0
-        if keep:
+        if len(keep) >= VECTOR_MIN:
             sel = recs[np.asarray(keep, dtype=np.int64)]
             out.extend(b.op_spans(sel, [traces[i] for i in keep], anomalies))
+        else:  # a few spans: the generic writer is cheaper than the vectorised setup (same bytes)
+            for i, an in zip(keep, anomalies):
+                out.append(b.op_span_generic(recs[i], *(an or (None, None, None))))
 
     def _snapshots(self, ctx: _Ctx, live: np.ndarray, out: list[bytes], now: int, stopped: bool) -> None:
         seen = set()
@@ -373,6 +382,7 @@ class Agent:
         for key, cursor in list(self.queue.committed.items()):
             self.store.update(key, **cursor)
         self.store.save()
+        self.store.close()
         for ctx in self.ctxs.values():
             ctx.src.close()
         self.ctxs.clear()

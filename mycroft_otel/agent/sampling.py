@@ -48,12 +48,12 @@ class _Ewma:
 class Baselines:
     """The local slow / late rule for one rank context."""
 
-    def __init__(self, factor: float, warmup: int, alpha: float = 0.1, min_gap_ns: int = 1_000_000,
+    def __init__(self, factor: float, warmup: int, min_excess_ns: int = 1_000_000, alpha: float = 0.1,
                  max_keys: int = 4096):
         self.factor = factor
         self.warmup = warmup
         self.alpha = alpha
-        self.min_gap_ns = min_gap_ns
+        self.min_excess_ns = min_excess_ns
         self.max_keys = max_keys
         self._dur: dict[tuple, _Ewma] = {}
         self._gap: dict[tuple, _Ewma] = {}
@@ -76,20 +76,18 @@ class Baselines:
             self.prev_end = end_ns
         result = None
         d = self._get(self._dur, key)
-        slow = d.n >= self.warmup and dur >= self.factor * d.value and dur > 0
-        late = False
+        slow = d.n >= self.warmup and dur >= self.factor * d.value and dur - d.value >= self.min_excess_ns
         if gap is not None:
             g = self._get(self._gap, key)
-            late = g.n >= self.warmup and gap >= self.factor * g.value and gap >= self.min_gap_ns
-            if late:
+            if g.n >= self.warmup and gap >= self.factor * g.value and gap - g.value >= self.min_excess_ns:
                 result = (sc.ANOMALY_LATE, int(g.value), int(gap))
-            else:
-                g.add(gap, self.alpha)
-        if slow:
-            if result is None:
-                result = (sc.ANOMALY_SLOW, int(d.value), None)
-        elif dur >= 0:
-            d.add(dur, self.alpha)
+            # anomalies update the baseline too (a new regime is absorbed in ~1/alpha ops instead of
+            # locking in a baseline learnt from an unusual warm-up), clipped so one outlier moves it little
+            g.add(min(gap, 2 * self.factor * g.value) if g.n >= self.warmup else gap, self.alpha)
+        if slow and result is None:
+            result = (sc.ANOMALY_SLOW, int(d.value), None)
+        if dur >= 0:
+            d.add(min(dur, 2 * self.factor * d.value) if d.n >= self.warmup else dur, self.alpha)
         return result
 
 

@@ -1,0 +1,44 @@
+"""A counting OTLP gRPC trace receiver (its own process, so its CPU is not the agent's).
+
+usage: python sink.py PORT_FILE   — writes the bound port to PORT_FILE, serves until killed.
+The count of received spans is reported through a tiny second RPC-free channel: the
+file PORT_FILE + ".count", rewritten after every request.
+"""
+
+import os
+import sys
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+
+class Sink(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, count_file: str):
+        self.count_file = count_file
+        self.spans = 0
+
+    def Export(self, request, context):  # noqa: N802
+        self.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        tmp = self.count_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(self.spans))
+        os.replace(tmp, self.count_file)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def main() -> None:
+    port_file = sys.argv[1]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
+                         options=[("grpc.max_receive_message_length", 64 << 20)])
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Sink(port_file + ".count"), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(port))
+    os.replace(port_file + ".tmp", port_file)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
