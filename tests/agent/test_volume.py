@@ -1,0 +1,166 @@
+"""Volume control: slow and late anomalies, consistent sampling, summaries; HTTP export; instrumentor."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from mycroft_otel import ids
+from mycroft_otel import semconv as sc
+from mycroft_otel.agent.sampling import Baselines, sample_bound, sampled
+from helpers import make_agent
+from shmfake import FakeReader, FakeRing
+
+JOB, COMM = "job-1", 0x5F3A9C0E12AB44D1
+MS = 1_000_000
+
+
+def test_baselines_slow_and_late():
+    b = Baselines(factor=2.0, warmup=4, min_excess_ns=MS)
+    t = 0
+    for _ in range(6):  # steady: 10 ms gap, 5 ms op
+        t += 10 * MS
+        assert b.classify(4, 1 << 20, t, t + 5 * MS) is None
+        t += 5 * MS
+    t += 10 * MS
+    an = b.classify(4, 1 << 20, t, t + 15 * MS)  # slow: 15 ms >= 2 x 5 ms
+    assert an[0] == sc.ANOMALY_SLOW and abs(an[1] - 5 * MS) < MS
+    t += 15 * MS + 40 * MS  # late: 40 ms gap >= 2 x 10 ms, own op short
+    an = b.classify(4, 1 << 20, t, t + 1 * MS)
+    assert an[0] == sc.ANOMALY_LATE and an[2] == 40 * MS
+    # sub-millisecond jitter is never anomalous (absolute floor)
+    b2 = Baselines(factor=2.0, warmup=2, min_excess_ns=MS)
+    for i in range(10):
+        assert b2.classify(4, 8, i * 1000, i * 1000 + (10 if i % 2 else 100)) is None
+
+
+def test_sampling_is_consistent_across_ranks(tmp_path, otel_env):
+    n, colls = 4, 400
+    rings = [FakeRing(tmp_path / f"r{r}", rank=r, nranks=n, ring_capacity=512) for r in range(n)]
+    for _ in range(colls):
+        for ring in rings:
+            ring.op_done(dur_ns=2 * MS)
+    agent = make_agent(tmp_path, sample_ratio=0.05, summary_ms=100)
+    agent.poll_once()
+    time.sleep(0.15)
+    agent.poll_once()  # closes the summary window
+    assert agent.queue.flush(10)
+    spans = otel_env.sink.named("nccl.AllReduce")
+    bound = sample_bound(0.05)
+    healthy = {s["attrs"][sc.COLL_SEQ] for s in spans if sc.ANOMALY not in s["attrs"]}
+    want = {q for q in range(colls) if sampled(ids.coll_trace_id(JOB, COMM, q), bound)}
+    assert healthy == want and 5 <= len(want) <= 40
+    print({(s["attrs"][sc.ANOMALY], s["attrs"].get(sc.BASELINE_NS), s["attrs"].get(sc.GAP_NS))
+           for s in spans if sc.ANOMALY in s["attrs"]})
+    for q in want:  # every rank keeps the same collectives
+        assert sorted(s["attrs"][sc.RANK] for s in spans if s["attrs"][sc.COLL_SEQ] == q) == list(range(n))
+    summaries = otel_env.sink.named(sc.SUMMARY_SPAN)
+    assert len(summaries) == n
+    for s in summaries:
+        a = s["attrs"]
+        assert a[sc.SUMMARY_OPS] == colls and a[sc.SUMMARY_SEQ_FIRST] == 0 and a[sc.SUMMARY_SEQ_LAST] == colls - 1
+        assert a[sc.SUMMARY_FUNCS] == ["AllReduce"] and a[sc.SUMMARY_FUNC_OPS] == [colls]
+        assert a[sc.SUMMARY_EXPORTED] >= len(want) and a[sc.SUMMARY_BYTES] == colls * (4 << 20)
+        assert s["start"] == a[sc.SUMMARY_WINDOW_START] < s["end"]
+    agent.close()
+
+
+def test_slow_and_late_are_exported_unsampled(tmp_path, otel_env):
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    t = time.monotonic_ns() - 10_000 * MS
+    for i in range(20):
+        rec = ring.make_op(start_ns=t, end_ns=t + 5 * MS)
+        ring.complete(rec)
+        t += 5 * MS + 10 * MS
+    ring.complete(ring.make_op(start_ns=t, end_ns=t + 30 * MS))  # slow, seq 20
+    t += 30 * MS + 100 * MS
+    ring.complete(ring.make_op(start_ns=t, end_ns=t + 5 * MS))  # late, seq 21
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.poll_once()
+    assert agent.queue.flush(10)
+    got = {s["attrs"][sc.COLL_SEQ]: s["attrs"] for s in otel_env.sink.named("nccl.AllReduce")}
+    assert set(got) == {20, 21}
+    assert got[20][sc.ANOMALY] == sc.ANOMALY_SLOW and abs(got[20][sc.BASELINE_NS] - 5 * MS) < MS
+    assert got[21][sc.ANOMALY] == sc.ANOMALY_LATE and got[21][sc.GAP_NS] >= 100 * MS
+    agent.close()
+
+
+def test_chunk_detail_adds_flow_events(tmp_path, otel_env):
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    ring.op_done()
+    agent = make_agent(tmp_path, sample_ratio=1.0, detail="chunk")
+    agent.poll_once()
+    assert agent.queue.flush(10)
+    ev = otel_env.sink.named("nccl.AllReduce")[0]["events"]
+    names = [e[0] for e in ev]
+    assert names.count("mycroft.flow.start") == 4 and names.count("mycroft.flow.end") == 4
+    assert all(e[2][sc.FLOW_DONE] == 8 for e in ev)
+    agent.close()
+
+
+class _HttpSink(http.server.BaseHTTPRequestHandler):
+    spans: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        assert self.path == "/v1/traces" and self.headers["Content-Type"] == "application/x-protobuf"
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(body)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                _HttpSink.spans.extend(s.name for s in ss.spans)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+        self.wfile.write(b"")
+
+    def log_message(self, *a):
+        pass
+
+
+def test_http_protobuf_export(tmp_path, otel_env, monkeypatch):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HttpSink)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{srv.server_address[1]}")
+        ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+        for _ in range(5):
+            ring.op_done()
+        agent = make_agent(tmp_path, sample_ratio=1.0)
+        agent.poll_once()
+        assert agent.queue.flush(10)
+        agent.close()
+        assert _HttpSink.spans.count("nccl.AllReduce") == 5
+    finally:
+        srv.shutdown()
+
+
+def test_instrumentor_sets_plugin_and_runs(tmp_path, otel_env, monkeypatch):
+    from mycroft_otel.agent.instrumentor import NcclInstrumentor
+    from mycroft_otel.agent.settings import AgentSettings
+    import os
+
+    monkeypatch.delenv("NCCL_PROFILER_PLUGIN", raising=False)
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    env = dict(os.environ, MYCROFT_RING_DIR=str(tmp_path), MYCROFT_SAMPLE_RATIO="1", MYCROFT_POLL_MS="20")
+    inst = NcclInstrumentor()
+    import mycroft_otel.agent.source as source_mod
+    monkeypatch.setattr(source_mod, "default_reader_factory", FakeReader)
+    import mycroft_otel.agent.agent as agent_mod
+    monkeypatch.setattr(agent_mod, "default_reader_factory", FakeReader)
+    inst.instrument(settings=AgentSettings.from_env(env))
+    try:
+        ring.op_done()
+        assert otel_env.sink.wait_for(lambda s: any(x["name"] == "nccl.AllReduce" for x in s), timeout=5)
+        try:
+            from mycroft_otel.paths import plugin_path
+            assert os.environ["NCCL_PROFILER_PLUGIN"] == str(plugin_path())
+        except FileNotFoundError:
+            pass
+    finally:
+        inst.uninstrument()
+    assert inst.agent is None
