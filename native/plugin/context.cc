@@ -23,6 +23,8 @@
 namespace mycroft::plugin {
 
 std::atomic<uint64_t> g_null_handles{0};
+std::atomic<uint64_t> g_foreign_ops{0};
+std::atomic<int> g_pid{0};
 
 namespace {
 
@@ -79,7 +81,7 @@ void ReclaimLocked(uint64_t now) {
 
 bool RegisterLocked(Context* c) {
   for (uint32_t i = 0; i < kMaxContexts; ++i) {
-    uint32_t idx = (g_cursor + i) % kMaxContexts;
+    uint32_t idx = (g_cursor + i) % (kMaxContexts - 1);  // 0xffff is reserved (foreign handles)
     if (g_registry[idx].load(std::memory_order_relaxed) == nullptr) {
       c->index = idx;
       c->inc = ++g_incarnation[idx];
@@ -258,6 +260,7 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
   c->rank = rank;
   c->nranks = nranks;
   c->pid = getpid();
+  g_pid.store(int(c->pid), std::memory_order_relaxed);
   c->logfn = logfn;
 
   char host[shm::kNameLen];

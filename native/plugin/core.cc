@@ -394,13 +394,6 @@ int32_t FindOrClaimFlow(const OpRef& r, uint8_t ch, uint8_t dir, int32_t peer) {
 }
 
 Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
-  if (d.pid != c->pid) {
-    // PXN: posted by another process; parentObj is that process's pointer. Never
-    // look at it; the posting rank's own plugin cannot see this op either.
-    Add(c->hdr->pxn_foreign_ops, uint64_t{1});
-    *handle = MakeHandle(kHForeign, c->index, c->inc, 0);
-    return Result::Success;
-  }
   if (d.n_steps < 0 || d.peer < 0 || d.peer >= c->nranks) {
     CountBadDescr(c);
     return Result::Success;
@@ -595,11 +588,6 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
 }
 
 Result StartProxyStep(Context* c, void** handle, const Descr& d, uint64_t now) {
-  Decoded pd;
-  if (DecodeHandle(d.parent, &pd) && pd.kind == kHForeign) {
-    *handle = MakeHandle(kHForeign, c->index, c->inc, 0);
-    return Result::Success;
-  }
   if (d.step < 0) {
     CountBadDescr(c);
     return Result::Success;
@@ -671,6 +659,26 @@ void FreeSlot(Context* c, uint32_t s) {
 Result CoreStart(void* context, void** handle, const Descr& d) {
   if (handle == nullptr) return Result::Success;
   *handle = nullptr;
+  // PXN: a ProxyOp posted by another process runs on our proxy thread with BOTH its
+  // parentObj and the `context` argument being that process's values. Touch neither
+  // as ours: hand out a context-free Foreign handle; its ProxySteps (found through
+  // that handle) are foreign too. Counted in the context the value names here, if
+  // any (peer processes create communicators in the same order), else process-wide.
+  if (d.type == kEvProxyOp && d.pid != g_pid.load(std::memory_order_relaxed)) {
+    Decoded fd;
+    Context* fc = DecodeHandle(context, &fd) && fd.kind == kHCtx ? LookupContext(fd.ctx, fd.inc) : nullptr;
+    if (fc != nullptr && fc->alive.load(std::memory_order_relaxed)) Add(fc->hdr->pxn_foreign_ops, uint64_t{1});
+    else g_foreign_ops.fetch_add(1, std::memory_order_relaxed);
+    *handle = MakeHandle(kHForeign, 0xffff, 0xff, 0);
+    return Result::Success;
+  }
+  if (d.type == kEvProxyStep) {
+    Decoded pd;
+    if (DecodeHandle(d.parent, &pd) && pd.kind == kHForeign) {
+      *handle = MakeHandle(kHForeign, 0xffff, 0xff, 0);
+      return Result::Success;
+    }
+  }
   Decoded cd;
   if (!DecodeHandle(context, &cd) || cd.kind != kHCtx) {
     g_null_handles.fetch_add(1, std::memory_order_relaxed);

@@ -106,5 +106,9 @@ Result CoreFinalize(void* context);
 
 // Process-wide count of callbacks with a NULL handle (no context to charge them to).
 extern std::atomic<uint64_t> g_null_handles;
+// PXN ProxyOps whose (foreign) context names none of ours.
+extern std::atomic<uint64_t> g_foreign_ops;
+// getpid() of this process, set at init (NCCL compares proxyOp.pid with its own).
+extern std::atomic<int> g_pid;
 
 }  // namespace mycroft::plugin

@@ -338,3 +338,113 @@ TEST_P(Versions, InFlightChunkCounters) {
 
 INSTANTIATE_TEST_SUITE_P(Abi, Versions, ::testing::Values(4, 5, 6, 7),
                          [](const ::testing::TestParamInfo<int>& i) { return "v" + std::to_string(i.param); });
+
+// NCCL restarts a recv step while irecv is refused and re-records SendPeerWait on every
+// isend retry; transSize is stale outside SendWait/RecvFlushWait.
+TEST(StepQuirks, RestartsRepeatsAndStaleSizes) {
+  ClearKnobs();
+  TempDir dir;
+  Prof p(6);
+  void* ctx = nullptr;
+  ASSERT_EQ(p.Init(&ctx, "quirks", 0x9999, 2, 0), nabi::Result::Success);
+  View v(dir.Files().at(0));
+  void* coll = p.CollLaunch(ctx, "AllReduce", 0, 1);
+  Prof::E o;
+  o.type = kProxyOp;
+  o.parent = coll;
+  o.peer = 1;
+  o.n_steps = 1;
+  void* recv = p.Start(ctx, o);
+  o.is_send = 1;
+  void* send = p.Start(ctx, o);
+  Prof::E st;
+  st.type = kProxyStep;
+  st.parent = recv;
+  void* r1 = p.Start(ctx, st);
+  void* r2 = p.Start(ctx, st);  // irecv refused: started again, r1 never stopped
+  void* r3 = p.Start(ctx, st);
+  (void)r1;
+  (void)r2;
+  p.Record(r3, kRecvWait, 999999);  // stale size
+  p.Record(r3, kRecvFlushWait, 4096);
+  p.Record(r3, kRecvGPUWait, 777777);  // stale size
+  st.parent = send;
+  void* s1 = p.Start(ctx, st);
+  p.Record(s1, kSendGPUWait, 555555);
+  p.Record(s1, kSendPeerWait, 0);
+  auto first = v.Live().at(0).slot.flows[1];
+  for (int i = 0; i < 5; ++i) p.Record(s1, kSendPeerWait, 0);  // retries
+  auto live = v.Live();
+  ASSERT_EQ(live.size(), 1u);
+  const shm::Flow& fr = live[0].slot.flows[0];
+  const shm::Flow& fs = live[0].slot.flows[1];
+  EXPECT_EQ(fr.posted, 1u) << "restarts of an unprogressed step are not new steps";
+  EXPECT_EQ(fr.ready, 1u);
+  EXPECT_EQ(fr.transmitted, 1u);
+  EXPECT_EQ(fr.bytes, 4096u) << "only RecvFlushWait carries the received size";
+  EXPECT_EQ(fs.ready, 1u);
+  EXPECT_EQ(fs.transmitted, 0u);
+  EXPECT_EQ(fs.bytes, 0u);
+  EXPECT_EQ(fs.wait_state, uint8_t(shm::WaitState::kSendPeerWait));
+  EXPECT_EQ(fs.wait_since_ns, first.wait_since_ns) << "a repeated state keeps its start time";
+  p.Record(s1, kSendWait, 2048);
+  p.Stop(s1);
+  p.Stop(r3);
+  p.Stop(send);
+  p.Stop(recv);
+  p.KernelCh(ctx, coll, 0);
+  auto recs = v.Ring();
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].flows[1].bytes, 2048u);
+  EXPECT_EQ(recs[0].flows[0].done, 1u);
+  p.Finalize(ctx);
+}
+
+// Fewer KernelCh events than nChannels announced: the op still completes once a kernel of
+// a later launch starts (kernels of one communicator run in order); ops of the same launch
+// (one Group) never release each other.
+TEST(Completion, LaterLaunchReleasesMissingKernelChannels) {
+  ClearKnobs();
+  TempDir dir;
+  Prof p(5);
+  void* ctx = nullptr;
+  ASSERT_EQ(p.Init(&ctx, "kch", 0xaaaa, 2, 0), nabi::Result::Success);
+  View v(dir.Files().at(0));
+  // One launch (Group) with two collectives announcing 4 channels each.
+  Prof::E g;
+  g.type = kGroup;
+  void* group = p.Start(ctx, g);
+  Prof::E c;
+  c.type = kColl;
+  c.n_channels = 4;
+  c.parent_group = group;
+  void* a = p.Start(ctx, c);
+  void* b = p.Start(ctx, c);
+  p.Stop(a);
+  p.Stop(b);
+  p.Stop(group);
+  p.KernelCh(ctx, a, 0);
+  p.KernelCh(ctx, a, 1);
+  p.KernelCh(ctx, b, 0);  // b's first KernelCh start must not release a (same launch)
+  EXPECT_EQ(v.Live().size(), 2u);
+  // Next launch: its first KernelCh start releases a and b.
+  void* d = p.CollLaunch(ctx, "AllReduce", 1, 1);
+  EXPECT_EQ(v.Live().size(), 3u);
+  Prof::E k;
+  k.type = kKernelCh;
+  k.parent = d;
+  void* kh = p.Start(ctx, k);
+  EXPECT_EQ(v.Live().size(), 1u);
+  p.Record(kh, kKernelChStop, 5);
+  p.Stop(kh);
+  auto recs = v.Ring();
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_EQ(recs[0].op.kernel_ch_stopped + recs[1].op.kernel_ch_stopped, 3u);
+  EXPECT_EQ(recs[2].op.kernel_ch_stopped, 1u);
+  // More KernelCh stops than announced are ignored, not double-released.
+  void* e = p.CollLaunch(ctx, "AllReduce", 2, 1);
+  p.KernelCh(ctx, e, 0);
+  EXPECT_EQ(v.Live().size(), 0u);
+  EXPECT_EQ(v.H().ops_completed, 4u);
+  p.Finalize(ctx);
+}

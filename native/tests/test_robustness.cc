@@ -175,6 +175,19 @@ TEST_F(Fixture, ForeignPxnProxyOps) {
   o.parent = coll;
   void* op2 = p.Start(ctx, o);
   p.Stop(op2);
+  // Under PXN the context argument is the other process's too: never resolved as ours.
+  void* foreign_ctx = reinterpret_cast<void*>(0x00007f1234567000ull);
+  o.parent = reinterpret_cast<void*>(0x00007f00beef0000ull);
+  void* op3 = p.Start(foreign_ctx, o);
+  ASSERT_NE(op3, nullptr);
+  Prof::E s3;
+  s3.type = kProxyStep;
+  s3.parent = op3;
+  void* st3 = p.Start(foreign_ctx, s3);
+  ASSERT_NE(st3, nullptr);
+  p.Record(st3, kSendWait, 10);
+  p.Stop(st3);
+  p.Stop(op3);
   auto h = H();
   EXPECT_EQ(h.pxn_foreign_ops, 2u);
   EXPECT_EQ(h.dropped_bad_handle, 0u);
