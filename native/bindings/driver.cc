@@ -12,6 +12,7 @@
 //     are not delivered (the adapters drop them); v4 sees the Group handle as the Coll/P2p parent.
 //   * stop/record are never called with a NULL handle; a START that is not delivered leaves a NULL
 //     handle, so its STOP/RECORD rows and its children's parent are NULL like in NCCL.
+// Strings are NCCL's own spellings (shm_layout.h's tables; ncclUint8 prints as "Unknown" like NCCL).
 // `raw=True` turns all filtering off (mask, version, NULL handles) so tests can be hostile.
 //
 // Rows (driver_event.h) name handles by slot; the handle table is `slots` atomics initialised to
@@ -33,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -54,8 +56,15 @@ using mycroft::driver::Op;
 constexpr uintptr_t kEmpty = ~uintptr_t{0};
 constexpr uint32_t kMaxContexts = 1u << 17;
 constexpr uint64_t kSpinNs = 50'000;  // pacing: sleep until ~50 us before the due time, then spin
-constexpr const char kUnknownName[] = "mycroft-unknown";
+constexpr const char kUnknownName[] = "Unknown";  // what NCCL's *ToString functions return out of range
 constexpr const char* kPhaseNames[] = {"initial_sync", "compute", "final_sync"};
+
+// Descriptor strings: shm_layout.h's tables hold NCCL's own spellings ("RING", "SIMPLE", "AlltoAll"), except
+// that NCCL's ncclDatatypeToString prints ncclUint8 as "Unknown" (2.27..2.32): the driver does the same.
+constexpr const char* kNcclDatatypeNames[] = {"ncclInt8", "Unknown", "ncclInt32", "ncclUint32", "ncclInt64",
+                                              "ncclUint64", "ncclFloat16", "ncclFloat32", "ncclFloat64",
+                                              "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2"};
+static_assert(std::size(kNcclDatatypeNames) == std::size(mycroft::shm::kDatatypeNames));
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -187,12 +196,11 @@ const char* NameOf(const char* const (&table)[N], uint8_t i) {
 template <int V>
 void FillDescr(typename Abi<V>::D& d, const Event& e, void* parent, void* group, bool has_group, pid_t self) {
   std::memset(static_cast<void*>(&d), 0, sizeof d);
-  using namespace mycroft::shm;
   d.type = static_cast<decltype(d.type)>(e.type);
   d.parentObj = parent;
   d.rank = e.rank;
-  const char* func = NameOf(kFuncNames, e.func);
-  const char* dtype = NameOf(kDatatypeNames, e.datatype);
+  const char* func = NameOf(mycroft::shm::kFuncNames, e.func);
+  const char* dtype = NameOf(kNcclDatatypeNames, e.datatype);
   switch (e.type) {
     case t7::kColl: {
       auto& c = d.coll;
@@ -203,8 +211,8 @@ void FillDescr(typename Abi<V>::D& d, const Event& e, void* parent, void* group,
       c.datatype = dtype;
       c.nChannels = e.n_channels;
       c.nWarps = 16;
-      c.algo = NameOf(kAlgoNames, e.algo);
-      c.proto = NameOf(kProtoNames, e.proto);
+      c.algo = NameOf(mycroft::shm::kAlgoNames, e.algo);
+      c.proto = NameOf(mycroft::shm::kProtoNames, e.proto);
       if constexpr (V == 4) {
         if (has_group) d.parentObj = group;
       } else {

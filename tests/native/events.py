@@ -102,7 +102,7 @@ def api_prologue(q: Seq, ctx: int, rank: int, func: str, count: int, dtype: str,
 
 def ring_allreduce(q: Seq, ctx: int, rank: int, nranks: int, coll_seq: int, count: int = 1 << 20,
                    dtype: str = "ncclFloat32", n_channels: int = 2, steps: int | None = None, chunk: int = 1 << 17,
-                   algo: str = "Ring", proto: str = "Simple", func: str = "AllReduce",
+                   algo: str = "RING", proto: str = "SIMPLE", func: str = "AllReduce",
                    stall_send_at: int | None = None) -> dict:
     """One ring collective on RANK; returns the slots. steps defaults to the ring all-reduce 2*(n-1)*chunks."""
     if steps is None:
@@ -148,7 +148,7 @@ def tree_allreduce(q: Seq, ctx: int, rank: int, nranks: int, coll_seq: int, coun
     g_api, api, group = api_prologue(q, ctx, rank, "AllReduce", count, "ncclFloat32")
     coll = q.start(ctx, T.Coll, parent=api, group=group, rank=rank, seq=coll_seq, func=idx(FUNC_NAMES, "AllReduce"),
                    count=count, datatype=idx(DATATYPE_NAMES, "ncclFloat32"), root_or_peer=-1,
-                   n_channels=n_channels, algo=idx(ALGO_NAMES, "Tree"), proto=idx(PROTO_NAMES, "Simple"))
+                   n_channels=n_channels, algo=idx(ALGO_NAMES, "TREE"), proto=idx(PROTO_NAMES, "SIMPLE"))
     q.stop(coll)
     q.stop(group)
     q.stop(g_api)

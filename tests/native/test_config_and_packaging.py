@@ -89,6 +89,21 @@ def test_plugin_path_command_and_symbols(plugin_so):
         assert SYMBOLS <= {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
 
 
+def copy_source_tree(dst: Path) -> None:
+    """What a fresh clone holds: tracked and untracked-but-not-ignored files (no build outputs)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, check=True, timeout=60).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError):
+        shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(".git", "build", "__pycache__", "*.so", "runs"))
+        return
+    for rel in filter(None, listed):
+        src = ROOT / rel.decode()
+        if src.is_file():
+            (dst / rel.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel.decode())
+
+
 @pytest.mark.slow
 def test_pip_install_ships_plugin_and_native(tmp_path):
     """`pip install .` into a fresh venv builds both native pieces and installs them in the package."""
@@ -98,9 +113,7 @@ def test_pip_install_ships_plugin_and_native(tmp_path):
     venv.EnvBuilder(with_pip=True, system_site_packages=True).create(env_dir)
     py = env_dir / "bin" / "python"
     src = tmp_path / "src"
-    # a clean copy: no in-place build outputs, no build dirs
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "__pycache__", "*.so", ".pytest_cache",
-                                                             "runs", ".whl", ".gl", "*.egg-info"))
+    copy_source_tree(src)
     env = dict(os.environ, PIP_NO_INPUT="1", CMAKE_BUILD_PARALLEL_LEVEL="2")
     env.pop("PYTHONPATH", None)
     p = subprocess.run([str(py), "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-q", str(src)],

@@ -94,7 +94,7 @@ def test_allreduce_translation(rec, version):
     coll = next(c for c in starts if int(c["type"]) == T.Coll)
     group_h = d.handle(slots["group"])
     api_h = d.handle(slots["api"])
-    assert coll["func"] == "AllReduce" and coll["seq"] == "7" and coll["algo"] == "Ring" and coll["proto"] == "Simple"
+    assert coll["func"] == "AllReduce" and coll["seq"] == "7" and coll["algo"] == "RING" and coll["proto"] == "SIMPLE"
     assert coll["dtype"] == "ncclFloat32" and coll["nch"] == "2" and coll["root"] == "-1"
     if version == 4:
         assert int(coll["parent"], 16) == group_h and api_h == 0  # v4: Group is the parent, no CollApi event
@@ -232,3 +232,23 @@ def test_replay_throughput(rec):
     st = d.replay(ev)
     assert st["filtered"] == 200_000
     assert st["wall_ns"] / 200_000 < 2000  # ns per row
+
+
+def test_descriptor_strings_are_nccls_spellings(rec):
+    d = Driver(rec, version=7, slots=256)
+    ctx = d.init("c", 1, 1, 2, 0)
+    q = Seq()
+    g = q.start(ctx, T.Group)
+    for dt in ("ncclUint8", "ncclBfloat16"):
+        c = q.start(ctx, T.Coll, group=g, func=native.FUNC_NAMES.index("AlltoAll"),
+                    datatype=native.DATATYPE_NAMES.index(dt), algo=native.ALGO_NAMES.index("NVLS_TREE"),
+                    proto=native.PROTO_NAMES.index("LL128"))
+        q.stop(c)
+    c = q.start(ctx, T.Coll, group=g, func=200, datatype=200, algo=200, proto=200)
+    take(rec)
+    d.replay(q.array())
+    colls = [c for c in take(rec) if c["kind"] == "S" and int(c["type"]) == T.Coll]
+    assert [(c["func"], c["dtype"], c["algo"], c["proto"]) for c in colls] == [
+        ("AlltoAll", "Unknown", "NVLS_TREE", "LL128"),  # NCCL prints ncclUint8 as "Unknown"
+        ("AlltoAll", "ncclBfloat16", "NVLS_TREE", "LL128"),
+        ("Unknown", "Unknown", "Unknown", "Unknown")]

@@ -56,7 +56,7 @@ def test_ring_allreduce_every_version(plugin_so, ring_dir, version):
     assert ops["nccl_seq"].tolist() == [100, 101, 102]
     assert set(ops["kind"]) == {OpKind.COLL} and set(ops["func"]) == {native.FUNC_NAMES.index("AllReduce")}
     assert set(ops["bytes"]) == {4 << 20} and set(ops["count"]) == {1 << 20}
-    assert native.algo_name(ops["algo"][0]) == "Ring" and native.proto_name(ops["proto"][0]) == "Simple"
+    assert native.algo_name(ops["algo"][0]) == "RING" and native.proto_name(ops["proto"][0]) == "SIMPLE"
     assert set(ops["abi_version"]) == {version} and set(ops["n_flows"]) == {4} and set(ops["n_channels"]) == {2}
     assert (ops["api_ns"] > 0).all() == (version >= 5)
     assert (ops["start_ns"] > 0).all() and (ops["end_ns"] >= ops["launch_ns"]).all()
@@ -80,7 +80,7 @@ def test_tree_allreduce_keeps_one_flow_per_peer(plugin_so, ring_dir):
     tree_allreduce(q, ctx, rank=1, nranks=3, coll_seq=0, steps=4)
     d.replay(q.array())
     (rec,), _, _ = one_ring(ring_dir).read(0)
-    assert native.algo_name(rec["op"]["algo"]) == "Tree"
+    assert native.algo_name(rec["op"]["algo"]) == "TREE"
     flows = rec["flows"][: int(rec["op"]["n_flows"])]
     # reduce up (recv from child 2, send to parent 0), broadcast down (recv from 0, send to 2)
     keys = sorted((int(f["channel"]), int(f["dir"]), int(f["peer"])) for f in flows)
