@@ -52,6 +52,7 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
         req = trace_service_pb2.ExportTraceServiceRequest()
         req.ParseFromString(request.SerializeToString())
         out = []
+        now = time.time_ns()
         for rs in req.resource_spans:
             res = attrs(rs.resource.attributes)
             for ss in rs.scope_spans:
@@ -59,7 +60,7 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
                     out.append({
                         "trace_id": int.from_bytes(s.trace_id, "big"), "span_id": int.from_bytes(s.span_id, "big"),
                         "name": s.name, "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                        "kind": s.kind, "attrs": attrs(s.attributes), "resource": res, "scope": ss.scope.name,
+                        "kind": s.kind, "recv_ns": now, "attrs": attrs(s.attributes), "resource": res, "scope": ss.scope.name,
                         "events": [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events],
                         "links": [{"trace_id": int.from_bytes(lk.trace_id, "big"),
                                    "span_id": int.from_bytes(lk.span_id, "big"), "attrs": attrs(lk.attributes)}

@@ -63,3 +63,50 @@ def test_64_rank_job_every_rank_once_links_to_emitted_spans(tmp_path, otel_env):
                 assert lk["span_id"] == ids.span_id(trace, lk["attrs"][sc.LINK_PEER], sc.ROLE_OP)
     assert n_links > 0
     agent.close()
+
+
+@pytest.mark.parametrize("fault", ["gpu_stalled", "process_exited", "sigstop"])
+def test_simulated_hang_evidence_in_time(tmp_path, otel_env, fault):
+    """Real-time simulated hang: evidence lands in the hit collective's trace within threshold + 2 snapshot periods."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    ring_dir = tmp_path / "rings"
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "mycroft_otel", "sim", "--topology", "nodes=2,gpus=4,tp=4,dp=2",
+                             "--fault", fault, "--realtime", "--duration", "7", "--ring-dir", str(ring_dir),
+                             "--no-progress", "--seed", "5"], cwd=repo, stdout=subprocess.PIPE, text=True)
+    agent = make_agent(ring_dir, reader_factory=default_reader_factory, state_dir=str(tmp_path / "state"),
+                       poll_ms=100, inflight_after_ms=1000, snapshot_ms=1000, idle_after_ms=2000)
+    stop = threading.Event()
+    th = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    th.start()
+    try:
+        stdout, _ = proc.communicate(timeout=90)
+    finally:
+        stop.set()
+        th.join(10)
+        agent.close(5)
+    assert proc.returncode == 0
+    truth = json.loads(stdout)
+    f = truth["faults"][0]
+    trace = ids.coll_trace_id(truth["job_id"], int(f["comm_hash"], 16), f["coll_seq"])
+    evidence = [s for s in otel_env.sink.spans if s["trace_id"] == trace and s["name"] in
+                (sc.INFLIGHT_SPAN, sc.STATUS_SPAN)]
+    assert evidence, f
+    if fault == "process_exited":
+        exited = [s for s in evidence if s["name"] == sc.STATUS_SPAN and
+                  s["attrs"][sc.STATUS_KIND] == sc.STATUS_PROCESS_EXITED]
+        assert exited and {s["attrs"][sc.RANK] for s in exited} >= set(f["culprit_ranks"])
+        first = min(s["recv_ns"] for s in exited)
+        assert first - f["onset_ns"] <= 2 * 1e9 + 0.5e9  # exit is seen at the next poll: well inside 2 periods
+    else:
+        first = min(s["recv_ns"] for s in evidence if s["name"] == sc.INFLIGHT_SPAN)
+        assert first - f["onset_ns"] <= 1e9 + 2 * 1e9 + 0.5e9  # threshold + 2 snapshot periods (+ slack)
+        culprit = [s for s in evidence if s["attrs"][sc.RANK] in f["culprit_ranks"]]
+        assert culprit, "the culprit's own in-flight evidence must be there"
+        if fault == "sigstop":
+            assert any(s["attrs"].get(sc.PROCESS_STOPPED) for s in culprit)
