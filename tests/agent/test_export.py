@@ -224,3 +224,34 @@ def test_cli_once_exports(tmp_path, otel_env):
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert len(otel_env.sink.named("nccl.AllReduce")) == 3
+
+
+def test_cli_runs_serves_metrics_and_stops_on_sigterm(tmp_path, otel_env):
+    pytest.importorskip("mycroft_otel._native")
+    import json
+    import signal
+
+    ring = FakeRing(tmp_path / "r0.mycroft", rank=0, nranks=2)
+    _feed(ring, 4)
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO), MYCROFT_SAMPLE_RATIO="1", MYCROFT_POLL_MS="50")
+    p = subprocess.Popen([sys.executable, "-m", "mycroft_otel", "agent", "--ring-dir", str(tmp_path),
+                          "--metrics-port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert otel_env.sink.wait_for(lambda s: len(s) >= 4, timeout=30)
+        deadline = time.monotonic() + 10
+        text = ""
+        while time.monotonic() < deadline and "mycroft_agent_spans_exported_total 4.0" not in text:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert "mycroft_agent_records_read_total 4.0" in text and "mycroft_agent_spans_exported_total 4.0" in text
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    state = json.loads((tmp_path / ".agent-state" / "cursors.json").read_text())
+    assert [v["cursor"] for v in state.values()] == [4]

@@ -65,7 +65,7 @@ def test_64_rank_job_every_rank_once_links_to_emitted_spans(tmp_path, otel_env):
     agent.close()
 
 
-@pytest.mark.parametrize("fault", ["gpu_stalled", "process_exited", "sigstop"])
+@pytest.mark.parametrize("fault", ["gpu_stalled", "process_exited", "sigstop", "rank_absent"])
 def test_simulated_hang_evidence_in_time(tmp_path, otel_env, fault):
     """Real-time simulated hang: evidence lands in the hit collective's trace within threshold + 2 snapshot periods."""
     import json
@@ -103,6 +103,15 @@ def test_simulated_hang_evidence_in_time(tmp_path, otel_env, fault):
         assert exited and {s["attrs"][sc.RANK] for s in exited} >= set(f["culprit_ranks"])
         first = min(s["recv_ns"] for s in exited)
         assert first - f["onset_ns"] <= 2 * 1e9 + 0.5e9  # exit is seen at the next poll: well inside 2 periods
+    elif fault == "rank_absent":
+        absent = [s for s in evidence if s["name"] == sc.STATUS_SPAN and
+                  s["attrs"][sc.STATUS_KIND] == sc.STATUS_NOT_ENTERED]
+        assert {s["attrs"][sc.RANK] for s in absent} >= set(f["culprit_ranks"])
+        assert all(s["attrs"][sc.STATUS_LAST_SEQ] == f["coll_seq"] - 1 for s in absent)
+        # peers wait in flight in the same trace
+        assert any(s["name"] == sc.INFLIGHT_SPAN for s in evidence)
+        first = min(s["recv_ns"] for s in absent)
+        assert first - f["onset_ns"] <= 2e9 + 2 * 1e9 + 0.5e9  # idle threshold + 2 periods (+ slack)
     else:
         first = min(s["recv_ns"] for s in evidence if s["name"] == sc.INFLIGHT_SPAN)
         assert first - f["onset_ns"] <= 1e9 + 2 * 1e9 + 0.5e9  # threshold + 2 snapshot periods (+ slack)
