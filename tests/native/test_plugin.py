@@ -259,3 +259,52 @@ def test_ring_overflow_and_live_table_full(plugin_so, ring_dir):
     recs, cur, lost = r.read(0)
     assert lost == 24 and recs["op"]["seq"].tolist() == list(range(24, 40))
     assert len(r.live()) == 4 and h.dropped_live_full == 2
+
+
+def split_threads(rows: list[dict], tag: str) -> dict[str, list[dict]]:
+    """NCCL 2.27-2.30 threads of one communicator: the user thread (API, Group, Coll/P2p) and the proxy
+    progress thread (ProxyOp, ProxyStep, and KernelCh, which those releases report from the proxy thread)."""
+    from mycroft_otel.native import EventType as T
+
+    kind = {}
+    out: dict[str, list[dict]] = {f"user{tag}": [], f"proxy{tag}": []}
+    for r in rows:
+        if r["op"] == 1:
+            kind[r["slot"]] = r["type"]
+        proxy = kind[r["slot"]] in (T.ProxyOp, T.ProxyStep, T.KernelCh)
+        out[f"proxy{tag}" if proxy else f"user{tag}"].append(r)
+    return out
+
+
+def test_nccl_threads_replay_concurrently(plugin_so, ring_dir):
+    """Two communicators, each with its user and proxy thread: four threads on one Driver."""
+    from events import rows_to_array
+
+    d = Driver(plugin_so)
+    env = {"MYCROFT_RING_DIR": str(ring_dir), "MYCROFT_LIVE_SLOTS": "256"}
+    n = 40
+    streams = {}
+    for i, tag in enumerate("AB"):
+        ctx = d.init(f"comm{tag}", 11 + i, 1, 4, 3, env=env)
+        q = Seq(first_slot=i * 500_000)
+        for s in range(n):
+            ring_allreduce(q, ctx, 3, 4, s, n_channels=3, steps=6)
+        streams.update({k: rows_to_array(v) for k, v in split_threads(q.rows, tag).items()})
+    results = {}
+    threads = [threading.Thread(target=lambda k=k, a=a: results.__setitem__(k, d.replay(a))) for k, a in
+               streams.items()]
+    for t in reversed(threads):  # proxy threads first: they must wait for their parents' handles
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 4
+    assert all(r["missing_slot"] == 0 and r["errors"] == 0 for r in results.values()), results
+    files = native.ring_files(ring_dir)
+    assert len(files) == 2
+    for f in files:
+        r = native.open_ring(f)
+        recs, _, lost = r.read(0)
+        assert len(recs) == n and lost == 0 and len(r.live()) == 0
+        assert sorted(recs["op"]["seq"].tolist()) == list(range(n))
+        flows = np.concatenate([rec["flows"][: int(rec["op"]["n_flows"])] for rec in recs])
+        assert len(flows) == n * 6 and set(flows["done"]) == {6} and set(flows["posted"]) == {6}
