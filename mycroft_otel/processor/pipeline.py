@@ -110,7 +110,7 @@ class Processor:
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0}
+        self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0}
 
     # -- ingest ---------------------------------------------------------------------------------
     def ingest_payload(self, data: bytes) -> int:
@@ -248,7 +248,13 @@ class Processor:
 
     def _analyse_hang(self, st, now_ns: int, mono: float) -> Verdict | None:
         t0 = time.perf_counter()
-        f = rca.analyse_hang(st)
+        try:
+            f = rca.analyse_hang(st)
+        except Exception:  # hostile or inconsistent evidence must not stop the processor
+            log.exception("hang analysis failed for trace %s", st.trace_id.hex())
+            self.counts["analysis_errors"] += 1
+            st.explained_by = st.trace_id
+            return None
         dt = time.perf_counter() - t0
         if f is None:
             return None
@@ -289,11 +295,20 @@ class Processor:
         return mono - first < max(2.0 * self.stall_ms / 1000.0, 1.0)
 
     def _analyse_slow(self, st, now_ns: int, mono: float) -> Verdict | None:
-        slow, base = detect.is_slow(st, self.baselines, self.slow_factor)
+        try:
+            slow, base = detect.is_slow(st, self.baselines, self.slow_factor)
+        except Exception:
+            log.exception("slowdown detection failed")
+            return None
         if not slow:
             return None
         t0 = time.perf_counter()
-        f = rca.analyse_slowdown(st, base, self.slow_factor)
+        try:
+            f = rca.analyse_slowdown(st, base, self.slow_factor)
+        except Exception:
+            log.exception("slowdown analysis failed for trace %s", st.trace_id.hex())
+            self.counts["analysis_errors"] += 1
+            return None
         dt = time.perf_counter() - t0
         if f is None or f.confidence < 0.5:
             return None

@@ -117,7 +117,8 @@ def _signature(v: RankView) -> tuple | None:
     func = v.ref.func if v.ref else ""
     if v.state in (NOT_ENTERED, MISSING) or not func:
         return None
-    return (func, v.attrs.get(sc.COLL_COUNT), v.attrs.get(sc.COLL_DATATYPE))
+    count, dtype = v.attrs.get(sc.COLL_COUNT), v.attrs.get(sc.COLL_DATATYPE)
+    return (func, count if isinstance(count, int) else None, dtype if isinstance(dtype, str) else None)
 
 
 def check_mismatch(st: TraceState, views: dict[int, RankView]) -> Finding | None:

@@ -122,6 +122,7 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stalls
             timeout = receiver.http_timeout_s
             server_version = "mycroft-otel-processor"
 

@@ -56,6 +56,22 @@ def attributes(kvs: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
     return out
 
 
+_SCALARS = ("int_value", "string_value", "double_value", "bool_value")
+
+
+def scalar_attributes(kvs: Any, keys: frozenset[str]) -> dict[str, Any]:
+    """Only the scalar attributes among ``keys`` (the ingest path: arrays are never needed there)."""
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        k = kv.key
+        if k in keys:
+            v = kv.value
+            w = v.WhichOneof("value")
+            if w in _SCALARS:
+                out[k] = getattr(v, w)
+    return out
+
+
 _KEY_ATTRS = frozenset({
     sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE, sc.SNAPSHOT_SEQ,
     sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK, sc.COLL_BYTES, sc.TIME_LAST_PROGRESS,
@@ -72,7 +88,7 @@ class Resource:
 
 
 def resource_of(resource: Any) -> Resource:
-    a = attributes(resource.attributes, _RES_ATTRS)
+    a = scalar_attributes(resource.attributes, _RES_ATTRS)
     pid = a.get(sc.PROCESS_PID, -1)
     return Resource(host=str(a.get(sc.HOST_NAME, "")), pid=pid if isinstance(pid, int) else -1,
                     job=str(a.get(sc.JOB_ID, "")))
@@ -135,7 +151,7 @@ def span_ref(span: Any, resource: Resource) -> SpanRef | None:
     tid, sid = span.trace_id, span.span_id
     if len(tid) != 16 or len(sid) != 8:
         return None
-    a = attributes(span.attributes, _KEY_ATTRS)
+    a = scalar_attributes(span.attributes, _KEY_ATTRS)
     rank, nranks = _int(a, sc.RANK), _int(a, sc.COMM_NRANKS)
     comm = a.get(sc.COMM_HASH, "")
     if not isinstance(comm, str):
