@@ -130,7 +130,14 @@ class SpanBuilder:
         if src.cuda_device >= 0:
             res.append((sc.HW_ID, str(src.cuda_device)))
         res += [(sc.HW_TYPE, "gpu"), (sc.JOB_ID, src.job_id), (sc.PLUGIN_VERSION, src.plugin_version),
-                (sc.NCCL_PROFILER_ABI, src.abi_version)]
+                (sc.NCCL_PROFILER_ABI, src.abi_version), (sc.COMM_HASH, src.comm_hex)]
+        if src.comm_name:
+            res.append((sc.COMM_NAME, src.comm_name))
+        res.append((sc.RANK, src.rank))
+        if src.global_rank >= 0:
+            res.append((sc.GLOBAL_RANK, src.global_rank))
+        if src.local_rank >= 0:
+            res.append((sc.LOCAL_RANK, src.local_rank))
         seen = {k for k, _ in res}
         res += [(k, v) for k, v in resource_extra if k not in seen]
         self.resource = otlp.resource(res)
