@@ -133,17 +133,25 @@ def _kill(t: np.ndarray, thr: np.ndarray) -> np.ndarray:
     return np.where(t >= thr, INF, t)
 
 
+def _ring_index(K: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """(next, prev) column of every position when K rings of L positions sit side by side."""
+    base = np.repeat(np.arange(K) * L, L)
+    p = np.tile(np.arange(L), K)
+    return base + (p + 1) % L, base + (p - 1) % L
+
+
 def ring_times(m: int, sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack,
-               gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns) -> dict:
-    """Times of every step of a ring, position space: arrays (S, C, n); hop p -> p+1 (mod n)."""
+               gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns, K: int = 1) -> dict:
+    """Times of every step of K rings side by side, position space: arrays (S, C, K*L); hop p -> p+1 (mod L)."""
     S = len(sizes)
     C, n = kstart.shape
+    nxt, prv = _ring_index(K, n // K)
     out = {k: np.full((S, C, n), INF) for k in ("P", "G", "T", "D", "Q", "A", "F", "U")}
     P_, G_, T_, D_, Q_, A_, F_, U_ = (out[k] for k in ("P", "G", "T", "D", "Q", "A", "F", "U"))
     X = kstart.copy()
     wire = np.full((C, n), -INF)
     tprev = np.full((C, n), -INF)
-    flush_in = np.roll(flush, 1, axis=1)
+    flush_in = flush[:, prv]
     for lp in range(S // m):
         for j in range(m + 1):
             sr = lp * m + j - 1 if j >= 1 else -1
@@ -163,14 +171,14 @@ def ring_times(m: int, sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flu
                 G_[s] = X
                 if sr >= 0:
                     U_[sr] = X
-                T = np.maximum(np.maximum(X, np.roll(Q, -1, axis=1)), tprev)
+                T = np.maximum(np.maximum(X, Q[:, nxt]), tprev)
                 T = _kill(_kill(T, send_stall), dead)
                 T = np.where((T >= sleep_t) & (T < sleep_t + sleep_ns), sleep_t + sleep_ns, T)
                 T_[s] = tprev = T
                 wire = np.maximum(T, wire) + b / bw
                 A = np.where(T >= deliver_stall, INF, wire + lat)
                 D_[s] = A + ack
-                A_[s] = Ar = _kill(np.roll(A, 1, axis=1), dead)
+                A_[s] = Ar = _kill(A[:, prv], dead)
                 F_[s] = Ar + flush_in
             else:
                 start = _kill(_kill(np.maximum(X, F_[sr]), gpu_stall), dead)
@@ -181,54 +189,56 @@ def ring_times(m: int, sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flu
 
 
 def chain_times(sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack,
-                gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns) -> dict:
-    """Times of a chain (position 0 = root/sender, n-1 = last receiver), arrays (S, C, n); hop p -> p+1."""
+                gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns, K: int = 1) -> dict:
+    """Times of K chains side by side (position 0 = root/sender, L-1 = last receiver), arrays (S, C, K*L)."""
     S = len(sizes)
-    C, n = kstart.shape
-    out = {k: np.full((S, C, n), INF) for k in ("P", "G", "T", "D", "Q", "A", "F", "U")}
+    C, KL = kstart.shape
+    L = KL // K
+    cols = [np.arange(K) * L + p for p in range(L)]
+    out = {k: np.full((S, C, KL), INF) for k in ("P", "G", "T", "D", "Q", "A", "F", "U")}
     P_, G_, T_, D_, Q_, A_, F_, U_ = (out[k] for k in ("P", "G", "T", "D", "Q", "A", "F", "U"))
     X = kstart.copy()
-    wire = np.full((C, n), -INF)
-    tprev = np.full((C, n), -INF)
+    wire = np.full((C, KL), -INF)
+    tprev = np.full((C, KL), -INF)
     for s in range(S):
         b = float(sizes[s])
-        for p in range(n):
-            if p > 0:  # recv post happened when its slot freed; data from p-1 is in A_[s, :, p]
-                pass
+        for pi in range(L):
+            p = cols[pi]
             start = X[:, p].copy()
-            if p < n - 1:
+            if pi < L - 1:
                 Pp = (pstart[:, p] if s < abi.NCCL_STEPS
-                      else np.maximum(pstart[:, p], D_[s - abi.NCCL_STEPS, :, p] + 1))
-                P_[s, :, p] = Pp = _kill(Pp, dead[:, p])
+                      else np.maximum(pstart[:, p], D_[s - abi.NCCL_STEPS][:, p] + 1))
+                P_[s][:, p] = Pp = _kill(Pp, dead[:, p])
                 start = np.maximum(start, Pp)
-            if p > 0:
-                start = np.maximum(start, F_[s, :, p])
+            if pi > 0:
+                start = np.maximum(start, F_[s][:, p])
             start = _kill(_kill(start, gpu_stall[:, p]), dead[:, p])
             Xp = start + b * gpu_nspb[:, p]
             X[:, p] = Xp
-            if p > 0:
-                U_[s, :, p] = Xp
-            if p < n - 1:
-                G_[s, :, p] = Xp
-                q = p + 1
+            if pi > 0:
+                U_[s][:, p] = Xp
+            if pi < L - 1:
+                G_[s][:, p] = Xp
+                q = cols[pi + 1]
                 Qq = (pstart[:, q] if s < abi.NCCL_STEPS
-                      else np.maximum(pstart[:, q], U_[s - abi.NCCL_STEPS, :, q] + 1))
-                Q_[s, :, q] = Qq = _kill(Qq, dead[:, q])
+                      else np.maximum(pstart[:, q], U_[s - abi.NCCL_STEPS][:, q] + 1))
+                Q_[s][:, q] = Qq = _kill(Qq, dead[:, q])
                 T = np.maximum(np.maximum(Xp, Qq), tprev[:, p])
                 T = _kill(_kill(T, send_stall[:, p]), dead[:, p])
                 T = np.where((T >= sleep_t[:, p]) & (T < sleep_t[:, p] + sleep_ns), sleep_t[:, p] + sleep_ns, T)
-                T_[s, :, p] = tprev[:, p] = T
+                T_[s][:, p] = tprev[:, p] = T
                 wire[:, p] = np.maximum(T, wire[:, p]) + b / bw[:, p]
                 A = np.where(T >= deliver_stall[:, p], INF, wire[:, p] + lat[:, p])
-                D_[s, :, p] = A + ack
-                A_[s, :, q] = Ar = _kill(A, dead[:, q])
-                F_[s, :, q] = Ar + flush[:, p]
+                D_[s][:, p] = A + ack
+                A_[s][:, q] = Ar = _kill(A, dead[:, q])
+                F_[s][:, q] = Ar + flush[:, p]
     out["X"] = X
     return out
 
 
 def _user_rows(inst: Instance, t_issue: np.ndarray, model: TimingModel, slots: SlotAllocator, ctx: np.ndarray,
-               owner: np.ndarray, funcs: list, counts: np.ndarray, peers: np.ndarray) -> tuple[list, np.ndarray]:
+               owner: np.ndarray, funcs: list, counts: np.ndarray, peers: np.ndarray, ranks: np.ndarray,
+               seqs: np.ndarray, nccl_seqs: np.ndarray, roots: np.ndarray) -> tuple[list, np.ndarray]:
     """The user-thread calls of one NCCL API call per member (NCCL 2.28 order, design §3); returns the
     blocks and each member's Coll/P2p slot (the parent of its ProxyOps and KernelChs)."""
     nc = model.nccl
@@ -238,11 +248,11 @@ def _user_rows(inst: Instance, t_issue: np.ndarray, model: TimingModel, slots: S
     func_idx = np.asarray([abi.FUNC[f] for f in funcs], dtype=np.uint8)
     dt = abi.DATATYPE[nc.datatype]
     p2p = inst.is_p2p
-    common = dict(ctx=ctx, rank=inst.members if not p2p else inst.members)
+    common = dict(ctx=ctx, rank=ranks)
     t = t_issue
     api_type = abi.P2P_API if p2p else abi.COLL_API
     ev_type = abi.P2P if p2p else abi.COLL
-    root = peers if p2p else np.full(n, inst.root)
+    root = peers if p2p else roots
     out = [
         block(t, owner, USER, op=abi.OP_START, type=abi.GROUP_API, slot=s_gapi, parent_slot=abi.NO_SLOT, **common),
         block(t + gap, owner, USER, op=abi.OP_RECORD, slot=s_gapi, state=abi.S_GROUP_START_API_STOP, **common),
@@ -257,7 +267,7 @@ def _user_rows(inst: Instance, t_issue: np.ndarray, model: TimingModel, slots: S
               **common),
         block(t + 8 * gap, owner, USER, op=abi.OP_START, type=ev_type, slot=s_coll, parent_slot=s_capi,
               func=func_idx, count=counts, datatype=dt, root_or_peer=root,
-              seq=inst.nccl_seq if inst.nccl_seq >= 0 else inst.seq,
+              seq=np.where(nccl_seqs >= 0, nccl_seqs, seqs).astype(np.uint64),
               algo=abi.ALGO[inst.algo], proto=abi.PROTO[nc.proto], n_channels=inst.comm.n_channels,
               # the Group handle (coll.parentGroup) rides in `size` as slot + 1 (driver_event.h convention)
               size=s_grp.astype(np.uint64) + 1, **common),
@@ -352,155 +362,183 @@ def _flow_rows(is_send: bool, mask, rank_pos, peer_pos, member_pos, tm: dict, si
 def simulate(inst: Instance, mods: Mods, model: TimingModel, slots: SlotAllocator, ctx_base: int,
              rng: np.random.Generator, predict: bool = True) -> Result:
     """Times and callbacks of one instance for all its members."""
-    comm, nc, gpu, net = inst.comm, model.nccl, model.gpu, model.net
-    mem = inst.members
-    nm = len(mem)
+    return simulate_batch([inst], [mods], model, slots, [ctx_base], rng, predict)[0]
+
+
+def _shape(inst: Instance) -> tuple[np.ndarray, bool]:
+    """(perm, chain): members in ring/chain order per channel (indexes into inst.members)."""
+    comm = inst.comm
     C = comm.n_channels
+    midx = np.full(comm.nranks, -1, dtype=np.int64)
+    midx[inst.members] = np.arange(len(inst.members))
+    if inst.is_p2p:
+        return np.tile(np.arange(2), (C, 1)), True
+    orders = comm.ring_orders()
+    if inst.func in RING_STEPS_PER_LOOP:
+        return midx[orders], False
+    perm = np.stack([np.roll(o, -int(np.nonzero(o == inst.root)[0][0])) for o in orders])
+    return midx[perm], True
+
+
+def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: SlotAllocator, ctx_bases: list,
+                   rng: np.random.Generator, predict: bool = True) -> list:
+    """Time K instances of one schedule entry together (same function, size, communicator shape).
+
+    Positions of the K rings/chains sit side by side (column k*L + p), members likewise (k*nm + i):
+    one pass of vectorised numpy per step serves all of them.
+    """
+    K = len(insts)
+    first = insts[0]
+    comm0, nc, gpu, net = first.comm, model.nccl, model.gpu, model.net
+    nm = len(first.members)
+    C = comm0.n_channels
     dtsize = abi.DATATYPE_SIZES[abi.DATATYPE[nc.datatype]]
-    issue = np.asarray(inst.issue, dtype=np.float64) + mods.issue_delay[mem]
-    issue = np.where(mods.absent[mem], INF, issue)
-    issue = _kill(issue, mods.dead_t[mem])
+    cat = np.concatenate
+    mem = cat([i.members for i in insts])                      # comm rank per member
+    owner = cat([i.comm.ranks[i.members] for i in insts])      # global rank per member
+    ctx = cat([(b + i.members) for i, b in zip(insts, ctx_bases)]).astype(np.uint32)
+    m_absent = cat([m.absent[i.members] for i, m in zip(insts, mods_list)])
+    m = {k: cat([getattr(md, k)[i.members] for i, md in zip(insts, mods_list)])
+         for k in ("issue_delay", "gpu_factor", "recv_bw_factor", "gpu_stall_t", "send_stall_t", "dead_t",
+                   "proxy_sleep_t")}
+    m_sbw = cat([md.send_bw_factor[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
+    m_deliver = cat([md.deliver_stall_t[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
+    sleep_ns = max(md.proxy_sleep_ns for md in mods_list)
+    issue = cat([np.asarray(i.issue, dtype=np.float64) for i in insts]) + m["issue_delay"]
+    issue = np.where(m_absent, INF, issue)
+    issue = _kill(issue, m["dead_t"])
     launch = issue + 9 * gpu.api_gap_ns
     kstart = launch + gpu.kernel_launch_ns
     pstart = launch + gpu.proxy_post_ns
-    ctx = (ctx_base + mem).astype(np.uint32)
-    owner = comm.ranks[mem]
-    funcs = [inst.func] * nm
-    counts = np.full(nm, inst.count, dtype=np.uint64)
-    peers = np.full(nm, -1, dtype=np.int32)
-    if inst.is_p2p:
-        funcs = ["Send", "Recv"]
-        peers = np.asarray([mem[1], mem[0]], dtype=np.int32)
-    for r, (f, cnt) in mods.mismatch.items():
-        hit = np.nonzero(mem == r)[0]
-        if len(hit):
-            funcs[hit[0]] = f
-            counts[hit[0]] = cnt
-    blocks, coll_slot = _user_rows(inst, issue, model, slots, ctx, owner, funcs, counts, peers)
-    sizes = step_sizes(inst.func if not inst.is_p2p else "Send", inst.count, dtsize, comm.nranks if not inst.is_p2p
-                       else 2, C, nc.chunk_size)
-    # Position space: perm[c, p] = member index at position p of channel c.
-    midx = np.full(comm.nranks, -1, dtype=np.int64)
-    midx[mem] = np.arange(nm)
-    if inst.is_p2p:
-        perm = np.tile(np.arange(2), (C, 1))
-        chain = True
-    elif inst.func in RING_STEPS_PER_LOOP:
-        perm = midx[comm.ring_orders()]
-        chain = False
-    else:  # Broadcast: along each channel's ring, starting at the root
-        orders = comm.ring_orders()
-        perm = np.stack([np.roll(o, -int(np.nonzero(o == inst.root)[0][0])) for o in orders])
-        perm = midx[perm]
-        chain = True
-    L = perm.shape[1]
-    hosts = comm.hosts[mem][perm]
-    nxt = np.roll(hosts, -1, axis=1)
-    net_hop = hosts != nxt
+    funcs = [first.func] * (K * nm)
+    counts = np.full(K * nm, first.count, dtype=np.uint64)
+    peers = np.full(K * nm, -1, dtype=np.int32)
+    if first.is_p2p:
+        funcs = ["Send", "Recv"] * K
+        peers = np.tile(np.asarray([first.members[1], first.members[0]], dtype=np.int32), K)
+    hang_members = []
+    for k, (i, md) in enumerate(zip(insts, mods_list)):
+        for r, (f, cnt) in md.mismatch.items():
+            hit = np.nonzero(i.members == r)[0]
+            if len(hit):
+                funcs[k * nm + hit[0]] = f
+                counts[k * nm + hit[0]] = cnt
+                hang_members.append(k * nm + hit[0])
+    seqs = np.repeat([i.seq for i in insts], nm)
+    nccl_seqs = np.repeat([i.nccl_seq for i in insts], nm)
+    roots = np.repeat([i.root for i in insts], nm)
+    blocks, coll_slot = _user_rows(first, issue, model, slots, ctx, owner, funcs, counts, peers, mem, seqs,
+                                   nccl_seqs, roots)
+    sizes = step_sizes(first.func if not first.is_p2p else "Send", first.count, dtsize,
+                       comm0.nranks if not first.is_p2p else 2, C, nc.chunk_size)
+    perms, chain = zip(*(_shape(i) for i in insts))
+    chain = chain[0]
+    L = perms[0].shape[1]
+    perm = cat([p + k * nm for k, p in enumerate(perms)], axis=1)            # (C, K*L) global member index
+    host_m = cat([i.comm.hosts[i.members] for i in insts])
+    hosts = host_m[perm]
+    nxt_i, prv_i = _ring_index(K, L)
+    net_hop = hosts != hosts[:, nxt_i]
+    last_col = np.arange(K) * L + L - 1
+    first_col = np.arange(K) * L
     if chain:
-        net_hop[:, -1] = False
-    end = np.full(nm, -INF)
+        net_hop[:, last_col] = False
+    end = np.full(K * nm, -INF)
     flows: list = []
+    ch_m = np.broadcast_to(np.arange(C, dtype=np.uint8)[:, None], (C, K * nm))
     if not net_hop.any():
         # Kernel-only (NVLink/P2P): everyone arrives, then the data moves at NVLink speed.
         total = sizes.sum() * C
-        m = RING_STEPS_PER_LOOP[inst.func](comm.nranks) if inst.func in RING_STEPS_PER_LOOP else 1
-        dur = (m * total / max(1, (comm.nranks if not chain else 1)) / net.nvlink_bw
-               + m * net.nvlink_latency_ns) * float(mods.gpu_factor[mem].max())
-        t_end = float(np.max(kstart)) + dur
-        if not np.isfinite(t_end) or np.any(mods.gpu_stall_t[mem] < t_end) or np.any(mods.dead_t[mem] < t_end):
-            t_end = INF
-        kend = np.full((C, nm), t_end)
-        kst = np.broadcast_to(kstart, (C, nm))
-        owner_c = np.broadcast_to(owner, (C, nm))
-        ctx_c = np.broadcast_to(ctx, (C, nm))
-        kslot = slots.take(C * nm).reshape(C, nm)
-        par = np.broadcast_to(coll_slot, (C, nm))
-        ch = np.broadcast_to(np.arange(C, dtype=np.uint8)[:, None], (C, nm))
-        rk = np.broadcast_to(mem, (C, nm))
-        kstop = np.where(np.isfinite(kst), kend, INF)
-        end = np.where(np.isfinite(kstart), t_end, INF)
+        mm = RING_STEPS_PER_LOOP[first.func](comm0.nranks) if first.func in RING_STEPS_PER_LOOP else 1
+        base = (mm * total / max(1, (comm0.nranks if not chain else 1)) / net.nvlink_bw + mm * net.nvlink_latency_ns)
+        ks = kstart.reshape(K, nm)
+        t_end = ks.max(axis=1) + base * m["gpu_factor"].reshape(K, nm).max(axis=1)
+        bad = (m["gpu_stall_t"].reshape(K, nm) < t_end[:, None]).any(axis=1) | \
+            (m["dead_t"].reshape(K, nm) < t_end[:, None]).any(axis=1)
+        t_end = np.where(bad, INF, t_end)
+        end = np.where(np.isfinite(kstart), np.repeat(t_end, nm), INF)
+        kst = np.broadcast_to(kstart, (C, K * nm))
+        kstop = np.where(np.isfinite(kst), np.broadcast_to(end, (C, K * nm)), INF)
     else:
-        pos_rank = perm  # member index per position
-        gpu_nspb = (mods.gpu_factor[mem] / gpu.reduce_bw)[pos_rank]
-        jit = np.exp(rng.normal(0.0, model.step.net_jitter, size=(C, L))) if model.step.net_jitter else 1.0
-        nic_flows = np.maximum(1, net_hop.sum(axis=0, keepdims=True))  # send flows per NIC ~ channels
-        nic_flows = np.broadcast_to(net_hop.sum(axis=0).max(initial=1), (C, L))
+        pos = perm
+        gpu_nspb = (m["gpu_factor"] / gpu.reduce_bw)[pos]
+        jit = np.exp(rng.normal(0.0, model.step.net_jitter, size=pos.shape)) if model.step.net_jitter else 1.0
+        nic_flows = max(1, int(net_hop[:, :L].sum(axis=0).max()))  # a rank's net send flows share its NIC
         bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) * jit
-        sfac = mods.send_bw_factor[:, mem][np.arange(C)[:, None], pos_rank]
-        rfac = mods.recv_bw_factor[mem][np.roll(pos_rank, -1, axis=1)]
+        sfac = np.take_along_axis(m_sbw, pos, axis=1)
+        rfac = m["recv_bw_factor"][pos[:, nxt_i]]
         bw = np.where(net_hop, bw_net / (sfac * rfac), net.nvlink_bw)
         lat = np.where(net_hop, net.net_latency_ns, net.nvlink_latency_ns)
         flush = np.where(net_hop, net.flush_ns, 0.0)
-        thr = lambda a: a[mem][pos_rank]  # noqa: E731
-        send_stall = np.where(net_hop, thr(mods.send_stall_t), INF)
-        deliver = np.where(net_hop, mods.deliver_stall_t[:, mem][np.arange(C)[:, None], pos_rank], INF)
-        sleep_t = np.where(net_hop, thr(mods.proxy_sleep_t), INF)
-        args = (kstart[pos_rank], pstart[pos_rank], gpu_nspb, bw, lat, flush, net.ack_latency_ns,
-                thr(mods.gpu_stall_t), send_stall, deliver, thr(mods.dead_t), sleep_t, mods.proxy_sleep_ns)
+        send_stall = np.where(net_hop, m["send_stall_t"][pos], INF)
+        deliver = np.where(net_hop, np.take_along_axis(m_deliver, pos, axis=1), INF)
+        sleep_t = np.where(net_hop, m["proxy_sleep_t"][pos], INF)
+        args = (kstart[pos], pstart[pos], gpu_nspb, bw, lat, flush, net.ack_latency_ns,
+                m["gpu_stall_t"][pos], send_stall, deliver, m["dead_t"][pos], sleep_t, sleep_ns)
         if chain:
-            tm = chain_times(sizes, *args)
+            tm = chain_times(sizes, *args, K=K)
         else:
-            tm = ring_times(RING_STEPS_PER_LOOP[inst.func](comm.nranks), sizes, *args)
-        ctx_pos = ctx[pos_rank]
-        own_pos = owner[pos_rank]
-        rank_pos = mem[pos_rank]
-        cslot_pos = coll_slot[pos_rank]
+            tm = ring_times(RING_STEPS_PER_LOOP[first.func](comm0.nranks), sizes, *args, K=K)
+        ctx_pos, own_pos, rank_pos, cslot_pos = ctx[pos], owner[pos], mem[pos], coll_slot[pos]
         S = len(sizes)
-        nsteps = np.full((C, L), S, dtype=np.int32)
-        hang = np.zeros((C, L), bool)
-        for r in mods.mismatch:
-            hang |= rank_pos == r
+        nsteps = np.full(pos.shape, S, dtype=np.int32)
+        hang = np.isin(pos, hang_members) if hang_members else np.zeros(pos.shape, bool)
         nsteps[hang] = S + abi.NCCL_STEPS
         send_mask = net_hop.copy()
-        recv_mask = np.roll(net_hop, 1, axis=1)
+        recv_mask = net_hop[:, prv_i]
         if chain:
-            send_mask[:, -1] = False
-            recv_mask[:, 0] = False
-        peer_send = np.roll(rank_pos, -1, axis=1)
-        peer_recv = np.roll(rank_pos, 1, axis=1)
-        bs, fs, send_end = _flow_rows(True, send_mask, rank_pos, peer_send, pos_rank, tm, sizes, pstart[pos_rank],
+            send_mask[:, last_col] = False
+            recv_mask[:, first_col] = False
+        peer_send = rank_pos[:, nxt_i]
+        peer_recv = rank_pos[:, prv_i]
+        bs, fs, send_end = _flow_rows(True, send_mask, rank_pos, peer_send, pos, tm, sizes, pstart[pos],
                                       cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang)
-        br, fr, recv_end = _flow_rows(False, recv_mask, rank_pos, peer_recv, pos_rank, tm, sizes,
-                                      pstart[pos_rank], cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots,
-                                      predict, hang)
+        br, fr, recv_end = _flow_rows(False, recv_mask, rank_pos, peer_recv, pos, tm, sizes, pstart[pos],
+                                      cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang)
+        for f, (c, col) in zip(fs, zip(*np.nonzero(send_mask))):
+            f["inst"] = int(col // L)
+        for f, (c, col) in zip(fr, zip(*np.nonzero(recv_mask))):
+            f["inst"] = int(col // L)
         flows = fs + fr
-        # Kernel channels: one per channel per member, from kernel start to its GPU's last op.
-        inv = np.argsort(pos_rank, axis=1)  # position of member i on channel c
-        xf = np.take_along_axis(tm["X"], inv, axis=1)           # (C, nm)
-        kst = np.broadcast_to(kstart, (C, nm))
+        inv = np.argsort(pos, axis=1)                               # column of member j on channel c
+        xf = np.take_along_axis(tm["X"], inv, axis=1)               # (C, K*nm)
+        kst = np.broadcast_to(kstart, (C, K * nm))
         kstop = np.where(np.isfinite(kst), xf, INF)
-        owner_c = np.broadcast_to(owner, (C, nm))
-        ctx_c = np.broadcast_to(ctx, (C, nm))
-        kslot = slots.take(C * nm).reshape(C, nm)
-        par = np.broadcast_to(coll_slot, (C, nm))
-        ch = np.broadcast_to(np.arange(C, dtype=np.uint8)[:, None], (C, nm))
-        rk = np.broadcast_to(mem, (C, nm))
         op_end = np.maximum(np.where(send_mask, send_end, -INF), np.where(recv_mask, recv_end, -INF))
         end = np.maximum(kstop.max(axis=0), np.take_along_axis(op_end, inv, axis=1).max(axis=0))
         blocks += bs + br
-    for r in mods.mismatch:  # a rank that called something else never completes
-        hit = np.nonzero(mem == r)[0]
-        if len(hit):
-            end[hit[0]] = INF
-            kstop[:, hit[0]] = INF
+    for j in hang_members:  # a rank that called something else never completes
+        end[j] = INF
+        kstop = np.array(kstop)
+        kstop[:, j] = INF
+    owner_c = np.broadcast_to(owner, (C, K * nm))
+    ctx_c = np.broadcast_to(ctx, (C, K * nm))
+    rk = np.broadcast_to(mem, (C, K * nm))
+    kslot = slots.take(C * K * nm).reshape(C, K * nm)
+    par = np.broadcast_to(coll_slot, (C, K * nm))
     blocks += [b for b in (
         block(kst, owner_c, PROXY, op=abi.OP_START, type=abi.KERNEL_CH, slot=kslot, parent_slot=par, ctx=ctx_c,
-              channel=ch, rank=rk, ptimer=np.where(np.isfinite(kst), kst, 0).astype(np.uint64)),
+              channel=ch_m, rank=rk, ptimer=np.where(np.isfinite(kst), kst, 0).astype(np.uint64)),
         block(kstop, owner_c, PROXY, op=abi.OP_RECORD, slot=kslot, state=abi.S_KERNEL_CH_STOP, ctx=ctx_c, rank=rk,
               ptimer=np.where(np.isfinite(kstop), kstop, 0).astype(np.uint64)),
         block(kstop, owner_c, PROXY, op=abi.OP_STOP, slot=kslot, ctx=ctx_c, rank=rk),
     ) if b is not None]
     # Nothing happens in a process after it died or froze.
-    dead_g = np.full(comm.ranks.max() + 1, INF)
-    dead_g[owner] = mods.dead_t[mem]
-    kept = []
-    for b in blocks:
-        ok = b.t < dead_g[b.owner]
-        if ok.all():
-            kept.append(b)
-        elif ok.any():
-            kept.append(Block(b.rows[ok], b.owner[ok], b.thread, b.t[ok]))
-    end = np.where(end >= mods.dead_t[mem], INF, end)
-    return Result(end=end, blocks=kept, flows=flows, kstart=kstart)
-
+    if np.isfinite(m["dead_t"]).any():
+        dead_g = np.full(int(owner.max()) + 1, INF)
+        dead_g[owner] = m["dead_t"]
+        kept = []
+        for b in blocks:
+            ok = b.t < dead_g[b.owner]
+            if ok.all():
+                kept.append(b)
+            elif ok.any():
+                kept.append(Block(b.rows[ok], b.owner[ok], b.thread, b.t[ok]))
+        blocks = kept
+        end = np.where(end >= m["dead_t"], INF, end)
+    results = []
+    for k in range(K):
+        sl = slice(k * nm, (k + 1) * nm)
+        results.append(Result(end=end[sl], blocks=blocks if k == 0 else [],
+                              flows=[f for f in flows if f["inst"] == k], kstart=kstart[sl]))
+    return results

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from mycroft_otel.sim.engine import INF, Instance, Mods, Result, simulate
+from mycroft_otel.sim.engine import INF, Instance, Mods, Result, simulate, simulate_batch
 from mycroft_otel.sim.faults import Fault
 from mycroft_otel.sim.model import TimingModel
 from mycroft_otel.sim.rows import SlotAllocator
@@ -225,23 +225,32 @@ class Simulation:
                 break
             ordinal: dict = {}
             for entry in self.schedule(step):
+                groups: dict = {}
                 for inst in self._instances(step, entry, ordinal):
                     mods = self._mods(inst)
                     for f in self.faults:
                         f.on_instance(self, inst, mods)
                     self._apply_state(inst, mods)
-                    res = simulate(inst, mods, self.model, self.slots,
-                                   self.ctx_base[(inst.comm.kind, inst.comm.index)], self.rng, self.predict)
-                    g = inst.comm.ranks[inst.members]
-                    self.ready[g] = res.end
-                    self.n_rows += sum(len(b.rows) for b in res.blocks)
-                    if self.predict:
-                        self.log.append(dict(kind=inst.comm.kind, comm=inst.comm.index, seq=inst.seq,
-                                             func=inst.func, step=step, ordinal=inst.ordinal,
-                                             members=g.tolist(), issue=inst.issue.tolist(),
-                                             kstart=res.kstart.tolist(), end=res.end.tolist(), flows=res.flows))
-                    if sink is not None:
-                        sink(inst, res)
+                    h = inst.comm.hosts[inst.members]
+                    key = (inst.func, inst.count, tuple(inst.members), tuple(np.unique(h, return_inverse=True)[1]))
+                    groups.setdefault(key, []).append((inst, mods))
+                for batch in groups.values():
+                    insts = [i for i, _ in batch]
+                    results = simulate_batch(insts, [md for _, md in batch], self.model, self.slots,
+                                             [self.ctx_base[(i.comm.kind, i.comm.index)] for i in insts],
+                                             self.rng, self.predict)
+                    for inst, res in zip(insts, results):
+                        g = inst.comm.ranks[inst.members]
+                        self.ready[g] = res.end
+                        self.n_rows += sum(len(b.rows) for b in res.blocks)
+                        if self.predict:
+                            self.log.append(dict(kind=inst.comm.kind, comm=inst.comm.index, seq=inst.seq,
+                                                 func=inst.func, step=step, ordinal=inst.ordinal,
+                                                 members=g.tolist(), issue=inst.issue.tolist(),
+                                                 kstart=res.kstart.tolist(), end=res.end.tolist(),
+                                                 flows=res.flows))
+                        if sink is not None:
+                            sink(inst, res)
             step += 1
             self.steps_done = step
             if progress is not None:
