@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="largest OTLP request accepted (decompressed)")
     parser.add_argument("--tls-cert", help="PEM certificate: serve OTLP over TLS (with --tls-key)")
     parser.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    parser.add_argument("--record", metavar="FILE", help="append every received OTLP payload to FILE "
+                        "(replay with python -m mycroft_otel.processor.replay FILE)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every verdict and more")
 
 
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     receiver = Receiver(processor, bind=args.bind, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                         http_port=None if args.http_port < 0 else args.http_port,
                         max_bytes=args.max_request_bytes, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                        metrics=metrics)
+                        metrics=metrics, record=args.record)
     try:
         receiver.start()
         mport = metrics.serve(args.metrics_port, args.bind) if args.metrics_port >= 0 else None

@@ -90,11 +90,13 @@ class Processor:
     """Thread-safe: the receiver's threads call :meth:`ingest_request`; a timer calls :meth:`tick`."""
 
     def __init__(self, env=None, exporter=None, metrics=None, clock_ns: Callable[[], int] = time.time_ns,
-                 tick_s: float = 0.2, settle_s: float = 1.0, stall_ms: float | None = None):
+                 tick_s: float = 0.2, settle_s: float = 1.0, stall_ms: float | None = None,
+                 mono_clock: Callable[[], float] = time.monotonic):
         self.stall_ms = stall_ms if stall_ms is not None else config.get_int("MYCROFT_STALL_MS", env, lo=1)
         self.slow_factor = config.get_float("MYCROFT_SLOW_FACTOR", env, lo=1.0)
         self.store = TraceStore(ttl_s=config.get_float("MYCROFT_TRACE_TTL_S", env, lo=0.001),
-                                max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1))
+                                max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1), clock=mono_clock)
+        self.mono = mono_clock
         self.baselines = detect.Baselines()
         self.exporter = exporter
         self.metrics = metrics
@@ -165,7 +167,7 @@ class Processor:
                 else:
                     self.baselines.add(ref.comm, ref.func, ref.nbytes, ref.duration_ns)
             if st.anomalous and st.verdict is None and not st.analysed_slow:
-                self._slow_cand.setdefault(st.trace_id, time.monotonic())
+                self._slow_cand.setdefault(st.trace_id, self.mono())
 
     def _add_summary(self, ref) -> None:
         a = attributes(ref.span.attributes, frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS,
@@ -207,7 +209,7 @@ class Processor:
 
     def tick(self, now_ns: int | None = None) -> list[Verdict]:
         now_ns = self.clock_ns() if now_ns is None else now_ns
-        mono = time.monotonic()
+        mono = self.mono()
         out: list[Verdict] = []
         with self.lock:
             self.store.expire()

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import ssl
+import struct
 import threading
+import time
 import zlib
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,12 +41,34 @@ def _decode(data: bytes, content_type: str = "application/x-protobuf"):
     return req
 
 
+def write_record(f, data: bytes, content_type: str) -> None:
+    """Append one received payload to a recording: <u64 time_ns><u8 json?><u32 len><payload>."""
+    f.write(struct.pack("<QBI", time.time_ns(), content_type.startswith("application/json"), len(data)))
+    f.write(data)
+    f.flush()
+
+
+def read_records(path: str):
+    """Yield (time_ns, content_type, payload) from a recording made with ``--record``."""
+    with open(path, "rb") as f:
+        while True:
+            head = f.read(13)
+            if len(head) < 13:
+                return
+            t, js, n = struct.unpack("<QBI", head)
+            data = f.read(n)
+            if len(data) < n:
+                return
+            yield t, "application/json" if js else "application/x-protobuf", data
+
+
 class Receiver:
     """Owns the gRPC and HTTP servers that feed one :class:`~mycroft_otel.processor.pipeline.Processor`."""
 
     def __init__(self, processor, bind: str = "127.0.0.1", grpc_port: int | None = 4317,
                  http_port: int | None = 4318, max_bytes: int = DEFAULT_MAX_BYTES, tls_cert: str | None = None,
-                 tls_key: str | None = None, metrics=None, workers: int = 4, http_timeout_s: float = 10.0):
+                 tls_key: str | None = None, metrics=None, workers: int = 4, http_timeout_s: float = 10.0,
+                 record: str | None = None):
         self.processor = processor
         self.bind = bind
         self.max_bytes = max_bytes
@@ -58,6 +82,8 @@ class Receiver:
         self._grpc: grpc.Server | None = None
         self._http: ThreadingHTTPServer | None = None
         self._http_thread: threading.Thread | None = None
+        self._record = open(record, "ab") if record else None
+        self._record_lock = threading.Lock()
 
     # -- shared ---------------------------------------------------------------------------------
     def _reject(self, protocol: str, reason: str) -> None:
@@ -67,6 +93,9 @@ class Receiver:
 
     def handle(self, data: bytes, content_type: str = "application/x-protobuf") -> None:
         """Decode and ingest; raises ValueError (bad payload) for the caller to turn into a protocol error."""
+        if self._record is not None:
+            with self._record_lock:
+                write_record(self._record, data, content_type)
         try:
             req = _decode(data, content_type)
         except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError, ValueError) as exc:
@@ -233,7 +262,7 @@ class Receiver:
         self._http_thread.start()
         return self.http_port
 
-    def start(self) -> "Receiver":
+    def start(self) -> "Receiver":  # noqa: D401
         if self.grpc_port is not None:
             self.start_grpc()
         if self.http_port is not None:
@@ -248,3 +277,6 @@ class Receiver:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self._record is not None:
+            self._record.close()
+            self._record = None
