@@ -5,14 +5,8 @@
 //   * a flow whose `version` is odd was caught mid-update by a writer that stopped inside it;
 //   * a slot whose `generation` is odd never held still within the retry budget (a writer frozen
 //     while (re)initialising it): its contents are the last copy, possibly torn.
-// The GIL is released while copying; one copy into the numpy array per call.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
+// The GIL is released while the reader copies out of the mapping; then one memcpy into numpy.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,11 +19,6 @@ namespace mycroft::bindings {
 namespace {
 
 using namespace mycroft::shm;
-
-template <typename T>
-T LoadAcquire(const T* p) {
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-}
 
 py::str Decode(const char* s, size_t n) {
   size_t len = strnlen(s, n);
