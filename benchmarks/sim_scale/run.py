@@ -47,9 +47,11 @@ def main() -> int:
         t_model = time.monotonic() - t0
         sim = Simulation(topo, model, seed=1, steps=args.steps, predict=False)
         t1 = time.monotonic()
+        cpu1 = time.process_time()
         res = runner.run(sim, runner.RunConfig(ring_dir=ring_dir, job_id="simscale", ring_records=16,
                                                live_slots=8))
         t_total = time.monotonic() - t1
+        cpu_total = time.process_time() - cpu1
         st = res["stats"]
         out = {
             "topology": topo.spec(), "ranks": topo.world, "contexts": res["contexts"], "steps": args.steps,
@@ -58,6 +60,9 @@ def main() -> int:
             "driver_errors": int(st.get("errors", 0)) + int(st.get("missing_slot", 0)),
             "init_s": round(res["init_s"], 2), "model_only_s": round(t_model, 2),
             "simulate_and_deliver_s": round(res["wall_s"], 2), "total_s": round(t_total, 2),
+            "cpu_s": round(cpu_total, 2), "load_avg_1m": round(os.getloadavg()[0], 2),
+            "driver_replay_s": round(st.get("wall_ns", 0) / 1e9, 2),
+            "ns_per_delivered_event": round(st.get("wall_ns", 0) / max(1, st.get("delivered", 1)), 1),
             "events_per_s": round(res["events"] / res["wall_s"]),
             "model_only_events_per_s": round(base.n_rows / t_model),
             "delivery_cost_ratio": round(res["wall_s"] / t_model, 2),
