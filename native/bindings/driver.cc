@@ -527,7 +527,7 @@ class Driver {
     using D = typename Abi<V>::D;
     using S = typename Abi<V>::S;
     auto* table = static_cast<const typename Abi<V>::T*>(table_);
-    const uint32_t nctx = num_contexts();
+    uint32_t nctx = num_contexts();
     for (size_t i = 0; i < n; ++i) {
       const Event& e = rows[i];
       ++st->rows;
@@ -538,6 +538,7 @@ class Driver {
       }
       switch (Op(e.op)) {
         case Op::kStart: {
+          if (e.ctx >= nctx) nctx = num_contexts();  // inited by another thread since this replay began
           if (e.ctx >= nctx || (!raw && finalized_[e.ctx].load(std::memory_order_relaxed))) {
             ++st->bad_rows;
             handles_[e.slot].store(0, std::memory_order_release);
