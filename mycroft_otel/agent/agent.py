@@ -119,7 +119,7 @@ class Agent:
         if not saved and src.process_state() == PROC_EXITED:
             h = src.header
             if int(h.get("finalized_ns", 0)) or now - int(h.get("heartbeat_ns", 0)) > STALE_RING_NS:
-                ctx.done = True  # a finished or long-dead job's leftover file: nothing to report
+                self._retire(ctx)  # a finished or long-dead job's leftover file: nothing to report
         self.ctxs[path] = ctx
         self.discovery.accepted(path, ident)
         self.health.sources_opened += 1
@@ -137,6 +137,13 @@ class Agent:
         self.store.forget(ctx.src.identity.key)
         ctx.src.close()
         log.info("ring gone: %s", path)
+
+    def _retire(self, ctx: _Ctx) -> None:
+        """Nothing more will happen in this ring: release the mapping, keep the path known (no reopening)."""
+        ctx.done = True
+        ctx.inflight.clear()
+        ctx.had_inflight.clear()
+        ctx.src.close()
 
     # --- the loop ---------------------------------------------------------------------------
     def poll_once(self) -> None:
@@ -298,13 +305,14 @@ class Agent:
             st = pstate.get(src.pid)
             out = pending[path]
             finalized = int(src.refresh_header().get("finalized_ns", 0)) != 0
-            if st == PROC_EXITED:
-                if not finalized:
-                    self._exited(ctx, out, now)
-                else:
-                    ctx.done = True
+            if st == PROC_EXITED and not finalized:
+                self._exited(ctx, out, now)
                 continue
-            if finalized or ctx.busy:
+            if finalized:
+                if not ctx.busy:
+                    self._retire(ctx)  # the communicator is destroyed and its ring drained this poll
+                continue
+            if ctx.busy:
                 continue
             idle_since = ctx.last_end or src.start_mono_ns
             idle_for = now - idle_since
@@ -355,7 +363,7 @@ class Agent:
         ctx.exit_emits += 1
         ctx.exit_next = now + self.s.snapshot_ns
         if ctx.exit_emits >= 2:
-            ctx.done = True
+            self._retire(ctx)
             log.info("%s: process %d exited; evidence sent", src.path, src.pid)
 
     # --- running ----------------------------------------------------------------------------------

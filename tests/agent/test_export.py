@@ -40,7 +40,7 @@ def _feed(ring: FakeRing, n: int) -> None:
 def test_unreachable_then_back(tmp_path, otel_env, monkeypatch):
     port = _free_port()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "3")
     ring = FakeRing(tmp_path / "r0", rank=0, nranks=2, ring_capacity=1024)
     agent = make_agent(tmp_path, sample_ratio=1.0, export_queue=40, export_batch=10)
     worst = 0.0
@@ -52,7 +52,7 @@ def test_unreachable_then_back(tmp_path, otel_env, monkeypatch):
         assert agent.health.queue_spans <= 40  # bounded
     h = agent.health
     assert h.records_read == 400  # reading never stalled
-    assert worst < 0.5
+    assert worst < 1.5  # a reader waiting on the exporter would take >= 3 s (OTEL_EXPORTER_OTLP_TIMEOUT)
     assert h.dropped_export_queue > 0 and h.spans_exported == 0
     # the collector comes back on the same port: export resumes
     srv = SinkServer(port)
@@ -70,7 +70,7 @@ def test_unreachable_then_back(tmp_path, otel_env, monkeypatch):
 
 
 def test_slow_collector_never_stalls_reading(tmp_path, otel_env):
-    otel_env.sink.delay_s = 0.4
+    otel_env.sink.delay_s = 1.5  # each request takes 1.5 s: a reader waiting on export would show it
     ring = FakeRing(tmp_path / "r0", rank=0, nranks=2, ring_capacity=1024)
     agent = make_agent(tmp_path, sample_ratio=1.0, export_queue=30, export_batch=10)
     worst = 0.0
@@ -81,7 +81,7 @@ def test_slow_collector_never_stalls_reading(tmp_path, otel_env):
         worst = max(worst, time.perf_counter() - t)
         assert agent.health.queue_spans <= 30
         time.sleep(0.05)
-    assert agent.health.records_read == 200 and worst < 0.3
+    assert agent.health.records_read == 200 and worst < 1.0
     assert agent.health.dropped_export_queue > 0
     otel_env.sink.delay_s = 0
     assert agent.queue.flush(10)
