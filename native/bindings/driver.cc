@@ -111,6 +111,9 @@ int DebugLevelFromEnv() {
   return 0;
 }
 
+// NCCL_DEBUG, read when a Driver is created (never from the logger: another thread may be inside setenv).
+std::atomic<int> g_debug_level{0};
+
 void DriverLogger(abi::LogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
   char buf[1024];
   va_list ap;
@@ -118,7 +121,7 @@ void DriverLogger(abi::LogLevel level, unsigned long flags, const char* file, in
   vsnprintf(buf, sizeof buf, fmt ? fmt : "(null)", ap);
   va_end(ap);
   int lv = int(level);
-  int want = DebugLevelFromEnv();
+  int want = g_debug_level.load(std::memory_order_relaxed);
   if (lv == int(abi::LogLevel::Warn) || lv == int(abi::LogLevel::Attn) ? want >= 2 : (want && lv <= want)) {
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
@@ -347,6 +350,7 @@ class Driver {
     ctxs_.reset(new std::atomic<void*>[kMaxContexts]);
     finalized_.reset(new std::atomic<bool>[kMaxContexts]);
     self_ = getpid();
+    g_debug_level.store(DebugLevelFromEnv(), std::memory_order_relaxed);
   }
 
   int version() const { return version_; }
