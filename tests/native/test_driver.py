@@ -205,8 +205,8 @@ def test_pacing(rec):
     epoch = native.monotonic_ns()
     st = d.replay(ev, epoch_ns=epoch)
     elapsed = native.monotonic_ns() - epoch
-    assert 20_000_000 <= elapsed < 200_000_000
-    assert st["max_late_ns"] < 50_000_000
+    assert 20_000_000 <= elapsed < 1_000_000_000
+    assert st["max_late_ns"] < 200_000_000  # loose: a shared 2-core CI box oversleeps
 
 
 def test_finalize(rec):
