@@ -628,13 +628,29 @@ void StartApi(Context* c, void** handle, uint64_t now) {
 }  // namespace
 
 // ---- publication (also used by finalize) ------------------------------------------------
+// Ring record protocol. Record i (counted since the ring began) lives at ring[i % cap]
+// and is published when seq == i + 1. While a writer fills it, seq = (i + 1) | kWriting.
+// seq only ever grows: a writer that was lapped (a later writer of the same record
+// claimed or published it while this one was descheduled) never lowers it, so a slow
+// writer cannot hide a newer record behind an older sequence number.
 void PublishOp(Context* c, uint32_t s, uint32_t extra_flags, uint64_t end_ns) {
+  constexpr uint64_t kWriting = 1ull << 63;
   LiveOp& L = c->live[s];
   uint64_t idx = __atomic_fetch_add(&c->hdr->ring_head, uint64_t{1}, __ATOMIC_RELAXED);
   shm::RingRecord& R = c->ring[idx % c->ring_cap];
-  // seq = 0 first: a reader that sees any payload store of this write sees it unpublished.
-  St(R.seq, uint64_t{0});
-  std::atomic_thread_fence(std::memory_order_release);
+  const uint64_t target = idx + 1;
+  uint64_t cur = Ld(R.seq);
+  bool claimed = false;
+  for (int tries = 0; tries < 16; ++tries) {
+    if ((cur & ~kWriting) >= target) break;  // lapped: a newer record owns the slot, ours is lost
+    // Acquire on the RMW keeps the payload stores below after the claim (readers that see
+    // any of them then see the writing marker).
+    if (__atomic_compare_exchange_n(&R.seq, &cur, target | kWriting, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+      claimed = true;
+      break;
+    }
+  }
+  if (!claimed) return;
   CopyWords(&R.op, &L.op, sizeof(OpInfo));
   if (extra_flags) St(R.op.flags, Ld(R.op.flags) | extra_flags);
   if (end_ns) St(R.op.end_ns, end_ns);
@@ -644,7 +660,9 @@ void PublishOp(Context* c, uint32_t s, uint32_t extra_flags, uint64_t end_ns) {
   // threads (finalize), so a plain copy is consistent; unused entries are zeroed.
   CopyWords(R.flows, L.flows, nf * sizeof(Flow));
   ZeroWords(R.flows + nf, (shm::kMaxFlows - nf) * sizeof(Flow));
-  StRel(R.seq, idx + 1);
+  uint64_t mine = target | kWriting;
+  // Fails only if a newer writer took the record over meanwhile: then it is theirs.
+  __atomic_compare_exchange_n(&R.seq, &mine, target, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
 void FreeSlot(Context* c, uint32_t s) {

@@ -19,10 +19,11 @@
 //  * flow: seqlock `version` (odd during an update): v1 = load-acquire, copy, acquire
 //    fence, v2 = load; good iff v1 == v2 and even;
 //  * ring: record i (counted since the ring began) lives at ring[i % capacity] and is
-//    published when its seq == i + 1 (store-release after the payload). seq > i + 1:
-//    a later lap overwrote it (counted in `overwritten`); seq < i + 1: claimed but not
-//    yet published, the read stops there (`pending`) unless skip_unpublished is set
-//    (use it once the writer is known dead or frozen).
+//    published when its seq == i + 1 (store-release after the payload); while a writer
+//    fills it seq == (i + 1) | kWriting (bit 63), and seq never decreases. seq (without
+//    the bit) > i + 1: a later lap owns it (counted in `overwritten`); < i + 1 or marked
+//    writing: not yet published, the read stops there (`pending`) unless
+//    skip_unpublished is set (use it once the writer is known dead or frozen).
 // All shared loads are relaxed/acquire atomics (8-byte words for bulk copies), so the
 // reader is clean under ThreadSanitizer next to a live writer.
 #pragma once
@@ -57,6 +58,7 @@ struct ReadResult {
 
 class Reader {
  public:
+  static constexpr uint64_t kWriting = 1ull << 63;  // RingRecord::seq marker while a writer fills it
   static constexpr int kSlotRetries = 64;
   static constexpr int kFlowRetries = 64;
 
@@ -146,17 +148,18 @@ class Reader {
     for (; i < end; ++i) {
       const RingRecord* r = &ring[i % cap];
       uint64_t s1 = __atomic_load_n(&r->seq, __ATOMIC_ACQUIRE);
-      if (s1 < i + 1) {
+      uint64_t t1 = s1 & ~kWriting;
+      if (t1 > i + 1) {  // a later lap owns the record (published or being written)
+        ++rr.overwritten;
+        continue;
+      }
+      if (t1 < i + 1 || (s1 & kWriting)) {  // not yet published (or its writer died filling it)
         if (skip_unpublished) {
           ++rr.overwritten;
           continue;
         }
         rr.pending = true;
         break;
-      }
-      if (s1 > i + 1) {
-        ++rr.overwritten;
-        continue;
       }
       CopyWords(&rec, r, sizeof(RingRecord));
       std::atomic_thread_fence(std::memory_order_acquire);
