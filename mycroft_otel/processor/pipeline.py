@@ -86,6 +86,14 @@ class Verdict:
                 f"confidence {f.confidence:.2f}): {f.evidence}")
 
 
+def _identity(f: rca.Finding) -> set:
+    """The processes a hang verdict blames: (host, global rank); a dead process blames its whole host."""
+    out = {(h, g) for g in f.global_ranks for h in (f.hosts or [""])}
+    if f.category == "process_exited":
+        out |= {(h, "*") for h in f.hosts}
+    return out
+
+
 class Processor:
     """Thread-safe: the receiver's threads call :meth:`ingest_request`; a timer calls :meth:`tick`."""
 
@@ -110,6 +118,7 @@ class Processor:
         self._slow_cand: dict[bytes, float] = {}
         self._deferred: dict[bytes, float] = {}
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
+        self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0}
@@ -244,6 +253,7 @@ class Processor:
                     del self._incidents[k]
             if self.metrics is not None:
                 self.metrics.traces_in_memory(len(self.store), self.store.evicted_ttl, self.store.evicted_size)
+        out.sort(key=lambda v: -v.finding.confidence)  # the surest first when several land together
         for v in out:
             self._publish(v)
         return out
@@ -260,21 +270,58 @@ class Processor:
         dt = time.perf_counter() - t0
         if f is None:
             return None
-        if f.category in ("rank_absent",) and self._propagated(st, f, mono):
+        if f.category == "rank_absent" and f.reason == "silent" and f.waiting:
+            moved_on = [r for r in f.ranks if self.store.seq_of.get((st.comm, r), -1) > st.seq]
+            if moved_on and len(moved_on) == len(f.ranks):
+                # the ranks we wait for have evidence in a later collective of this communicator: they
+                # completed this one, so the waiting ranks expect something nobody sends
+                f = self._mismatch_from_progress(st, f, moved_on)
+        if f.category == "rank_absent" and self._propagated(st, f, mono):
             return None
         return self._emit(st, f, now_ns, mono, dt)
+
+    def _mismatch_from_progress(self, st, f: rca.Finding, moved_on: list[int]) -> rca.Finding:
+        stuck = f.waiting
+        nxt = min(self.store.seq_of[(st.comm, r)] for r in moved_on)
+        detail = ""
+        ref = st.inflight.get(stuck[0])
+        if ref is not None:
+            try:
+                flows = rca.flows_of(rca.evidence_attributes(ref))
+                if flows:
+                    detail = f" ({flows[0].done} of {flows[0].steps} steps done, expecting more)"
+            except Exception:  # noqa: BLE001
+                pass
+        nf = rca.Finding(
+            kind=sc.KIND_HANG, category="coll_mismatch", ranks=list(stuck),
+            confidence=round(0.7 if len(stuck) < len(moved_on) + len(stuck) else 0.5, 3),
+            evidence=(f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck[:8]))} still wait in "
+                      f"{st.func} {st.seq}{detail} while rank{'s' if len(moved_on) > 1 else ''} "
+                      f"{', '.join(map(str, moved_on[:8]))} completed it and moved on to collective {nxt}: "
+                      f"they disagree on the collective's size"),
+            onset_ns=f.onset_ns, reason="moved_on", waiting=list(stuck))
+        views = rca.build_views(st, decode_completed=False)
+        rca._decorate(st, views, nf)
+        return nf
 
     def _propagated(self, st, f: rca.Finding, mono: float) -> bool:
         """True when the culprit is busy in another hung trace (this trace waits for its verdict)."""
         others = []
         for r in f.ranks:
+            # still in an earlier collective of this same communicator
+            prev = self.store.seq_of.get((st.comm, r), -1)
+            if 0 <= prev < st.seq:
+                tid = self.store.trace_at.get((st.comm, prev))
+                o = self.store.get(tid) if tid else None
+                if o is not None and o.has_hang_evidence():
+                    others.append(o)
             ref = st.status.get(r) or st.inflight.get(r)
             key = proc_key(ref) if ref is not None else None
             key = key or self.store.proc_of.get((st.comm, r))
             if key is None:
                 continue
             others += [o for o in self.store.busy_elsewhere(key, st.trace_id)
-                       if o.comm != st.comm and o.has_hang_evidence()]
+                       if (o.comm != st.comm or o.seq < st.seq) and o.has_hang_evidence()]
         if not others:
             return False
         for o in others:
@@ -316,7 +363,40 @@ class Processor:
             return None
         return self._emit(st, f, now_ns, mono, dt)
 
+    def _fill_identity(self, st, f: rca.Finding) -> None:
+        """Global ranks and hosts of culprits that sent nothing in this trace, from other traces of the comm."""
+        if len(f.global_ranks) == len(f.ranks) and f.hosts:
+            return
+        g, hosts = [], list(f.hosts)
+        for r in f.ranks:
+            key = self.store.proc_of.get((st.comm, r))
+            if key is not None:
+                if key[1] == "g":
+                    g.append(key[2])
+                if key[0] and key[0] not in hosts:
+                    hosts.append(key[0])
+        if len(g) == len(f.ranks):
+            f.global_ranks = g
+        f.hosts = hosts
+
+    def _same_hang_incident(self, f: rca.Finding, mono: float) -> bytes | None:
+        """A hang whose culprit processes were already named by a live hang incident (e.g. a dead host seen
+        from each of its communicators) is that incident."""
+        if f.kind != sc.KIND_HANG:
+            return None
+        mine = _identity(f)
+        for (t, tid, procs) in self._hang_culprits:
+            if mono - t <= INCIDENT_WINDOW_S and (mine & procs or any((h, "*") in procs for h, _ in mine)):
+                return tid
+        return None
+
     def _emit(self, st, f: rca.Finding, now_ns: int, mono: float, dt: float) -> Verdict | None:
+        self._fill_identity(st, f)
+        same = self._same_hang_incident(f, mono)
+        if same is not None:
+            st.explained_by = same
+            self.counts["deduped"] += 1
+            return None
         key = (f.kind, f.category, st.comm, tuple(f.ranks), f.channel)
         prev = self._incidents.get(key)
         if prev is not None and mono - prev[0] <= INCIDENT_WINDOW_S:
@@ -331,6 +411,9 @@ class Processor:
             f.onset_ns = min(now_ns, max(st.last_progress_ns, st.first_evidence_ns) or now_ns)
         st.verdict = v
         self._incidents[key] = (mono, st.trace_id)
+        if f.kind == sc.KIND_HANG:
+            self._hang_culprits.append((mono, st.trace_id, _identity(f)))
+            del self._hang_culprits[:-256]
         self.verdicts.append(v)
         return v
 

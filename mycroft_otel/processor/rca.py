@@ -53,6 +53,8 @@ class Finding:
     evidence_spans: list[bytes] = field(default_factory=list)
     global_ranks: list[int] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
+    reason: str = ""               # how the walk ended: silent, not_entered, stopped, exited, gpu, flow, ...
+    waiting: list[int] = field(default_factory=list)  # ranks in flight that wait (the walk's start points)
 
 
 @dataclass
@@ -355,6 +357,7 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
                               f"rank {v.rank} progressed last earliest"), onset_ns=onset)
     if f.onset_ns == 0:
         f.onset_ns = onset
+    f.waiting = sorted(r for r, v in views.items() if v.state == IN_FLIGHT)
     _decorate(st, views, f)
     return f
 
@@ -416,7 +419,8 @@ def _rank_finding(st: TraceState, views: dict[int, RankView], term: tuple, share
               f"({waits}); {waiting} ranks wait on it")
         if v and v.ref:
             onset = v.ref.last_progress_ns
-    return Finding(kind=sc.KIND_HANG, category=cat, ranks=[r], confidence=conf, evidence=ev, onset_ns=onset)
+    return Finding(kind=sc.KIND_HANG, category=cat, ranks=[r], confidence=conf, evidence=ev, onset_ns=onset,
+                   reason=why)
 
 
 def _decorate(st: TraceState, views: dict[int, RankView], f: Finding) -> None:

@@ -57,8 +57,14 @@ class TraceState:
         return [r for r in self.inflight if r not in self.op]
 
     def has_hang_evidence(self) -> bool:
-        return any(r not in self.op for r in self.inflight) or any(
-            s.status == sc.STATUS_PROCESS_EXITED for s in self.status.values())
+        """Some rank that is alive waits in this collective (a dead or idle rank alone is no hang)."""
+        for r, ref in self.inflight.items():
+            if r in self.op:
+                continue
+            s = self.status.get(r)
+            if s is None or s.status != sc.STATUS_PROCESS_EXITED:
+                return True
+        return False
 
     def complete(self) -> bool:
         return self.nranks > 0 and len(self.op) >= self.nranks
@@ -110,6 +116,8 @@ class TraceStore:
         # process -> {trace_id: None} where its latest evidence is in flight / not entered
         self.inflight_by_proc: dict[ProcKey, dict[bytes, None]] = {}
         self.proc_of: dict[tuple[str, int], ProcKey] = {}  # (comm, rank) -> process
+        self.seq_of: dict[tuple[str, int], int] = {}  # (comm, rank) -> highest collective seq it has evidence in
+        self.trace_at: dict[tuple[str, int], bytes] = {}  # (comm, seq) -> trace id (collectives only)
 
     def __len__(self) -> int:
         return len(self.traces)
@@ -129,6 +137,14 @@ class TraceStore:
         else:
             self.traces.move_to_end(ref.trace_id)
         st.add(ref, now)
+        if ref.kind in (OP, INFLIGHT) and ref.seq >= 0 and ref.comm:
+            ck = (ref.comm, ref.rank)
+            if self.seq_of.get(ck, -1) < ref.seq:
+                if len(self.seq_of) > 4 * self.max_traces + 65536:
+                    self.seq_of.clear()
+                self.seq_of[ck] = ref.seq
+            if not ref.name.endswith(("Send", "Recv")):
+                self.trace_at[(ref.comm, ref.seq)] = ref.trace_id
         key = proc_key(ref)
         if key is not None:
             ck = (ref.comm, ref.rank)
@@ -150,6 +166,8 @@ class TraceStore:
         st = self.traces.pop(trace_id, None)
         if st is None:
             return
+        if self.trace_at.get((st.comm, st.seq)) == trace_id:
+            del self.trace_at[(st.comm, st.seq)]
         for ref in st.inflight.values():
             key = proc_key(ref)
             d = self.inflight_by_proc.get(key) if key else None
