@@ -41,6 +41,7 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
         self.requests = 0
         self.fail_code: grpc.StatusCode | None = None
         self.delay_s = 0.0
+        self.metadata: dict = {}
         self.lock = threading.Lock()
         self.cv = threading.Condition(self.lock)
 
@@ -49,6 +50,7 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
             time.sleep(self.delay_s)
         if self.fail_code is not None:
             context.abort(self.fail_code, "test sink told to fail")
+        self.metadata = dict(context.invocation_metadata())
         req = trace_service_pb2.ExportTraceServiceRequest()
         req.ParseFromString(request.SerializeToString())
         out = []

@@ -164,3 +164,34 @@ def test_instrumentor_sets_plugin_and_runs(tmp_path, otel_env, monkeypatch):
     finally:
         inst.uninstrument()
     assert inst.agent is None
+
+
+def test_otel_headers_and_gzip_over_grpc(tmp_path, otel_env, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=team-a,authorization=Bearer%20t0k")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    ring.op_done()
+    agent = make_agent(tmp_path, sample_ratio=1.0)
+    agent.poll_once()
+    assert agent.queue.flush(10)
+    agent.close()
+    assert len(otel_env.sink.named("nccl.AllReduce")) == 1
+    md = otel_env.sink.metadata
+    assert md["x-tenant"] == "team-a" and md["authorization"] == "Bearer t0k"
+    # (gzip itself is negotiated below what a Python servicer sees; the request decoded fine)
+
+
+def test_health_as_otel_metrics():
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from mycroft_otel.agent.health import Health, register_otel_metrics
+
+    reader = InMemoryMetricReader()
+    h = Health(records_read=11, export_errors=2, queue_spans=5)
+    register_otel_metrics(h, MeterProvider(metric_readers=[reader]))
+    data = reader.get_metrics_data()
+    got = {m.name: m.data.data_points[0].value for rm in data.resource_metrics for sm in rm.scope_metrics
+           for m in sm.metrics}
+    assert got["mycroft.agent.records_read"] == 11 and got["mycroft.agent.export_errors"] == 2
+    assert got["mycroft.agent.queue_spans"] == 5
