@@ -95,7 +95,8 @@ class ExportQueue:
     """Bounded FIFO of (resource, spans, cursor marks) with one export thread."""
 
     def __init__(self, transport: Transport, health: Health, max_spans: int = 20000, batch: int = 2048,
-                 on_committed: Callable[[dict], None] | None = None, scope: bytes = b""):
+                 on_committed: Callable[[dict], None] | None = None, scope: bytes = b"",
+                 max_bytes: int = 64 << 20):
         self.transport = transport
         self.health = health
         self.max_spans = max_spans
@@ -104,6 +105,8 @@ class ExportQueue:
         self.scope = scope
         self._items: deque = deque()
         self._queued = 0
+        self._bytes = 0
+        self.max_bytes = max_bytes
         self._cv = threading.Condition()
         self._stop = False
         self._closing = False
@@ -125,6 +128,12 @@ class ExportQueue:
                 self.health.dropped_export_queue += n - room
                 spans = list(spans[:room])
                 n = room
+            if n:
+                size = sum(map(len, spans))
+                if self._bytes + size > self.max_bytes:  # huge spans (64 flows each): bound bytes too
+                    self.health.dropped_export_queue += n
+                    spans, n, size = [], 0, 0
+                self._bytes += size
             if not n and not marks:
                 return 0
             now = time.monotonic()
@@ -152,6 +161,7 @@ class ExportQueue:
             taken.append(item)
             n += len(item[2])
         self._queued -= n
+        self._bytes -= sum(len(sp) for item in taken for sp in item[2])
         self.health.queue_spans = self._queued
         return taken
 
@@ -223,6 +233,7 @@ class ExportQueue:
             dropped = self._queued
             self._items.clear()
             self._queued = 0
+            self._bytes = 0
             self.health.dropped_export_queue += dropped
             self._cv.notify_all()
         self.transport.shutdown()

@@ -255,3 +255,25 @@ def test_cli_runs_serves_metrics_and_stops_on_sigterm(tmp_path, otel_env):
             p.kill()
     state = json.loads((tmp_path / ".agent-state" / "cursors.json").read_text())
     assert [v["cursor"] for v in state.values()] == [4]
+
+
+def test_queue_bounds_bytes_too():
+    from mycroft_otel.agent.exporter import ExportQueue, Transport
+
+    class Never(Transport):
+        def __init__(self):
+            import threading as th
+            self.gate = th.Event()
+
+        def send(self, payload, n):
+            self.gate.wait(5)
+            return True
+
+    h = Health()
+    t = Never()
+    q = ExportQueue(t, h, max_spans=10**6, batch=10, max_bytes=100_000)
+    for _ in range(50):
+        q.put(b"r", [b"x" * 10_000] * 5, None)
+    assert q._bytes <= 100_000 and h.dropped_export_queue >= 200
+    t.gate.set()
+    q.shutdown(5)
