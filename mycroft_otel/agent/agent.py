@@ -73,8 +73,9 @@ class _Ctx:
 class Agent:
     def __init__(self, settings: AgentSettings, transport: Transport | None = None,
                  reader_factory: Callable[[str], Any] | None = None, resource_extra: list | None = None,
-                 health: Health | None = None):
+                 health: Health | None = None, only_pid: int | None = None):
         self.s = settings
+        self.only_pid = only_pid  # in-process mode: follow only this process's rings
         self.health = health or Health()
         self.reader_factory = reader_factory or default_reader_factory
         self.discovery = Discovery(settings.ring_dir)
@@ -116,7 +117,9 @@ class Agent:
                    Baselines(self.s.slow_factor, self.s.warmup_ops, self.s.slow_min_ns), Summary(now))
         ctx.last_seq = int(saved.get("last_seq", -1))
         ctx.last_end = int(saved.get("last_end", 0))
-        if not saved and src.process_state() == PROC_EXITED:
+        if self.only_pid is not None and src.pid != self.only_pid:
+            self._retire(ctx)  # another process's ring: its own in-process agent (or the node agent) reports it
+        elif not saved and src.process_state() == PROC_EXITED:
             h = src.header
             if int(h.get("finalized_ns", 0)) or now - int(h.get("heartbeat_ns", 0)) > STALE_RING_NS:
                 self._retire(ctx)  # a finished or long-dead job's leftover file: nothing to report

@@ -4,9 +4,12 @@
 ``opentelemetry_instrumentor`` group) or ``mycroft_otel.instrument()`` sets
 ``NCCL_PROFILER_PLUGIN`` to our plugin unless already set (NCCL reads it when the
 first communicator is created, so call this before ``init_process_group``), and
-runs the agent's loop on a daemon thread over the ring directory, exporting with
-the same OTEL_* configuration. One in-process agent per node is enough; with one
-per process each follows only rings whose writer is its own process.
+runs the agent's loop on a daemon thread, exporting with the same OTEL_*
+configuration. Each in-process agent follows only the rings its own process writes
+(so every rank of a torchrun job can call it without duplicates); pass
+``all_rings=True`` to follow the whole ring directory instead. A process cannot
+report its own death: for ``process_exited`` evidence run the node agent
+(``mycroft-otel agent``) as a sidecar.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class NcclInstrumentor(_Base):
             except FileNotFoundError:
                 pass  # no plugin built: nothing will be recorded, but do not break the application
         settings = kwargs.get("settings") or AgentSettings.from_env(ring_dir=kwargs.get("ring_dir"))
-        agent = Agent(settings, transport=kwargs.get("transport"))
+        agent = Agent(settings, transport=kwargs.get("transport"),
+                      only_pid=None if kwargs.get("all_rings") else os.getpid())
         register_otel_metrics(agent.health, kwargs.get("meter_provider"))
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), name="mycroft-otel-agent", daemon=True)

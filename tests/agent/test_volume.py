@@ -146,6 +146,8 @@ def test_instrumentor_sets_plugin_and_runs(tmp_path, otel_env, monkeypatch):
 
     monkeypatch.delenv("NCCL_PROFILER_PLUGIN", raising=False)
     ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    other = FakeRing(tmp_path / "r1", rank=1, nranks=2, pid=1)  # another process's ring: not followed
+    other.op_done()
     env = dict(os.environ, MYCROFT_RING_DIR=str(tmp_path), MYCROFT_SAMPLE_RATIO="1", MYCROFT_POLL_MS="20")
     inst = NcclInstrumentor()
     import mycroft_otel.agent.source as source_mod
@@ -156,6 +158,8 @@ def test_instrumentor_sets_plugin_and_runs(tmp_path, otel_env, monkeypatch):
     try:
         ring.op_done()
         assert otel_env.sink.wait_for(lambda s: any(x["name"] == "nccl.AllReduce" for x in s), timeout=5)
+        time.sleep(0.1)
+        assert {s["attrs"][sc.RANK] for s in otel_env.sink.named("nccl.AllReduce")} == {0}
         try:
             from mycroft_otel.paths import plugin_path
             assert os.environ["NCCL_PROFILER_PLUGIN"] == str(plugin_path())
