@@ -49,7 +49,9 @@ struct alignas(8) Event {
   int32_t step;          // ProxyStep step
   uint64_t seq;          // coll seqNumber
   uint64_t count;        // elements
-  uint64_t size;         // state arg: ProxyStep transSize / ProxyCtrl appended ops
+  uint64_t size;         // state arg: ProxyStep transSize / ProxyCtrl appended ops;
+                         // Coll/P2p start: slot of its Group + 1 (0 = none), which v5+
+                         // descriptors carry as parentGroup
   uint64_t ptimer;       // KernelCh pTimer (descr at start, state arg at KernelChStop)
 };
 static_assert(sizeof(Event) == 96, "driver Event layout changed");
