@@ -68,6 +68,7 @@ class _Ctx:
     exit_emits: int = 0
     exit_next: int = 0
     done: bool = False            # process exited and reported: nothing more to read
+    marked: tuple = ()            # (cursor, last_seq, last_end) last handed to the exporter
 
 
 class Agent:
@@ -186,7 +187,11 @@ class Agent:
 
     def _queue(self, ctx: _Ctx, out: list[bytes]) -> None:
         self.health.spans_built += len(out)
-        mark = {ctx.src.identity.key: {"cursor": ctx.src.cursor, "last_seq": ctx.last_seq, "last_end": ctx.last_end}}
+        state = (ctx.src.cursor, ctx.last_seq, ctx.last_end)
+        if not out and state == ctx.marked:
+            return  # nothing new: no hand-over at all
+        ctx.marked = state
+        mark = {ctx.src.identity.key: {"cursor": state[0], "last_seq": state[1], "last_end": state[2]}}
         self.queue.put(ctx.builder.resource, out, mark)
 
     def _poll_ctx(self, ctx: _Ctx, out: list[bytes], now: int, pstate: dict[int, str]) -> None:
