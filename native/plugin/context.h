@@ -45,7 +45,7 @@ inline void* MakeHandle(uint32_t kind, uint32_t ctx, uint32_t inc, uint32_t payl
   return reinterpret_cast<void*>(h);
 }
 struct Decoded {
-  uint32_t kind, ctx, inc, payload;
+  uint32_t kind = 0, ctx = 0, inc = 0, payload = 0;
 };
 inline bool DecodeHandle(const void* p, Decoded* d) {
   uint64_t h = reinterpret_cast<uint64_t>(p);

@@ -1,0 +1,67 @@
+// Shared internals of the event core: core.cc (ops, KernelCh, completion, ring,
+// entry points) and proxy.cc (ProxyOp, ProxyStep, flows).
+#pragma once
+
+#include <cstring>
+
+#include "context.h"
+
+namespace mycroft::plugin {
+
+inline constexpr uint64_t kHeartbeatEveryNs = 1000000;  // 1 ms: keep the header line mostly read-only
+
+inline void Beat(Context* c, uint64_t now) {
+  if (now - Ld(c->hdr->heartbeat_ns) > kHeartbeatEveryNs) St(c->hdr->heartbeat_ns, now);
+}
+
+inline void CountBadHandle(Context* c) { Add(c->hdr->dropped_bad_handle, uint64_t{1}); }
+inline void CountBadDescr(Context* c) { Add(c->hdr->dropped_bad_descr, uint64_t{1}); }
+
+// Word-wise relaxed atomic copy (structs are 8-byte aligned, sizes multiples of 8).
+inline void CopyWords(void* dst, const void* src, size_t bytes) {
+  auto* d = static_cast<uint64_t*>(dst);
+  auto* s = static_cast<const uint64_t*>(src);
+  for (size_t i = 0; i < bytes / 8; ++i) __atomic_store_n(d + i, __atomic_load_n(s + i, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
+inline void ZeroWords(void* dst, size_t bytes) {
+  auto* d = static_cast<uint64_t*>(dst);
+  for (size_t i = 0; i < bytes / 8; ++i) __atomic_store_n(d + i, uint64_t{0}, __ATOMIC_RELAXED);
+}
+
+// Resolves any handle to its context (alive or not); nullptr if not ours.
+inline Context* Resolve(const void* h, Decoded* d) {
+  if (!DecodeHandle(h, d)) return nullptr;
+  return LookupContext(d->ctx, d->inc);
+}
+
+struct OpRef {
+  Context* c;
+  uint32_t slot;
+  uint32_t gen;  // full, even generation of the slot while the op lives
+};
+
+inline bool StillLive(const OpRef& r) { return LdAcq(r.c->live[r.slot].generation) == r.gen; }
+
+// core.cc
+bool OpFromHandle(const void* h, Context** cp, OpRef* r);
+void Complete(Context* c, uint32_t s, uint64_t now);
+void Release(Context* c, uint32_t s, uint64_t now);
+bool AcquireRef(const OpRef& r, uint64_t now);
+void ReleaseEarlierKernels(Context* c, uint32_t group, uint64_t now);
+
+// proxy.cc
+struct ProxyRef {
+  Context* c;
+  ProxyEntry* pe;
+  uint32_t idx;
+  uint32_t step_slot;
+};
+Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now);
+Result StartProxyStep(Context* c, void** handle, const Descr& d, uint64_t now);
+bool ProxyFromHandle(const void* h, bool step, Context** cp, ProxyRef* r);
+void StopProxyOp(const ProxyRef& r, uint64_t now);
+bool StepStateInfo(int state, uint8_t* wait, uint8_t* level);
+void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_t new_level, uint64_t bytes,
+                uint64_t now);
+
+}  // namespace mycroft::plugin
