@@ -329,6 +329,8 @@ class Agent:
             peers = by_comm.get(src.comm_hash, [])
             if len(peers) > 1 and all(not p.busy and p.last_seq == ctx.last_seq for p in peers):
                 continue  # the whole communicator is idle here: no local evidence of a wait
+            if ctx.last_seq < 0 and not any(p.busy for p in peers):
+                continue  # no collective yet (or a p2p-only communicator) and nobody here waits on one
             nxt = ctx.last_seq + 1
             trace = ctx.builder.trace_id(sp.KIND_COLL, nxt, -1)
             text = (f"idle since collective {ctx.last_seq} completed" if ctx.last_seq >= 0
