@@ -178,9 +178,10 @@ class Agent:
             backlog += ctx.src.backlog if not ctx.done else 0
         self.health.ring_backlog = backlog
         self.health.sources = sum(1 for c in self.ctxs.values() if not c.done)
-        for key, cursor in list(self.queue.committed.items()):
-            self.store.update(key, **cursor)
-        self.queue.committed.clear()
+        live_keys = {c.src.identity.key for c in self.ctxs.values()}
+        for key, cursor in self.queue.take_committed().items():
+            if key in live_keys:  # a ring closed meanwhile is forgotten, not resurrected
+                self.store.update(key, **cursor)
         self.store.save()
         self.health.polls += 1
         self.health.poll_duration_s = time.perf_counter() - t0
@@ -397,7 +398,7 @@ class Agent:
         self._closed = True
         self._stop.set()
         self.queue.shutdown(flush_timeout_s)
-        for key, cursor in list(self.queue.committed.items()):
+        for key, cursor in self.queue.take_committed().items():
             self.store.update(key, **cursor)
         self.store.save()
         self.store.close()

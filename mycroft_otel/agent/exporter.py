@@ -209,9 +209,16 @@ class ExportQueue:
             if m:
                 marks.update(m)
         if marks:
-            self.committed.update(marks)
+            with self._cv:
+                self.committed.update(marks)
             if self.on_committed:
                 self.on_committed(marks)
+
+    def take_committed(self) -> dict:
+        """Cursor marks committed since the last call (swapped out atomically)."""
+        with self._cv:
+            out, self.committed = self.committed, {}
+        return out
 
     # --- lifecycle ------------------------------------------------------------------------
     def flush(self, timeout_s: float = 10.0) -> bool:
