@@ -25,23 +25,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def table(rows: list[dict], summary: dict) -> str:
-    head = ["scenario", "expected", "detected", "latency", "culprit", "category", "verdict"]
+    head = ["scenario", "expected", "detected", "latency", "culprit", "category", "verdict", "right later"]
     lines = []
     for r in rows:
         if r["detected"] is None:
             det = "-" if not r["false_positives"] else f"FP x{r['false_positives']}"
-            vals = [r["scenario"], "(healthy)", det, "", "", "", r["top"] or "none (ok)"]
+            vals = [r["scenario"], "(healthy)", det, "", "", "", r["top"] or "none (ok)", ""]
         else:
             ok = {True: "yes", False: "no", None: ""}
             vals = [r["scenario"], r["expected"], ok[r["detected"]],
                     f"{r['latency_s']:.1f}s" if r["latency_s"] is not None else "",
                     ok[r["culprit_ok"]] if r["detected"] else "", ok[r["category_ok"]] if r["detected"] else "",
-                    r["top"] or "no verdict"]
+                    r["top"] or "no verdict",
+                    (f"yes ({r['any_right_latency_s']:.1f}s)" if r.get("any_right") else "no") if r["detected"] else ""]
         broken = [f"{k} {v}" for k, v in r["components"].items() if v != "ok" and k != "workdir"]
         if r["sim_error"]:
             broken.append(r["sim_error"])
         if broken:
-            vals[-1] += "  [" + "; ".join(b[:90] for b in broken) + "]"
+            vals[-2] += "  [" + "; ".join(b[:90] for b in broken) + "]"
         lines.append(vals)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
     fmt = lambda vals: "  ".join(str(v).ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
@@ -49,7 +50,8 @@ def table(rows: list[dict], summary: dict) -> str:
     s = summary
     out.append("")
     out.append(f"detected {s['detected']}/{s['faults']} ({s['detection_rate']:.0%}), top-1 culprit "
-               f"{s['top1_culprit_accuracy']:.0%}, category {s['category_accuracy']:.0%}, latency median "
+               f"{s['top1_culprit_accuracy']:.0%}, category {s['category_accuracy']:.0%} (a right verdict at any "
+               f"point: {s['any_verdict_right']:.0%}), latency median "
                f"{s['latency_median_s']}s p90 {s['latency_p90_s']}s; healthy runs {s['healthy_runs']} with "
                f"{s['healthy_false_positives']} false positive(s)")
     if s["components_failed"]:

@@ -183,7 +183,10 @@ def score(o: Outcome) -> dict:
     early = [v for v in o.verdicts if v.received_ns < onset]
     after = [v for v in o.verdicts if v.received_ns >= onset]
     first = after[0] if after else None
+    right = [v for v in after if culprit_matches(v, t) and v.category == t.get("category")]
     row.update(detected=first is not None, false_positives=len(early),
+               any_right=bool(right),
+               any_right_latency_s=round((right[0].received_ns - onset) / 1e9, 2) if right else None,
                latency_s=round((first.received_ns - onset) / 1e9, 2) if first else None,
                culprit_ok=culprit_matches(first, t) if first else False,
                category_ok=(first.category == t.get("category")) if first else False,
@@ -205,6 +208,7 @@ def summarize(rows: list[dict]) -> dict:
             "detection_rate": round(sum(bool(r["detected"]) for r in faulty) / n, 3),
             "top1_culprit_accuracy": round(sum(bool(r["culprit_ok"]) for r in faulty) / n, 3),
             "category_accuracy": round(sum(bool(r["category_ok"]) for r in faulty) / n, 3),
+            "any_verdict_right": round(sum(bool(r.get("any_right")) for r in faulty) / n, 3),
             "latency_median_s": pct(0.5), "latency_p90_s": pct(0.9),
             "healthy_runs": len(healthy), "healthy_false_positives": sum(r["false_positives"] for r in healthy),
             "components_failed": sorted({f"{k}: {v}" for r in rows for k, v in r["components"].items()

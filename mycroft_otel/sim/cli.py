@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring-records", type=int, default=None, help="MYCROFT_RING_RECORDS for the simulated ranks")
     p.add_argument("--slow-steps", action="store_true",
                    help="the eval timing model (~0.3 s steps) instead of the default (~0.1 s)")
+    p.add_argument("--quantum-us", type=float, default=0.0,
+                   help="real time: deliver events in bursts every this many microseconds (less CPU; default exact)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -60,7 +62,7 @@ def run_args(args: argparse.Namespace, progress: Progress | None = None) -> dict
     job = args.job_id or f"sim-{args.seed}"
     cfg = RunConfig(ring_dir=ring_dir, job_id=job, realtime=args.realtime, multiprocess=multiprocess,
                     duration_s=args.duration, plugin=args.plugin, abi_version=args.abi,
-                    ring_records=args.ring_records)
+                    ring_records=args.ring_records, quantum_ns=int(args.quantum_us * 1000))
     progress = progress or Progress("sim", enabled=not args.no_progress and sys.stderr.isatty())
     res = runner.run(sim, cfg, progress)
     return {

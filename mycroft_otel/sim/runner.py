@@ -61,6 +61,7 @@ class RunConfig:
     lead_s: float = 0.3                # real time: epoch this long after the contexts exist
     extra_env: dict = field(default_factory=dict)
     on_signal: object = None           # multi-process: called (truth, pid) right after a fault's signal
+    quantum_ns: int = 0                # real time: deliver in bursts at multiples of this (0: exact times)
 
 
 class Progress:
@@ -111,14 +112,21 @@ def _init_contexts(driver, sim: Simulation, indexes, cfg: RunConfig) -> np.ndarr
     return ctx_map
 
 
-def _stream(blocks: list[Block], ctx_map: np.ndarray) -> np.ndarray:
-    """One thread's rows: concatenated, ctx remapped, stably sorted by time (ties keep causal order)."""
+def _stream(blocks: list[Block], ctx_map: np.ndarray, quantum_ns: int = 0) -> np.ndarray:
+    """One thread's rows: concatenated, ctx remapped, stably sorted by time (ties keep causal order).
+
+    With ``quantum_ns`` the times are rounded up to its multiples after sorting (monotone: the order
+    stays causal), so the replaying thread wakes once per quantum instead of spinning before every row.
+    """
     if not blocks:
         from mycroft_otel.sim.abi import EVENT_DTYPE
         return np.zeros(0, dtype=EVENT_DTYPE)
     rows = np.concatenate([b.rows for b in blocks])
     rows = rows[np.argsort(rows["t_ns"], kind="stable")]
     rows["ctx"] = ctx_map[rows["ctx"]]
+    if quantum_ns > 1:
+        q = np.uint64(quantum_ns)
+        rows["t_ns"] = (rows["t_ns"] + q - np.uint64(1)) // q * q
     return rows
 
 
@@ -207,7 +215,8 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
         for t in truths:
             t["onset_ns"] = real_epoch + t["onset_sim_ns"]
         results: list[dict] = []
-        threads = [threading.Thread(target=lambda r=_stream(lst, ctx_map): results.append(driver.replay(r, epoch)),
+        threads = [threading.Thread(target=lambda r=_stream(lst, ctx_map, cfg.quantum_ns): results.append(
+                                        driver.replay(r, epoch)),
                                     name=f"sim-{'user' if th == USER else 'proxy'}-{h}", daemon=True)
                    for (h, th), lst in sorted(streams.items())]
         for th in threads:
@@ -258,8 +267,8 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
             try:
                 driver = _driver(cfg)
                 ctx_map = _init_contexts(driver, sim, ctxs, cfg)
-                ths = [threading.Thread(target=driver.replay, args=(_stream(streams.get((host, th), []), ctx_map),
-                                                                    epoch), daemon=True) for th in (USER, PROXY)]
+                ths = [threading.Thread(target=driver.replay, args=(_stream(streams.get((host, th), []), ctx_map,
+                                                                            cfg.quantum_ns), epoch), daemon=True) for th in (USER, PROXY)]
                 for th in ths:
                     th.start()
                 for th in ths:
