@@ -182,6 +182,9 @@ class Agent:
         for key, cursor in self.queue.take_committed().items():
             if key in live_keys:  # a ring closed meanwhile is forgotten, not resurrected
                 self.store.update(key, **cursor)
+        if self.health.polls == 0:  # rings that vanished while no agent ran
+            for key in [k for k in self.store.data if k not in live_keys]:
+                self.store.forget(key)
         self.store.save()
         self.health.polls += 1
         self.health.poll_duration_s = time.perf_counter() - t0
