@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from mycroft_otel import config, ids
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor import detect, rca
+from mycroft_otel.processor import detect, rca, slowdown
 from mycroft_otel.processor.spans import OP, ROOT_CAUSE, STATUS, SUMMARY, INFLIGHT, attributes, classify, \
     resource_of, span_ref
 from mycroft_otel.processor.state import TraceStore, proc_key
@@ -34,6 +34,8 @@ from mycroft_otel.processor.state import TraceStore, proc_key
 log = logging.getLogger("mycroft_otel.processor")
 
 INCIDENT_WINDOW_S = 120.0
+SLOW_CONFIRM = 2       # slow collectives naming the same culprit before a slowdown verdict
+SLOW_WINDOW_S = 30.0   # ... within this window
 
 
 @dataclass
@@ -89,7 +91,7 @@ class Verdict:
 def _identity(f: rca.Finding) -> set:
     """The processes a hang verdict blames: (host, global rank); a dead process blames its whole host."""
     out = {(h, g) for g in f.global_ranks for h in (f.hosts or [""])}
-    if f.category == "process_exited":
+    if f.category == "process_exited" or f.reason == "stopped":
         out |= {(h, "*") for h in f.hosts}
     return out
 
@@ -119,9 +121,10 @@ class Processor:
         self._deferred: dict[bytes, float] = {}
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._hang_culprits: list[tuple[float, bytes, set]] = []
+        self._slow_votes: dict[tuple, list] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0}
+        self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0, "slow_candidates": 0}
 
     # -- ingest ---------------------------------------------------------------------------------
     def ingest_payload(self, data: bytes) -> int:
@@ -344,16 +347,10 @@ class Processor:
         return mono - first < max(2.0 * self.stall_ms / 1000.0, 1.0)
 
     def _analyse_slow(self, st, now_ns: int, mono: float) -> Verdict | None:
-        try:
-            slow, base = detect.is_slow(st, self.baselines, self.slow_factor)
-        except Exception:
-            log.exception("slowdown detection failed")
-            return None
-        if not slow:
-            return None
         t0 = time.perf_counter()
         try:
-            f = rca.analyse_slowdown(st, base, self.slow_factor)
+            base = detect.trace_baseline(st, self.baselines)
+            f = slowdown.analyse_slowdown(st, base, self.slow_factor)
         except Exception:
             log.exception("slowdown analysis failed for trace %s", st.trace_id.hex())
             self.counts["analysis_errors"] += 1
@@ -361,6 +358,21 @@ class Processor:
         dt = time.perf_counter() - t0
         if f is None or f.confidence < 0.5:
             return None
+        if f.category == "coll_mismatch":
+            return self._emit(st, f, now_ns, mono, dt)
+        # a fault persists, jitter moves around: the same culprit must come back before we name it
+        key = (st.comm, f.category, tuple(f.ranks), f.channel)
+        seen = [x for x in self._slow_votes.get(key, []) if mono - x[0] <= SLOW_WINDOW_S and x[1] != st.trace_id]
+        seen.append((mono, st.trace_id, f.onset_ns))
+        self._slow_votes[key] = seen[-SLOW_CONFIRM * 2:]
+        if len(self._slow_votes) > 4096:
+            for k in [k for k, v in self._slow_votes.items() if mono - v[-1][0] > SLOW_WINDOW_S]:
+                del self._slow_votes[k]
+        if len(seen) < SLOW_CONFIRM:
+            self.counts["slow_candidates"] += 1
+            return None
+        f.onset_ns = min(x[2] for x in seen if x[2] > 0) if any(x[2] > 0 for x in seen) else f.onset_ns
+        f.evidence += f" (seen in {len(seen)} collectives)"
         return self._emit(st, f, now_ns, mono, dt)
 
     def _fill_identity(self, st, f: rca.Finding) -> None:

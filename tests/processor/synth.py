@@ -240,6 +240,8 @@ class Ring:
             if r == c:
                 rv.start += late_ns
                 rv.anomaly = "late"
+                for f in rv.flows:
+                    f.start += late_ns
             else:
                 rv.end += late_ns
                 rv.anomaly, rv.baseline = "slow", self.dur

@@ -51,7 +51,7 @@ def _http(port: int, body: bytes, headers: dict | None = None, conn=None):
 
 
 def _hung_ring(seq=1) -> Ring:
-    ring = Ring(8, seq=seq, comm=0x5F3A9C0E12AB0000 + seq)  # one incident per communicator
+    ring = Ring(8, seq=seq, comm=0x5F3A9C0E12AB0000 + seq, global_base=100 * seq)  # independent incidents
     ring.gpu_stall(3)
     return ring
 
@@ -227,7 +227,7 @@ def test_fuzz_10000_payloads_never_crash_or_wedge(rx):
     assert grpc_err > 1000 and http_err > 500, (grpc_ok, grpc_err, http_ok, http_err)
     proc.tick()
     # still alive and answering quickly, and still analysing correctly
-    ring = Ring(8, seq=999, comm=0x1234)
+    ring = Ring(8, seq=999, comm=0x1234, global_base=5000)
     ring.net_send_stall(2, 1)
     t1 = time.monotonic()
     call(ring.request().SerializeToString(), timeout=5)

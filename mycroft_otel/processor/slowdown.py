@@ -1,0 +1,171 @@
+"""Root cause of a slow *completed* collective (one trace), or nothing when no culprit is clear.
+
+In order:
+
+1. A stall that recovered: the trace holds in-flight snapshots taken while it was
+   stuck. The hang walk (rca.py) runs on those snapshots; what it finds maps to the
+   slowdown it was: ready > transmitted at a rank (its proxy left ready chunks
+   unposted: ``slow_proxy``), a stalled flow (``slow_flow``), a GPU that consumed
+   nothing (``slow_gpu``), a rank that was not there (``late_rank``).
+2. Comparisons across ranks and flows on the completed spans, with the job's
+   arrival skew factored out (a rank that starts early waits for its peers in every
+   counter, so raw wait times blame the wrong rank):
+   - GPU wait per step on the receive side (data arrived, the GPU had not consumed it):
+     one rank >= 4x the others -> ``slow_gpu``;
+   - network wait per step of each send flow, less the time its receiver was not
+     there yet: one flow -> ``slow_flow``; all flows out of one rank or into one rank
+     -> ``slow_nic`` (sender or receiver side);
+   - effective arrival (first step posted, i.e. the kernel really started) of the last
+     rank >= 3x the transfer time and >= 30% of the whole collective -> ``late_rank``.
+
+Each verdict here is a *candidate*: the pipeline emits it only when the same culprit
+and category recur (a fault persists; jitter moves around).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor import rca
+from mycroft_otel.processor.rca import COMPLETED, IN_FLIGHT, Finding, RankView, build_views
+from mycroft_otel.processor.spans import evidence_attributes, flows_of
+from mycroft_otel.processor.state import TraceState
+
+_FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_flow", "gpu_stalled": "slow_gpu",
+              "rank_absent": "late_rank"}
+
+RATIO = 4.0          # an outlier is this many times the median of the others
+STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
+
+
+def _arrival(v: RankView) -> int:
+    starts = [f.start_ns for f in v.flows if f.start_ns > 0]
+    if starts:
+        return min(starts)
+    for key in (sc.TIME_LAUNCH, sc.TIME_ENQUEUE, sc.TIME_API):
+        a = v.attrs.get(key)
+        if isinstance(a, int) and a > 0:
+            return a
+    return v.ref.start_ns if v.ref else 0
+
+
+def _outlier(values: dict, ratio: float, floor: float):
+    """(key, value, ratio to the median of the others) of a clear single top outlier, else None."""
+    if len(values) < 3:
+        return None
+    items = sorted(values.items(), key=lambda kv: -kv[1])
+    top_k, top_v = items[0]
+    med = statistics.median(v for _, v in items[1:])
+    r = top_v / max(med, floor)
+    if top_v < floor * ratio or r < ratio:
+        return None
+    return top_k, top_v, r
+
+
+def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | None:
+    sviews = dict(views)
+    for r, ref in st.inflight.items():
+        attrs = evidence_attributes(ref)
+        sviews[r] = RankView(rank=r, state=IN_FLIGHT, ref=ref, attrs=attrs, flows=flows_of(attrs),
+                             host=ref.resource.host, global_rank=ref.global_rank)
+    f = rca.analyse_hang(st, sviews)
+    if f is None or f.category not in _FROM_HANG:
+        return None
+    cat = _FROM_HANG[f.category]
+    f.kind = sc.KIND_SLOWDOWN
+    if cat == "slow_proxy":
+        f.channel = f.peer = None
+        f.evidence = "stalled, then recovered: " + f.evidence.replace("stalled:", "waited:") + \
+            " -- its proxy left ready chunks unposted"
+    else:
+        f.evidence = "stalled, then recovered: " + f.evidence
+    f.category = cat
+    f.confidence = round(min(0.9, f.confidence), 3)
+    return f
+
+
+def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: float = 2.0,
+                     views: dict[int, RankView] | None = None) -> Finding | None:
+    views = build_views(st) if views is None else views
+    done = {r: v for r, v in views.items() if v.state == COMPLETED and v.ref is not None}
+    mm = rca.check_mismatch(st, views)
+    if mm is not None:
+        rca._decorate(st, views, mm)
+        return mm
+    if st.inflight:
+        f = _recovered_stall(st, views)
+        if f is not None:
+            return f
+    if len(done) < 3:
+        return None
+    arrival = {r: _arrival(v) for r, v in done.items()}
+    end = max(v.ref.end_ns for v in done.values())
+    last_r = max(arrival, key=lambda r: arrival[r])
+    first = min(arrival.values())
+    makespan = max(1, end - first)
+    transfer = max(1, end - arrival[last_r])
+    cands: list[tuple[float, Finding]] = []
+
+    # GPU: receive-side GPU wait per step (data there, not consumed)
+    gpu: dict[int, float] = {}
+    for r, v in done.items():
+        w = [(f.gpu_wait_ns, max(f.steps, 1)) for f in v.flows if not f.send]
+        if w:
+            gpu[r] = sum(x for x, _ in w) / sum(n for _, n in w)
+    o = _outlier(gpu, RATIO, STEP_FLOOR_NS)
+    if o is not None:
+        r, val, ratio = o
+        cands.append((3.0 + min(ratio, 20) / 10, Finding(
+            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r], confidence=round(min(0.9, 0.5 + 0.02 * ratio), 3),
+            evidence=(f"rank {r}'s GPU took {val / 1e3:.0f} us per step to consume received data, {ratio:.0f}x "
+                      f"the other ranks, in {st.func} {st.seq}"), onset_ns=arrival[r])))
+
+    # network: send-side wait per step, less the time the receiver was not there yet
+    net: dict[tuple, float] = {}
+    out_of: dict[int, set] = {}
+    into: dict[int, set] = {}
+    for s, v in done.items():
+        for f in v.flows:
+            if not f.send or f.peer not in arrival:
+                continue
+            early = max(0, arrival[f.peer] - arrival[s])
+            adj = max(0.0, f.net_wait_ns - min(max(f.steps, 1), 8) * early)
+            key = (s, f.peer, f.channel)
+            net[key] = adj / max(f.steps, 1)
+            out_of.setdefault(s, set()).add(key)
+            into.setdefault(f.peer, set()).add(key)
+    o = _outlier(net, RATIO, STEP_FLOOR_NS)
+    if o is not None:
+        (s, d, ch), val, ratio = o
+        med = statistics.median(net.values())
+        slow = {k for k, x in net.items() if x >= max(val / 3, RATIO * max(med, STEP_FLOOR_NS))}
+        if len(out_of.get(s, ())) > 1 and out_of[s] <= slow:
+            cat, who, chan, peer = "slow_nic", s, None, None
+            ev = f"all {len(out_of[s])} flows sent by rank {s} wait {ratio:.0f}x longer per step on the network"
+        elif len(into.get(d, ())) > 1 and into[d] <= slow:
+            cat, who, chan, peer = "slow_nic", d, None, None
+            ev = f"all {len(into[d])} flows into rank {d} wait {ratio:.0f}x longer per step on the network"
+        else:
+            cat, who, chan, peer = "slow_flow", s, ch, d
+            ev = f"flow rank {s} -> rank {d} on channel {ch} waits {ratio:.0f}x longer per step than its siblings"
+        cands.append((2.0 + min(ratio, 20) / 10, Finding(
+            kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
+            confidence=round(min(0.9, 0.5 + 0.02 * ratio), 3), evidence=ev + f" in {st.func} {st.seq}",
+            onset_ns=arrival[s])))
+
+    # arrival: the last rank started so late that the others mostly waited for it
+    others = sorted(a for r, a in arrival.items() if r != last_r)
+    late = arrival[last_r] - statistics.median(others)
+    if late >= 3 * transfer and late >= 0.3 * makespan:
+        cands.append((1.0 + min(late / transfer, 20) / 20, Finding(
+            kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[last_r],
+            confidence=round(min(0.9, 0.5 + 0.02 * late / transfer), 3),
+            evidence=(f"rank {last_r} started {st.func} {st.seq} {late / 1e6:.1f} ms after the others, who waited; "
+                      f"the transfer itself took {transfer / 1e6:.1f} ms"), onset_ns=arrival[last_r] - int(late))))
+    if not cands:
+        return None
+    cands.sort(key=lambda c: -c[0])
+    f = cands[0][1]
+    rca._decorate(st, views, f)
+    return f
