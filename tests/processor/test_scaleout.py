@@ -154,6 +154,6 @@ def test_two_processors_split_by_trace_id_give_the_same_verdicts(spawn, sink):
     split = _verdicts(sink.spans)
     assert len(single) == 8, single
     assert split == single
-    cats = sorted(v[2] for v in single)
+    cats = sorted(v[1] for v in single)
     assert cats == sorted(["gpu_stalled", "net_send_stalled", "net_delivery_stalled", "rank_absent",
                            "coll_mismatch", "late_rank", "slow_flow", "slow_gpu"])
