@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from mycroft_otel import config
@@ -54,6 +55,8 @@ def table(rows: list[dict], summary: dict) -> str:
                f"point: {s['any_verdict_right']:.0%}), latency median "
                f"{s['latency_median_s']}s p90 {s['latency_p90_s']}s; healthy runs {s['healthy_runs']} with "
                f"{s['healthy_false_positives']} false positive(s)")
+    out.append(f"simulated job's real-time delivery lag: max {s['sim_max_late_ms']} ms (load average "
+               f"{os.getloadavg()[0]:.1f})")
     if s["components_failed"]:
         out.append("components not working: " + "; ".join(c[:160] for c in s["components_failed"]))
     return "\n".join(out)

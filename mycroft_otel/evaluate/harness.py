@@ -86,6 +86,7 @@ class Outcome:
     verdicts: list = field(default_factory=list)
     components: dict = field(default_factory=dict)   # name -> "ok" | error text
     sim_error: str = ""
+    sim_stats: dict = field(default_factory=dict)
     wall_s: float = 0.0
 
 
@@ -136,6 +137,7 @@ def run_scenario(sc: Scenario, sink: Sink, stall_ms: int, keep_dir: bool = False
         else:
             data = json.loads(res.stdout)
             out.truth = data["faults"][0] if data["faults"] else {"fault": "healthy"}
+            out.sim_stats = data.get("stats", {})
     except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
         out.sim_error = f"sim failed: {exc}"
     time.sleep(1.5)  # spans in flight through the agent and processor batchers
@@ -173,6 +175,8 @@ def score(o: Outcome) -> dict:
     row = {"scenario": sc.name, "fault": sc.fault, "topology": sc.topology, "seed": sc.seed,
            "expected": "" if healthy else t.get("category", ""), "verdicts": len(o.verdicts),
            "components": o.components, "sim_error": o.sim_error, "wall_s": round(o.wall_s, 1),
+           # real-time delivery lag of the simulated job (a loaded machine delays callbacks: noise for RCA)
+           "sim_max_late_ms": round(o.sim_stats.get("max_late_ns", 0) / 1e6, 1),
            "truth": o.truth, "verdict_list": [dict(v.attrs, received_ns=v.received_ns, trace_id=v.trace_id)
                                               for v in o.verdicts]}
     if healthy:
@@ -210,6 +214,7 @@ def summarize(rows: list[dict]) -> dict:
             "category_accuracy": round(sum(bool(r["category_ok"]) for r in faulty) / n, 3),
             "any_verdict_right": round(sum(bool(r.get("any_right")) for r in faulty) / n, 3),
             "latency_median_s": pct(0.5), "latency_p90_s": pct(0.9),
+            "sim_max_late_ms": max((r["sim_max_late_ms"] for r in rows), default=0.0),
             "healthy_runs": len(healthy), "healthy_false_positives": sum(r["false_positives"] for r in healthy),
             "components_failed": sorted({f"{k}: {v}" for r in rows for k, v in r["components"].items()
                                          if v != "ok" and k != "workdir"})}
