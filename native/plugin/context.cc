@@ -39,12 +39,15 @@ Context* g_retired = nullptr;         // guarded by g_mutex
     if (c_logfn) (c_logfn)(level, abi::kLogProfile | abi::kLogInit, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
-// Pools come from calloc + placement new (no operator new: the plugin links no C++
+// Pools come from aligned_alloc + placement new (no operator new: the plugin links no C++
 // runtime symbols it would then have to export or hide).
 template <class T>
 T* NewArray(size_t n) {
-  void* p = calloc(n, sizeof(T));
+  constexpr size_t kAlign = alignof(T) > 16 ? alignof(T) : 16;
+  size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+  void* p = aligned_alloc(kAlign, bytes);
   if (p == nullptr) return nullptr;
+  memset(p, 0, bytes);
   T* a = static_cast<T*>(p);
   for (size_t i = 0; i < n; ++i) new (a + i) T();
   return a;

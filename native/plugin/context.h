@@ -69,7 +69,8 @@ struct StepRec {
   std::atomic<uint64_t> bytes{0};  // largest transSize reported for the step
 };
 
-struct ProxyEntry {
+// Cache-line aligned: entries of different proxy threads must not share a line.
+struct alignas(64) ProxyEntry {
   std::atomic<uint32_t> busy{0};  // 0 free, 1 in use
   std::atomic<uint32_t> gen{0};   // bumped at every claim
   std::atomic<uint32_t> slot{0};
@@ -79,8 +80,8 @@ struct ProxyEntry {
   StepRec steps[kSteps];
 };
 
-// Private per-live-slot control words (not in shm).
-struct SlotCtl {
+// Private per-live-slot control words (not in shm), one cache line set per slot.
+struct alignas(64) SlotCtl {
   // Completion: 1 (launch: Coll/P2p stop) + n_channels (KernelCh stops) + 1 per
   // started ProxyOp; the thread that brings it to 0 completes the op.
   std::atomic<int64_t> outstanding{0};
@@ -126,14 +127,19 @@ struct Context {
   ApiEntry* api = nullptr;
   std::atomic<uint64_t>* p2p_counts = nullptr;  // [peer * 2 + dir]
 
-  std::atomic<uint32_t> slot_hint{0};
+  // Written per operation: kept off the lines the per-step path reads.
+  alignas(64) std::atomic<uint32_t> slot_hint{0};
   std::atomic<uint32_t> proxy_hint{0};
   std::atomic<uint64_t> api_cursor{0};
   std::atomic<uint64_t> coll_seq{0};
   std::atomic<uint32_t> group_seq{0};
   std::atomic<uint64_t> next_op_id{1};
 
-  uint64_t finalized_at = 0;  // CLOCK_MONOTONIC of finalize (quarantine clock)
+  // Last heartbeat written to the header; private so the per-callback check reads a line
+  // that changes once per millisecond, not the header line the per-op counters share.
+  alignas(64) std::atomic<uint64_t> last_beat{0};
+
+  alignas(64) uint64_t finalized_at = 0;  // CLOCK_MONOTONIC of finalize (quarantine clock)
   Context* next_retired = nullptr;
 };
 

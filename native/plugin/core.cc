@@ -342,15 +342,19 @@ void PublishOp(Context* c, uint32_t s, uint32_t extra_flags, uint64_t end_ns) {
     }
   }
   if (!claimed) return;
+  // Flows past a record's n_flows are kept zero, so only those the previous occupant
+  // used need clearing (not all 64: the record is 6 KiB, an op usually has a few flows).
+  uint32_t old_nf = Ld(R.op.n_flows);
+  if (old_nf > shm::kMaxFlows) old_nf = shm::kMaxFlows;
   CopyWords(&R.op, &L.op, sizeof(OpInfo));
   if (extra_flags) St(R.op.flags, Ld(R.op.flags) | extra_flags);
   if (end_ns) St(R.op.end_ns, end_ns);
   uint32_t nf = Ld(L.op.n_flows);
   if (nf > shm::kMaxFlows) nf = shm::kMaxFlows;
   // Flows: every writer of this op has stopped (completion) or NCCL has stopped its
-  // threads (finalize), so a plain copy is consistent; unused entries are zeroed.
+  // threads (finalize), so a plain copy is consistent.
   CopyWords(R.flows, L.flows, nf * sizeof(Flow));
-  ZeroWords(R.flows + nf, (shm::kMaxFlows - nf) * sizeof(Flow));
+  if (old_nf > nf) ZeroWords(R.flows + nf, (old_nf - nf) * sizeof(Flow));
   uint64_t mine = target | kWriting;
   // Fails only if a newer writer took the record over meanwhile: then it is theirs.
   __atomic_compare_exchange_n(&R.seq, &mine, target, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);

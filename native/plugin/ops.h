@@ -11,7 +11,10 @@ namespace mycroft::plugin {
 inline constexpr uint64_t kHeartbeatEveryNs = 1000000;  // 1 ms: keep the header line mostly read-only
 
 inline void Beat(Context* c, uint64_t now) {
-  if (now - Ld(c->hdr->heartbeat_ns) > kHeartbeatEveryNs) St(c->hdr->heartbeat_ns, now);
+  if (now - c->last_beat.load(std::memory_order_relaxed) > kHeartbeatEveryNs) {
+    c->last_beat.store(now, std::memory_order_relaxed);
+    St(c->hdr->heartbeat_ns, now);
+  }
 }
 
 inline void CountBadHandle(Context* c) { Add(c->hdr->dropped_bad_handle, uint64_t{1}); }
