@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "agent"))
 
-from events import Rows, ring_allreduce  # noqa: E402  (tests/agent/events.py: ring all-reduce rows)
+from agent_events import Rows, ring_allreduce  # noqa: E402  (tests/agent/events.py: ring all-reduce rows)
 
 from mycroft_otel.native import NO_SLOT, Driver, EventType, Op, plugin_path  # noqa: E402
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mycroft_otel.agent.agent import Agent
 from mycroft_otel.agent.settings import AgentSettings
-from shmfake import FakeReader
+from agent_shm import FakeReader
 
 
 def make_agent(ring_dir: Path, reader_factory=FakeReader, transport=None, **mycroft) -> Agent:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from mycroft_otel import config
 from mycroft_otel import semconv as sc
-from helpers import make_agent
-from shmfake import KIND_SEND, SEND, FakeRing
+from agent_helpers import make_agent
+from agent_shm import KIND_SEND, SEND, FakeRing
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

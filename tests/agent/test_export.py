@@ -17,9 +17,9 @@ from mycroft_otel import semconv as sc
 from mycroft_otel.agent.health import Health, MetricsServer
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.config import ConfigError
-from conftest import SinkServer
-from helpers import make_agent
-from shmfake import FakeRing
+from agent_sink import SinkServer
+from agent_helpers import make_agent
+from agent_shm import FakeRing
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ import pytest
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
-from helpers import make_agent
-from shmfake import FakeRing
+from agent_helpers import make_agent
+from agent_shm import FakeRing
 
 JOB, COMM = "job-1", 0x5F3A9C0E12AB44D1
 HERE = Path(__file__).parent

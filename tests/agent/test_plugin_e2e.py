@@ -10,8 +10,8 @@ from mycroft_otel import ids  # noqa: E402
 from mycroft_otel import semconv as sc  # noqa: E402
 from mycroft_otel.native import Driver, plugin_path  # noqa: E402
 from mycroft_otel.agent.source import default_reader_factory  # noqa: E402
-from events import Rows, ring_allreduce  # noqa: E402
-from helpers import make_agent  # noqa: E402
+from agent_events import Rows, ring_allreduce  # noqa: E402
+from agent_helpers import make_agent  # noqa: E402
 
 JOB = "e2e-job"
 

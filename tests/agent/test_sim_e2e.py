@@ -13,7 +13,7 @@ sim_cli = pytest.importorskip("mycroft_otel.sim.cli")
 from mycroft_otel import ids  # noqa: E402
 from mycroft_otel import semconv as sc  # noqa: E402
 from mycroft_otel.agent.source import default_reader_factory  # noqa: E402
-from helpers import make_agent  # noqa: E402
+from agent_helpers import make_agent  # noqa: E402
 
 
 def _args(ring_dir, **kw) -> argparse.Namespace:

@@ -11,8 +11,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent.sampling import Baselines, sample_bound, sampled
-from helpers import make_agent
-from shmfake import FakeReader, FakeRing
+from agent_helpers import make_agent
+from agent_shm import FakeReader, FakeRing
 
 JOB, COMM = "job-1", 0x5F3A9C0E12AB44D1
 MS = 1_000_000

@@ -1,4 +1,4 @@
-"""A training process stand-in: writes one ring (shmfake), leaves an op in flight, then sleeps.
+"""A training process stand-in: writes one ring (agent_shm), leaves an op in flight, then sleeps.
 
 usage: python writer_proc.py PATH RANK NRANKS N_COMPLETED INFLIGHT(0|1)
 """
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shmfake import FakeRing  # noqa: E402
+from agent_shm import FakeRing  # noqa: E402
 
 path, rank, nranks, n_done, inflight = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
     sys.argv[5] == "1"
