@@ -375,3 +375,36 @@ TEST(Knobs, BadValuesFailInitWithAMessage) {
   p.Finalize(ctx);
   ClearKnobs();
 }
+
+// Events we do not track (ProxyCtrl, NetPlugin, KernelLaunch, v6 CE collectives, v7
+// KernelPhase) get a handle that stop/record accept silently; nothing is counted.
+TEST(Untracked, EventsAreAcceptedAndIgnored) {
+  ClearKnobs();
+  TempDir dir;
+  Prof p(7);
+  void* ctx = nullptr;
+  ASSERT_EQ(p.Init(&ctx, "untracked", 0xbbbb, 2, 0), nabi::Result::Success);
+  for (uint64_t type : {uint64_t{kProxyCtrl}, uint64_t{kNetPlugin}, uint64_t{kKernelLaunch}, uint64_t{1} << 12,
+                        uint64_t{1} << 13, uint64_t{1} << 14, uint64_t{1} << 15}) {
+    Prof::E e;
+    e.type = type;
+    void* h = p.Start(ctx, e);
+    EXPECT_NE(h, nullptr) << type;
+    for (int state : {13, 14, 15, 16, 17, 18, 21, 25, 26, 27, 28, 29, 30, 31}) p.Record(h, state, 1);
+    p.Stop(h);
+  }
+  View v(dir.Files().at(0));
+  auto h = v.H();
+  EXPECT_EQ(h.ops_started, 0u);
+  EXPECT_EQ(h.dropped_bad_handle, 0u);
+  EXPECT_EQ(h.dropped_bad_descr, 0u);
+  // The same types are out of range for v4 (bits >= 8) and counted there.
+  Prof p4(4);
+  void* c4 = nullptr;
+  ASSERT_EQ(p4.Init(&c4, "untracked4", 0xbbbc, 2, 0), nabi::Result::Success);
+  Prof::E e;
+  e.type = 1 << 8;
+  EXPECT_EQ(p4.Start(c4, e), nullptr);
+  p.Finalize(ctx);
+  p4.Finalize(c4);
+}
