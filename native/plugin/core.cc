@@ -7,14 +7,16 @@
 //
 // Completion rule (NCCL stops Coll/P2p at launch, not at completion):
 //   an op completes when (a) its Coll/P2p event stopped (launched), (b) `n_channels`
-//   KernelCh events stopped (NCCL's profiler proxy emits exactly one KernelCh per
-//   channel the op runs on, start = channel work started, stop = channel work done,
-//   on the proxy progress thread or, 2.31+, the profiler thread), and (c) every
-//   ProxyOp it started has stopped (network work; none for intra-node ops, and a
-//   send's ProxyOp usually outlives its kernel). One counter `outstanding` holds
-//   1 + n_channels + started-but-not-stopped ProxyOps; the thread that takes it to 0
-//   publishes the record. An op with n_channels == 0 completes with its launch and
-//   ProxyOps alone.
+//   KernelCh events stopped (NCCL's profiler proxy emits one KernelCh per channel the
+//   op runs on, start = channel work started, stop = channel work done, on the proxy
+//   progress thread or, 2.31+, the profiler thread), and (c) every ProxyOp it started
+//   has stopped (network work; none for intra-node ops, and a send's ProxyOp usually
+//   outlives its kernel). One counter `outstanding` holds 1 + n_channels +
+//   started-but-not-stopped ProxyOps; the thread that takes it to 0 publishes the
+//   record. Kernels of one communicator run in launch order, so the first KernelCh
+//   start of a later launch (Group) also drops the KernelCh references earlier
+//   launches still hold (NCCL sent fewer KernelCh than nChannels announced). An op with
+//   n_channels == 0 completes with its launch and ProxyOps alone. docs/native.md.
 #include <cstring>
 #include <unistd.h>
 
