@@ -9,7 +9,6 @@ that writes it is running, stopped (SIGSTOP) or gone.
 
 from __future__ import annotations
 
-import errno
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -128,10 +127,3 @@ class RingSource:
             except Exception:
                 pass
 
-
-def same_file(path: str, st: os.stat_result) -> tuple[int, int]:
-    return (st.st_dev, st.st_ino)
-
-
-def is_missing(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOENT, errno.ENOTDIR)

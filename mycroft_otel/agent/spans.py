@@ -61,10 +61,6 @@ def busbw_factor(func: int, nranks: int) -> float:
     return 1.0
 
 
-def ring_dtype_fields(op: Any) -> None:  # pragma: no cover - documentation aid
-    """Fields used: see OpInfo / Flow in shm_layout.h."""
-
-
 # Flow array attributes: (key, Flow field, is a time to convert)
 _FLOW_INT_FIELDS = (
     (sc.FLOW_CHANNEL, "channel", False),

@@ -7,12 +7,9 @@ agent. Its behaviour can be switched to fail (a gRPC status code) or to be slow.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 from concurrent import futures
-from pathlib import Path
 from typing import Any
 
 import grpc

@@ -10,7 +10,7 @@ from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent import otlp
 from agent_helpers import make_agent
-from agent_shm import ALLREDUCE, KIND_RECV, KIND_SEND, RECV, SEND, FakeReader, FakeRing
+from agent_shm import KIND_RECV, KIND_SEND, RECV, SEND, FakeReader, FakeRing
 
 JOB, COMM = "job-1", 0x5F3A9C0E12AB44D1
 
