@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -122,6 +123,7 @@ class Processor:
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._slow_votes: dict[tuple, list] = {}
+        self._history: dict[str, dict] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0, "slow_candidates": 0}
@@ -178,7 +180,9 @@ class Processor:
                     st.anomalous = True
                 else:
                     self.baselines.add(ref.comm, ref.func, ref.nbytes, ref.duration_ns)
-            if st.anomalous and st.verdict is None and not st.analysed_slow:
+            # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
+            # cannot see a slowdown that hides in the job's skew)
+            if (st.anomalous or len(st.op) >= 3) and st.verdict is None and not st.analysed_slow:
                 self._slow_cand.setdefault(st.trace_id, self.mono())
 
     def _add_summary(self, ref) -> None:
@@ -350,7 +354,12 @@ class Processor:
         t0 = time.perf_counter()
         try:
             base = detect.trace_baseline(st, self.baselines)
-            f = slowdown.analyse_slowdown(st, base, self.slow_factor)
+            hist = self._history.get(st.comm)
+            if hist is None:
+                if len(self._history) > 4096:
+                    self._history.pop(next(iter(self._history)))
+                hist = self._history[st.comm] = {"gpu": deque(maxlen=256), "net": deque(maxlen=256)}
+            f = slowdown.analyse_slowdown(st, base, self.slow_factor, history=hist)
         except Exception:
             log.exception("slowdown analysis failed for trace %s", st.trace_id.hex())
             self.counts["analysis_errors"] += 1
@@ -368,7 +377,7 @@ class Processor:
         if len(self._slow_votes) > 4096:
             for k in [k for k, v in self._slow_votes.items() if mono - v[-1][0] > SLOW_WINDOW_S]:
                 del self._slow_votes[k]
-        if len(seen) < SLOW_CONFIRM:
+        if len(seen) < SLOW_CONFIRM and f.confidence < 0.95:
             self.counts["slow_candidates"] += 1
             return None
         f.onset_ns = min(x[2] for x in seen if x[2] > 0) if any(x[2] > 0 for x in seen) else f.onset_ns

@@ -11,9 +11,9 @@ In order:
    arrival skew factored out (a rank that starts early waits for its peers in every
    counter, so raw wait times blame the wrong rank):
    - GPU wait per step on the receive side (data arrived, the GPU had not consumed it):
-     one rank >= 4x the others -> ``slow_gpu``;
+     one rank >= GPU_RATIO x the reference -> ``slow_gpu``;
    - network wait per step of each send flow, less the time its receiver was not
-     there yet: one flow -> ``slow_flow``; all flows out of one rank or into one rank
+     there yet, >= NET_RATIO x the reference: one flow -> ``slow_flow``; all flows out of one rank or into one rank
      -> ``slow_nic`` (sender or receiver side);
    - effective arrival (first step posted, i.e. the kernel really started) of the last
      rank >= 3x the transfer time and >= 30% of the whole collective -> ``late_rank``.
@@ -35,7 +35,12 @@ from mycroft_otel.processor.state import TraceState
 _FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_flow", "gpu_stalled": "slow_gpu",
               "rank_absent": "late_rank"}
 
-RATIO = 4.0          # an outlier is this many times the median of the others
+# An outlier is this many times the reference (median of the others and of the communicator's history).
+# Per-step waits are heavy-tailed in a healthy job (a rank that waits once for a late peer multiplies
+# its per-step average), so the bars are high; a real fault is usually 100x and recurs.
+GPU_RATIO = 50.0
+NET_RATIO = 20.0
+STRONG_RATIO = 200.0  # so far beyond any jitter that one collective suffices (confidence 0.95)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 
 
@@ -50,13 +55,17 @@ def _arrival(v: RankView) -> int:
     return v.ref.start_ns if v.ref else 0
 
 
-def _outlier(values: dict, ratio: float, floor: float):
-    """(key, value, ratio to the median of the others) of a clear single top outlier, else None."""
-    if len(values) < 3:
+def _outlier(values: dict, ratio: float, floor: float, history=()):
+    """(key, value, ratio to the reference) of a clear top outlier, else None. The reference is the
+    median of the other values in this trace and of the communicator's recent history."""
+    if not values:
         return None
     items = sorted(values.items(), key=lambda kv: -kv[1])
     top_k, top_v = items[0]
-    med = statistics.median(v for _, v in items[1:])
+    pool = [v for _, v in items[1:]] + list(history)
+    if len(pool) < 2 or (len(items) < 3 and len(history) < 8):
+        return None
+    med = statistics.median(pool)
     r = top_v / max(med, floor)
     if top_v < floor * ratio or r < ratio:
         return None
@@ -86,7 +95,8 @@ def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | No
 
 
 def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: float = 2.0,
-                     views: dict[int, RankView] | None = None) -> Finding | None:
+                     views: dict[int, RankView] | None = None, history: dict | None = None) -> Finding | None:
+    """``history``: the communicator's recent per-step values ({"gpu": deque, "net": deque}), updated here."""
     views = build_views(st) if views is None else views
     done = {r: v for r, v in views.items() if v.state == COMPLETED and v.ref is not None}
     mm = rca.check_mismatch(st, views)
@@ -97,8 +107,10 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         f = _recovered_stall(st, views)
         if f is not None:
             return f
-    if len(done) < 3:
+    if not done:
         return None
+    history = history if history is not None else {}
+    missing = [r for r in range(st.nranks) if r not in views] if st.nranks <= 4096 else []
     arrival = {r: _arrival(v) for r, v in done.items()}
     end = max(v.ref.end_ns for v in done.values())
     last_r = max(arrival, key=lambda r: arrival[r])
@@ -113,11 +125,12 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         w = [(f.gpu_wait_ns, max(f.steps, 1)) for f in v.flows if not f.send]
         if w:
             gpu[r] = sum(x for x, _ in w) / sum(n for _, n in w)
-    o = _outlier(gpu, RATIO, STEP_FLOOR_NS)
+    o = _outlier(gpu, GPU_RATIO, STEP_FLOOR_NS, history.get("gpu", ()))
     if o is not None:
         r, val, ratio = o
         cands.append((3.0 + min(ratio, 20) / 10, Finding(
-            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r], confidence=round(min(0.9, 0.5 + 0.02 * ratio), 3),
+            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r],
+            confidence=0.95 if ratio >= STRONG_RATIO else round(min(0.9, 0.5 + 0.01 * ratio), 3),
             evidence=(f"rank {r}'s GPU took {val / 1e3:.0f} us per step to consume received data, {ratio:.0f}x "
                       f"the other ranks, in {st.func} {st.seq}"), onset_ns=arrival[r])))
 
@@ -128,18 +141,18 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
     for s, v in done.items():
         for f in v.flows:
             if not f.send or f.peer not in arrival:
-                continue
+                continue  # a receiver we did not hear from may simply have been late: no fair comparison
             early = max(0, arrival[f.peer] - arrival[s])
             adj = max(0.0, f.net_wait_ns - min(max(f.steps, 1), 8) * early)
             key = (s, f.peer, f.channel)
             net[key] = adj / max(f.steps, 1)
             out_of.setdefault(s, set()).add(key)
             into.setdefault(f.peer, set()).add(key)
-    o = _outlier(net, RATIO, STEP_FLOOR_NS)
+    o = _outlier(net, NET_RATIO, STEP_FLOOR_NS, history.get("net", ()))
     if o is not None:
         (s, d, ch), val, ratio = o
         med = statistics.median(net.values())
-        slow = {k for k, x in net.items() if x >= max(val / 3, RATIO * max(med, STEP_FLOOR_NS))}
+        slow = {k for k, x in net.items() if x >= max(val / 3, NET_RATIO / 2 * max(med, STEP_FLOOR_NS))}
         if len(out_of.get(s, ())) > 1 and out_of[s] <= slow:
             cat, who, chan, peer = "slow_nic", s, None, None
             ev = f"all {len(out_of[s])} flows sent by rank {s} wait {ratio:.0f}x longer per step on the network"
@@ -151,18 +164,35 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
             ev = f"flow rank {s} -> rank {d} on channel {ch} waits {ratio:.0f}x longer per step than its siblings"
         cands.append((2.0 + min(ratio, 20) / 10, Finding(
             kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
-            confidence=round(min(0.9, 0.5 + 0.02 * ratio), 3), evidence=ev + f" in {st.func} {st.seq}",
+            confidence=0.95 if ratio >= STRONG_RATIO else round(min(0.9, 0.5 + 0.01 * ratio), 3),
+            evidence=ev + f" in {st.func} {st.seq}",
             onset_ns=arrival[s])))
 
+    for name, vals in (("gpu", gpu.values()), ("net", net.values())):
+        h = history.get(name)
+        if h is not None:
+            h.extend(vals)
     # arrival: the last rank started so late that the others mostly waited for it
     others = sorted(a for r, a in arrival.items() if r != last_r)
-    late = arrival[last_r] - statistics.median(others)
-    if late >= 3 * transfer and late >= 0.3 * makespan:
-        cands.append((1.0 + min(late / transfer, 20) / 20, Finding(
+    late = arrival[last_r] - statistics.median(others) if others else 0
+    if len(done) >= 3 and late >= 3 * transfer and late >= 0.3 * makespan:
+        cands.append((5.0 + min(late / transfer, 20) / 20, Finding(
             kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[last_r],
             confidence=round(min(0.9, 0.5 + 0.02 * late / transfer), 3),
             evidence=(f"rank {last_r} started {st.func} {st.seq} {late / 1e6:.1f} ms after the others, who waited; "
                       f"the transfer itself took {transfer / 1e6:.1f} ms"), onset_ns=arrival[last_r] - int(late))))
+    # the late rank's own collective was short, so the agent did not export it: everybody else waited
+    if not cands and len(missing) == 1 and len(done) >= 2:
+        durs = [v.ref.duration_ns for v in done.values()]
+        bases = [v.ref.baseline_ns for v in done.values() if v.ref.baseline_ns > 0]
+        flagged = all(v.ref.anomaly in ("slow", "stalled") for v in done.values())
+        if flagged and bases and min(durs) >= 4 * max(factor, 2.0) / 2 * statistics.median(bases):
+            r = missing[0]
+            cands.append((0.5, Finding(
+                kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[r], confidence=0.6,
+                evidence=(f"all {len(done)} other ranks waited {statistics.median(durs) / 1e6:.1f} ms in {st.func} "
+                          f"{st.seq} (>= {min(durs) / statistics.median(bases):.0f}x their baseline) while rank {r} "
+                          f"was not slow at all: it arrived late"), onset_ns=first)))
     if not cands:
         return None
     cands.sort(key=lambda c: -c[0])

@@ -256,17 +256,17 @@ class Ring:
             rv.end += 4 * self.dur
             rv.anomaly, rv.baseline = "slow", self.dur
 
-    def slow_flow(self, c: int, channel: int, factor: int = 6) -> None:
+    def slow_flow(self, c: int, channel: int, factor: int = 40) -> None:
         self.slow()
         for f in self.flows(c, True, channel):
             f.net_wait *= factor
 
-    def slow_nic(self, c: int, factor: int = 6) -> None:
+    def slow_nic(self, c: int, factor: int = 40) -> None:
         self.slow()
         for f in self.flows(c, True):
             f.net_wait *= factor
 
-    def slow_gpu(self, c: int, factor: int = 8) -> None:
+    def slow_gpu(self, c: int, factor: int = 100) -> None:
         self.slow()
         for f in self.flows(c, False):
             f.gpu_wait *= factor
