@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--abi", type=int, choices=(4, 5, 6, 7), default=None, help="profiler ABI version to drive")
     p.add_argument("--plugin", default=None, help="plugin .so (default: the packaged one)")
     p.add_argument("--ring-records", type=int, default=None, help="MYCROFT_RING_RECORDS for the simulated ranks")
+    p.add_argument("--algo", choices=("Ring", "Tree"), default="Ring", help="DP all-reduce algorithm")
     p.add_argument("--slow-steps", action="store_true",
                    help="the eval timing model (~0.3 s steps) instead of the default (~0.1 s)")
     p.add_argument("--quantum-us", type=float, default=0.0,
@@ -49,6 +50,7 @@ def run_args(args: argparse.Namespace, progress: Progress | None = None) -> dict
     topo = parse_topology(args.topology)
     faults = [parse_fault(f) for f in args.fault]
     model: TimingModel = eval_model() if args.slow_steps else TimingModel()
+    model = model.with_nccl(dp_algo=getattr(args, "algo", "Ring") or "Ring")
     steps = args.steps
     duration = args.duration if args.realtime else None
     if steps is None and duration is None:

@@ -174,6 +174,8 @@ class Simulation:
             issue = self.ready[g] + self._compute(g, entry.compute_ns)
             out.append(Instance(comm, members, seq, entry.func, int(count), issue, root=0 if entry.func ==
                                 "Broadcast" else -1, step=step, ordinal=k,
+                                algo=self.model.nccl.dp_algo if (entry.kind == "dp" and entry.func == "AllReduce")
+                                else "Ring",
                                 nccl_seq=-1 if entry.kind == "pp" else nseq))
         return out
 

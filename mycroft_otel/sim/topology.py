@@ -135,8 +135,9 @@ class Comm:
     def tree(self, channel: int) -> tuple[np.ndarray, list[list[int]]]:
         """NCCL's double binary tree over the comm's ranks for a channel: (parent per comm rank, children).
 
-        Tree 0 (even channels) is a binary tree over ring order; tree 1 (odd channels) is its mirror
-        (rank i takes the place of n-1-i), so every rank is a leaf in at most one of the two trees.
+        Tree 0 (even channels) is a heap-numbered binary tree over the ring order (root first); tree 1 (odd
+        channels) mirrors it (the rank at position i takes position n-1-i), so the leaves of one tree are
+        interior nodes of the other, as in NCCL's double binary tree.
         """
         n = self.nranks
         order = np.lexsort((self.ranks, self.hosts))

@@ -230,3 +230,53 @@ def test_stuck_dp_rank_never_issues_its_next_tp_collective():
     assert i.step >= 1
     assert np.isfinite(r.kstart[1 - k])          # its TP peer called it ...
     assert not np.isfinite(r.end).any()          # ... and waits there for ever
+
+
+def test_double_binary_tree_shape():
+    comms = build_comms(parse_topology("nodes=16,gpus=1,tp=1,dp=16"), seed=1)
+    c = comms["dp"][0]
+    leaves = []
+    for ch in (0, 1):
+        parent, children = c.tree(ch)
+        assert (parent < 0).sum() == 1 and all(len(k) <= 2 for k in children)
+        for r in range(c.nranks):  # every rank reaches the root
+            seen, x = 0, r
+            while parent[x] >= 0 and seen <= c.nranks:
+                x, seen = parent[x], seen + 1
+            assert parent[x] < 0
+        leaves.append({r for r in range(c.nranks) if not children[r]})
+    assert not (leaves[0] & leaves[1])  # a leaf of one tree is interior in the other
+
+
+def test_tree_allreduce_flows_follow_the_tree_and_complete():
+    from mycroft_otel.sim.model import TimingModel
+
+    sim = make_sim("nodes=8,gpus=1,tp=1,dp=8", steps=1, model=TimingModel().with_nccl(dp_algo="Tree"))
+    res = collect(sim)
+    ar = [(i, r) for i, r in res if i.func == "AllReduce"]
+    assert ar and all(i.algo == "Tree" for i, _ in ar)
+    assert np.isfinite(sim.ready).all()
+    i, r = ar[0]
+    rows = np.concatenate([b.rows for b in r.blocks])
+    ops = rows[(rows["op"] == abi.OP_START) & (rows["type"] == abi.PROXY_OP)]
+    coll = rows[(rows["op"] == abi.OP_START) & (rows["type"] == abi.COLL)]
+    assert set(coll["algo"].tolist()) == {abi.ALGO["Tree"]}
+    for ch in range(i.comm.n_channels):
+        parent, children = i.comm.tree(ch)
+        mine = ops[ops["channel"] == ch]
+        for o in mine:
+            rk, peer = int(o["rank"]), int(o["root_or_peer"])
+            assert peer == parent[rk] or peer in children[rk]
+        # every tree edge carries 2 ProxyOps per end (up and down): 4 per edge
+        assert len(mine) == 4 * (i.comm.nranks - 1)
+    steps = rows[(rows["op"] == abi.OP_START) & (rows["type"] == abi.PROXY_STEP)]
+    assert len(steps) == 4 * (i.comm.nranks - 1) * i.comm.n_channels * int(ops["n_steps"][0])
+
+
+def test_tree_hang_propagates_from_a_stalled_nic():
+    from mycroft_otel.sim.model import TimingModel
+
+    sim = make_sim("nodes=8,gpus=1,tp=1,dp=8", "nic_down:rank=3,step=1", steps=3,
+                   model=TimingModel().with_nccl(dp_algo="Tree"))
+    collect(sim)
+    assert not np.isfinite(sim.ready).any()

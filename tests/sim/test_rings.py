@@ -260,3 +260,15 @@ def test_multiprocess_really_signals_the_host_process(tmp_path, plugin, fault, s
     dead = [c for c in rings.by_key.values() if c.header.pid == seen["pid"]]
     assert len(dead) == 4  # both ranks of the host, TP and DP contexts
     assert any(len(c.live) for c in dead)  # its in-flight state survived the process
+
+
+def test_tree_allreduce_through_the_plugin(tmp_path, plugin):
+    sim, res, rings = run_sim(tmp_path, plugin, steps=2, topology="nodes=8,gpus=1,tp=1,dp=8",
+                              model=TimingModel().with_nccl(dp_algo="Tree"))
+    for ctx in rings.comm("dp0"):
+        assert len(ctx.live) == 0 and ctx.header.dropped_bad_handle == 0
+        ar = ctx.records[ctx.records["op"]["func"] == 4]
+        assert len(ar) == 4 and set(ar["op"]["algo"].tolist()) == {0}  # Tree
+        for rec in ar:
+            f = flows(rec)
+            assert np.all(f["done"] == f["n_steps"])
