@@ -17,8 +17,11 @@
 //    while the writer is inside an update).
 //  * LiveOp header: written by the thread that starts the operation while the
 //    slot's `generation` is odd; afterwards only atomic counters change.
-//  * Ring: many writers claim an index with fetch_add on `ring_head`, fill the
-//    record, then publish it by storing `seq = index + 1` with release order.
+//  * Ring: many writers claim an index with fetch_add on `ring_head`, mark the
+//    record busy (`seq = (index + 1) | 1 << 63`), fill it, then publish it by
+//    storing `seq = index + 1` with release order. `seq` never decreases, so a
+//    slow writer cannot hide a newer record; a record whose writer died while
+//    filling it stays busy and readers skip it once the writer is gone.
 //    The ring overwrites its oldest records; a reader that falls behind by more
 //    than the capacity sees a `seq` newer than the one it expected and counts the
 //    records in between as overwritten.
@@ -159,7 +162,7 @@ struct alignas(64) LiveOp {
 
 // A completed operation, published in the ring.
 struct alignas(64) RingRecord {
-  uint64_t seq;            // ring index + 1 once published; 0 = never written
+  uint64_t seq;            // ring index + 1 once published; top bit set while being written; 0 = never
   uint64_t reserved;
   OpInfo op;
   Flow flows[kMaxFlows];
