@@ -43,16 +43,17 @@ S_GROUP_END_API_START = 24
 
 # Name tables (shm_layout.h): indexes the rows carry.
 FUNC_NAMES = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "SendRecv", "Send", "Recv",
-              "AllToAll", "Gather", "Scatter")
+              "AlltoAll", "Gather", "Scatter", "PutSignal", "Signal", "WaitSignal")
 FUNC = {name: i for i, name in enumerate(FUNC_NAMES)}
 DATATYPE_NAMES = ("ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64", "ncclFloat16",
                   "ncclFloat32", "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2")
 DATATYPE_SIZES = (1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1)
 DATATYPE = {name: i for i, name in enumerate(DATATYPE_NAMES)}
-ALGO_NAMES = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
-ALGO = {name: i for i, name in enumerate(ALGO_NAMES)}
-PROTO_NAMES = ("LL", "LL128", "Simple")
-PROTO = {name: i for i, name in enumerate(PROTO_NAMES)}
+# NCCL's own spellings (upper-case); the simulator's model says "Ring"/"Tree"/"Simple": both map.
+ALGO_NAMES = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
+ALGO = {**{name: i for i, name in enumerate(ALGO_NAMES)}, "Tree": 0, "Ring": 1}
+PROTO_NAMES = ("LL", "LL128", "SIMPLE")
+PROTO = {**{name: i for i, name in enumerate(PROTO_NAMES)}, "Simple": 2}
 
 #: NCCL_STEPS: slots of a connection's FIFO, i.e. steps in flight per ProxyOp and the credit window.
 NCCL_STEPS = 8

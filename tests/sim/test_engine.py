@@ -280,3 +280,19 @@ def test_tree_hang_propagates_from_a_stalled_nic():
                    model=TimingModel().with_nccl(dp_algo="Tree"))
     collect(sim)
     assert not np.isfinite(sim.ready).any()
+
+
+def test_event_dtype_and_name_tables_match_the_native_module():
+    from mycroft_otel.sim.abi import native_dtype_matches
+
+    ok = native_dtype_matches()
+    if ok is None:
+        pytest.skip("native module not built")
+    from mycroft_otel import _native
+
+    assert ok
+    assert tuple(_native.FUNC_NAMES) == abi.FUNC_NAMES and tuple(_native.ALGO_NAMES) == abi.ALGO_NAMES
+    assert tuple(_native.PROTO_NAMES) == abi.PROTO_NAMES and tuple(_native.DATATYPE_NAMES) == abi.DATATYPE_NAMES
+    assert _native.EVENT_TYPES["ProxyStep"] == abi.PROXY_STEP and _native.STATES["KernelChStop"] == abi.S_KERNEL_CH_STOP
+    assert _native.STATES["ProxyStepSendPeerWait"] == abi.S_SEND_PEER_WAIT
+    assert _native.STATES["GroupEndApiStart"] == abi.S_GROUP_END_API_START
