@@ -16,7 +16,7 @@ In order:
      there yet, >= NET_RATIO x the reference: one flow -> ``slow_flow``; all flows out of one rank or into one rank
      -> ``slow_nic`` (sender or receiver side);
    - effective arrival (first step posted, i.e. the kernel really started) of the last
-     rank >= 3x the transfer time and >= 30% of the whole collective -> ``late_rank``.
+     rank >= LATE_RATIO x the transfer time and >= 30% of the whole collective -> ``late_rank``.
 
 Each verdict here is a *candidate*: the pipeline emits it only when the same culprit
 and category recur (a fault persists; jitter moves around).
@@ -40,6 +40,7 @@ _FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_fl
 # its per-step average), so the bars are high; a real fault is usually 100x and recurs.
 GPU_RATIO = 50.0
 NET_RATIO = 20.0
+LATE_RATIO = 50.0  # the last arrival's lateness over the transfer time (healthy skew stays well below)
 STRONG_RATIO = 200.0  # so far beyond any jitter that one collective suffices (confidence 0.95)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 
@@ -175,7 +176,8 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
     # arrival: the last rank started so late that the others mostly waited for it
     others = sorted(a for r, a in arrival.items() if r != last_r)
     late = arrival[last_r] - statistics.median(others) if others else 0
-    if len(done) >= 3 and late >= 3 * transfer and late >= 0.3 * makespan:
+    if len(done) >= 3 and late >= 0.3 * makespan and (late >= LATE_RATIO * transfer or
+                                                      (late >= 0.9 * makespan and late >= LATE_RATIO / 2.5 * transfer)):
         cands.append((5.0 + min(late / transfer, 20) / 20, Finding(
             kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[last_r],
             confidence=round(min(0.9, 0.5 + 0.02 * late / transfer), 3),

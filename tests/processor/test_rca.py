@@ -133,7 +133,7 @@ def _twice(make) -> list:
 def test_late_rank():
     def make(seq):
         ring = Ring(8, seq=seq)
-        ring.late(5, 40_000_000)
+        ring.late(5, 400_000_000)
         return ring
     v = _one(_twice(make))
     assert (v.kind, v.category, v.finding.ranks) == ("slowdown", "late_rank", [5])

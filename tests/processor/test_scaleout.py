@@ -103,7 +103,7 @@ def _traffic() -> list:
     """
     reqs = []
     faults = [("gpu_stall", (3,)), ("net_send_stall", (5, None)), ("net_delivery_stall", (1, 0)),
-              ("absent", (6,)), ("mismatch", (2,)), ("late", (4, 40_000_000)), ("slow_flow", (7, 1)),
+              ("absent", (6,)), ("mismatch", (2,)), ("late", (4, 400_000_000)), ("slow_flow", (7, 1)),
               ("slow_gpu", (0,))]
     for i, (name, args) in enumerate(faults):
         rings = []

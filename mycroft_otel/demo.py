@@ -1,0 +1,189 @@
+"""``mycroft-otel demo``: the whole pipeline in one process, no external services.
+
+A simulated training job (``nodes x gpus`` ranks, TP inside a node, DP across nodes) drives the
+real NCCL profiler plugin in real time; a fault strikes a few seconds in. The node agent reads the
+shared-memory rings and exports spans over OTLP/gRPC on loopback to the analysis processor, whose
+verdict -- what, where, evidence, detection time -- is printed at the end::
+
+    mycroft-otel demo                        # 64 ranks, a NIC goes down
+    mycroft-otel demo --fault gpu_stalled --seed 3
+    mycroft-otel demo --fault late_rank --nodes 4 --gpus 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+from mycroft_otel import semconv as sc
+
+DEFAULT_FAULT = "nic_down"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fault", default=DEFAULT_FAULT,
+                   help="fault to inject, NAME[:k=v,...] as for `mycroft-otel sim` (default %(default)s); "
+                        "healthy for none")
+    p.add_argument("--nodes", type=int, default=8, help="simulated hosts (default %(default)s)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default %(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="picks the victim and the jitter (default %(default)s)")
+    p.add_argument("--at", type=float, default=3.0, help="seconds into the run the fault strikes (default 3)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds the job runs (default: enough for the fault to be detected)")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fmt_ns(ns: int) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ns / 1e9)) + f".{ns % 1_000_000_000 // 1_000_000:03d}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from mycroft_otel.sim.faults import CATALOGUE, FaultError, parse_fault
+    from mycroft_otel.sim.runner import Progress
+
+    fault = args.fault.strip()
+    name = fault.split(":", 1)[0]
+    if name not in CATALOGUE:
+        print(f"mycroft-otel demo: unknown fault {name!r}; known: {', '.join(CATALOGUE)}", file=sys.stderr)
+        return 2
+    if name != "healthy" and "at=" not in fault:
+        fault += (":" if ":" not in fault else ",") + f"at={args.at:g}"
+    try:
+        parse_fault(fault)
+    except FaultError as exc:
+        print(f"mycroft-otel demo: {exc}", file=sys.stderr)
+        return 2
+    kind = CATALOGUE[name][1]
+    stall_ms = 3000
+    duration = args.duration or (args.at + stall_ms / 1000 + 5.0 if kind == "hang" else args.at + 12.0)
+    work = tempfile.mkdtemp(prefix="mycroft-demo-")
+    ring_dir = os.path.join(work, "rings")
+    os.makedirs(ring_dir, mode=0o700)
+    # Everything stays on loopback: point this process's OTLP exporters at our own receiver.
+    port = _free_port()
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                       "OTEL_EXPORTER_OTLP_INSECURE": "true", "MYCROFT_RING_DIR": ring_dir})
+    for k in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+              "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_CERTIFICATE"):
+        os.environ.pop(k, None)
+
+    from mycroft_otel.agent.agent import Agent
+    from mycroft_otel.agent.settings import AgentSettings
+    from mycroft_otel.processor import Processor
+    from mycroft_otel.processor.receiver import Receiver
+    from mycroft_otel.sim import cli as sim_cli
+
+    import logging
+    logging.getLogger("mycroft_otel").setLevel(logging.ERROR)  # the verdict is printed below, once
+    topo = f"nodes={args.nodes},gpus={args.gpus},tp={args.gpus},dp={args.nodes}"
+    world = args.nodes * args.gpus
+    print(f"mycroft-otel demo: {world} simulated ranks ({topo}), fault {fault}, seed {args.seed}, "
+          f"{duration:.0f} s of real time", file=sys.stderr)
+    verdicts = []
+    processor = Processor(env={"MYCROFT_STALL_MS": str(stall_ms)}, exporter=None)
+    processor.listeners.append(verdicts.append)
+    receiver = Receiver(processor, bind="127.0.0.1", grpc_port=port, http_port=None)
+    agent = None
+    stop = threading.Event()
+    result: dict = {}
+    t0 = time.monotonic()
+    try:
+        receiver.start()
+        processor.start()
+        agent = Agent(AgentSettings.from_env(ring_dir=ring_dir, state_dir=os.path.join(work, "state")))
+        agent_thread = threading.Thread(target=agent.run, args=(stop,), name="demo-agent", daemon=True)
+        agent_thread.start()
+        sim_args = argparse.Namespace(
+            topology=topo, fault=[] if name == "healthy" else [fault], seed=args.seed, steps=None, realtime=True,
+            duration=duration, multiprocess=False, ring_dir=ring_dir, job_id=f"demo-{args.seed}", abi=None,
+            plugin=None, ring_records=None, slow_steps=True, quantum_us=0.0, no_progress=True)
+
+        def simulate():
+            try:
+                result["out"] = sim_cli.run_args(sim_args, progress=Progress("sim", enabled=False))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                result["error"] = exc
+
+        sim_thread = threading.Thread(target=simulate, name="demo-sim", daemon=True)
+        sim_thread.start()
+        tty = sys.stderr.isatty()
+        while sim_thread.is_alive():
+            sim_thread.join(0.5)
+            el = time.monotonic() - t0
+            line = (f"  {el:5.1f}s / {duration:.0f}s  spans received {processor.counts['spans']:7d}  "
+                    f"traces {len(processor.store):5d}  verdicts {len(verdicts)}")
+            if tty:
+                sys.stderr.write("\r" + line + "   ")
+            elif int(el * 2) % 4 == 0:
+                sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        if tty:
+            sys.stderr.write("\n")
+        time.sleep(1.0)  # the last spans through the agent's batcher and one more detection tick
+    finally:
+        stop.set()
+        if agent is not None:
+            agent.close(flush_timeout_s=2.0)
+        processor.shutdown()
+        receiver.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    if "error" in result:
+        print(f"mycroft-otel demo: the simulation failed: {result['error']}", file=sys.stderr)
+        return 1
+    truth = (result.get("out") or {}).get("faults") or []
+    return _report(verdicts, truth[0] if truth else None, time.monotonic() - t0)
+
+
+def _report(verdicts: list, truth: dict | None, wall_s: float) -> int:
+    print()
+    if truth:
+        where = f"global rank{'s' if len(truth['culprit_global_ranks']) > 1 else ''} " + \
+            ", ".join(map(str, truth["culprit_global_ranks"]))
+        extra = f", channel {truth['channel']}" if truth.get("channel") is not None else ""
+        print(f"injected   {truth['fault']} ({truth['category']}) at {where} on {', '.join(truth['culprit_hosts'])}"
+              f"{extra}, {truth['comm_kind']} communicator {truth['comm_hash']}, collective {truth['coll_seq']}, "
+              f"onset {_fmt_ns(truth['onset_ns'])}")
+    if not verdicts:
+        print("verdict    none" + (" (as expected: a healthy run)" if not truth else " -- the fault was not found"))
+        return 0 if not truth else 1
+    onset = truth["onset_ns"] if truth else 0
+    first = verdicts[0]
+    for i, v in enumerate(verdicts[:3]):
+        f = v.finding
+        a = v.attributes()
+        print(f"{'verdict' if i == 0 else 'also':10s} {f.kind}: {f.category}")
+        where = f"rank{'s' if len(f.ranks) > 1 else ''} {', '.join(map(str, f.ranks))} of communicator {v.comm}"
+        if f.global_ranks:
+            where += f" (global rank{'s' if len(f.global_ranks) > 1 else ''} {', '.join(map(str, f.global_ranks))})"
+        if f.hosts:
+            where += f" on {', '.join(f.hosts)}"
+        if f.channel is not None:
+            where += f", channel {f.channel} towards rank {f.peer}"
+        print(f"  where    {where}")
+        print(f"  evidence {f.evidence}")
+        print(f"  trace    {v.trace_id.hex()} ({v.func} #{v.seq}), root-cause span {v.span_id.hex()}, "
+              f"confidence {a[sc.RCA_CONFIDENCE]:.2f}")
+        det = f"  detected {_fmt_ns(v.detected_ns)}"
+        if onset:
+            det += f", {(v.detected_ns - onset) / 1e9:.1f} s after the fault's onset"
+        print(det)
+    if len(verdicts) > 3:
+        print(f"(+{len(verdicts) - 3} more)")
+    if truth:
+        hit = bool(set(first.finding.global_ranks) & set(truth["culprit_global_ranks"])) or (
+            first.comm == truth["comm_hash"] and set(first.finding.ranks) & set(truth["culprit_ranks"]))
+        print(f"\n{'right' if hit and first.category == truth['category'] else 'MISSED'}: "
+              f"culprit {'found' if hit else 'not found'}, category {first.category} vs {truth['category']} "
+              f"({wall_s:.0f} s in all)")
+    return 0
