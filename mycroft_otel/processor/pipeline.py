@@ -283,7 +283,7 @@ class Processor:
                 # the ranks we wait for have evidence in a later collective of this communicator: they
                 # completed this one, so the waiting ranks expect something nobody sends
                 f = self._mismatch_from_progress(st, f, moved_on)
-        if f.category == "rank_absent" and self._propagated(st, f, mono):
+        if f.category == "rank_absent" and f.reason in ("silent", "not_entered") and self._propagated(st, f, mono):
             return None
         return self._emit(st, f, now_ns, mono, dt)
 

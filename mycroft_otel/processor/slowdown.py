@@ -39,7 +39,7 @@ _FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_fl
 # Per-step waits are heavy-tailed in a healthy job (a rank that waits once for a late peer multiplies
 # its per-step average), so the bars are high; a real fault is usually 100x and recurs.
 GPU_RATIO = 50.0
-NET_RATIO = 20.0
+NET_RATIO = 50.0
 LATE_RATIO = 50.0  # the last arrival's lateness over the transfer time (healthy skew stays well below)
 STRONG_RATIO = 200.0  # so far beyond any jitter that one collective suffices (confidence 0.95)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
