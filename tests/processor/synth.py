@@ -256,12 +256,12 @@ class Ring:
             rv.end += 4 * self.dur
             rv.anomaly, rv.baseline = "slow", self.dur
 
-    def slow_flow(self, c: int, channel: int, factor: int = 40) -> None:
+    def slow_flow(self, c: int, channel: int, factor: int = 80) -> None:
         self.slow()
         for f in self.flows(c, True, channel):
             f.net_wait *= factor
 
-    def slow_nic(self, c: int, factor: int = 40) -> None:
+    def slow_nic(self, c: int, factor: int = 80) -> None:
         self.slow()
         for f in self.flows(c, True):
             f.net_wait *= factor
