@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from mycroft_otel import config, semconv
+from mycroft_otel import semconv
 from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.evaluate.sink import Sink, Verdict
 

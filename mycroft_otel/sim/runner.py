@@ -199,7 +199,7 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     sim.run(lambda inst, res: blocks.extend(res.blocks))
     world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
     streams = _host_streams(blocks, world_hosts, sim.topo.nodes)
-    del blocks
+    blocks.clear()
     last_t = max((float(b.t.max()) for lst in streams.values() for b in lst), default=0.0)
     duration_ns = cfg.duration_s * 1e9 if cfg.duration_s is not None else last_t + 0.5e9
     truths = sim.truths()

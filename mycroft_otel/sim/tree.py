@@ -151,3 +151,60 @@ def tree_parents(insts, nm: int) -> np.ndarray:
             parent, _ = inst.comm.tree(c)
             out[c, k * nm:(k + 1) * nm] = np.where(parent >= 0, parent + k * nm, -1)
     return out
+
+
+def tree_batch(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m, m_sbw, m_deliver, sleep_ns, ctx,
+          owner, mem, coll_slot, model, slots, rng, predict):
+    """Tree AllReduce of a batch: times (tree.py) and the four ProxyOp kinds per link."""
+    from mycroft_otel.sim.callbacks import flow_rows as _flow_rows
+
+    net, gpu, nc = model.net, model.gpu, model.nccl
+    N = len(mem)
+    has = parent >= 0
+    depth = tree_depth(parent)
+    per_rank = has.astype(int).sum(axis=0)
+    for c in range(C):
+        per_rank = per_rank + np.bincount(par[c][has[c]], minlength=N)
+    nic_flows = max(1, int(per_rank.max()))
+    jit = np.exp(rng.normal(0.0, model.step.net_jitter, size=(C, N))) if model.step.net_jitter else 1.0
+    bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) * jit
+    sfac_child = m_sbw                                   # child -> parent uses the child's NIC
+    sfac_par = np.take_along_axis(m_sbw, par, axis=1)    # parent -> child uses the parent's NIC
+    rf = m["recv_bw_factor"]
+    bw_up = np.where(tnet, bw_net / (sfac_child * rf[par]), net.nvlink_bw)
+    bw_dn = np.where(tnet, bw_net / (sfac_par * rf[None, :]), net.nvlink_bw)
+    lat = np.where(tnet, net.net_latency_ns, net.nvlink_latency_ns)
+    flush = np.where(tnet, net.flush_ns, 0.0)
+    full = lambda a: np.broadcast_to(a, (C, N)).copy()  # noqa: E731
+    deliver_up = np.where(tnet, m_deliver, INF)
+    deliver_dn = np.where(tnet, np.take_along_axis(m_deliver, par, axis=1), INF)
+    tm = tree_times(sizes, parent, depth, full(kstart), full(pstart), full(m["gpu_factor"] / gpu.reduce_bw),
+                    bw_up, bw_dn, lat, flush, net.ack_latency_ns, full(m["gpu_stall_t"]),
+                    full(m["send_stall_t"]), deliver_up, deliver_dn, full(m["dead_t"]),
+                    full(m["proxy_sleep_t"]), sleep_ns)
+    S = len(sizes)
+    nsteps = np.full((C, N), S, dtype=np.int32)
+    child_rank = np.broadcast_to(mem, (C, N))
+    parent_rank = mem[par]
+    blocks, flows = [], []
+    ends = np.full((C, N), -INF)
+    ps = np.broadcast_to(pstart, (C, N))
+    for is_send, t, rank_pos, peer_pos, at_parent in (
+            (True, tm["up"], child_rank, parent_rank, False),     # child sends its reduced chunk up
+            (False, tm["up"], parent_rank, child_rank, True),     # parent receives it
+            (True, tm["down"], parent_rank, child_rank, True),    # parent broadcasts down
+            (False, tm["down"], child_rank, parent_rank, False)):  # child receives it
+        who = par if at_parent else np.broadcast_to(np.arange(N), (C, N))
+        b, f, e = _flow_rows(is_send, tnet, rank_pos, peer_pos, who, t, sizes, np.take_along_axis(ps, who, axis=1),
+                             coll_slot[who], ctx[who], owner[who], nsteps, nc.chunk_size, slots, predict)
+        for fl, (c, col) in zip(f, zip(*np.nonzero(tnet))):
+            fl["inst"] = int(who[c, col] // nm)
+        blocks += b
+        flows += f
+        for c in range(C):  # a rank's op ends with the last of its ProxyOps
+            sel = tnet[c]
+            np.maximum.at(ends[c], who[c][sel], e[c][sel])
+    kst = np.broadcast_to(kstart, (C, N))
+    kstop = np.where(np.isfinite(kst), tm["X"], INF)
+    end = np.maximum(kstop.max(axis=0), ends.max(axis=0))
+    return blocks, end, kstop, kst, flows

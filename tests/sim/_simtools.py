@@ -15,7 +15,9 @@ from mycroft_otel.sim.topology import parse_topology
 
 def _plugin_or_skip() -> str:
     try:
-        from mycroft_otel import _native  # noqa: F401
+        from mycroft_otel import _native
+
+        del _native
         from mycroft_otel.sim.runner import find_plugin
         return find_plugin()
     except (ImportError, FileNotFoundError) as exc:
