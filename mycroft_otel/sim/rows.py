@@ -46,6 +46,23 @@ def block(t, owner, thread: int, **fields) -> Block | None:
     return Block(rows, own, thread, tk)
 
 
+def _u64(rows: np.ndarray) -> np.ndarray:
+    return rows.view(np.uint64).reshape(-1, EVENT_DTYPE.itemsize // 8)
+
+
+def cat_rows(parts: list) -> np.ndarray:
+    """np.concatenate for EVENT_DTYPE arrays through a uint64 view (numpy's structured copy is ~20x slower)."""
+    if len(parts) == 1:
+        return parts[0].copy()
+    return np.concatenate([_u64(p) for p in parts]).view(EVENT_DTYPE).reshape(-1)
+
+
+def sort_rows(rows: np.ndarray) -> np.ndarray:
+    """Rows stably sorted by t_ns (ties keep causal order), gathered through a uint64 view."""
+    idx = np.argsort(rows["t_ns"], kind="stable")
+    return _u64(rows)[idx].view(EVENT_DTYPE).reshape(-1)
+
+
 class SlotAllocator:
     """Handle-table slots: every START takes the next one, modulo the driver's table size.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mycroft_otel.sim.rows import PROXY, USER, Block
+from mycroft_otel.sim.rows import PROXY, USER, Block, cat_rows, sort_rows
 from mycroft_otel.sim.simulation import Simulation
 
 SLOTS = 1 << 22
@@ -121,8 +121,7 @@ def _stream(blocks: list[Block], ctx_map: np.ndarray, quantum_ns: int = 0) -> np
     if not blocks:
         from mycroft_otel.sim.abi import EVENT_DTYPE
         return np.zeros(0, dtype=EVENT_DTYPE)
-    rows = np.concatenate([b.rows for b in blocks])
-    rows = rows[np.argsort(rows["t_ns"], kind="stable")]
+    rows = sort_rows(cat_rows([b.rows for b in blocks]))
     rows["ctx"] = ctx_map[rows["ctx"]]
     if quantum_ns > 1:
         q = np.uint64(quantum_ns)
@@ -162,9 +161,8 @@ def _run_accelerated(sim: Simulation, cfg: RunConfig, progress: Progress) -> dic
     def sink(inst, res) -> None:
         if not res.blocks:
             return
-        rows = np.concatenate([b.rows for b in res.blocks])
         # Causal order across blocks: a flow's step s+8 starts only after step s stopped (NCCL_STEPS).
-        rows = rows[np.argsort(rows["t_ns"], kind="stable")]
+        rows = sort_rows(cat_rows([b.rows for b in res.blocks]))
         rows["t_ns"] = 0
         rows["ctx"] = ctx_map[rows["ctx"]]
         _merge_stats(stats, driver.replay(rows))
