@@ -198,6 +198,17 @@ class Simulation:
             if kind == comm.kind and idx == comm.index:
                 mods.deliver_stall_t[c, r] = min(mods.deliver_stall_t[c, r], t)
 
+    #: rows one batch may produce before it is split (memory bound: ~100 bytes a row)
+    MAX_BATCH_ROWS = 8_000_000
+
+    def _split(self, batch: list) -> list:
+        inst = batch[0][0]
+        n = len(inst.members)
+        steps = 2 * max(1, inst.comm.nranks - 1) + inst.count * 4 // (inst.comm.n_channels * self.model.nccl.chunk_size)
+        per = max(1, n * inst.comm.n_channels * 2 * 5 * steps)  # ranks x channels x directions x rows/step
+        k = max(1, self.MAX_BATCH_ROWS // per)
+        return [batch[i:i + k] for i in range(0, len(batch), k)]
+
     def dry_run_span(self, inst: Instance) -> tuple[float, float]:
         """(first kernel start, last end) of ``inst`` as it would run without the striking fault."""
         mods = self._mods(inst)
@@ -236,23 +247,24 @@ class Simulation:
                     h = inst.comm.hosts[inst.members]
                     key = (inst.func, inst.count, tuple(inst.members), tuple(np.unique(h, return_inverse=True)[1]))
                     groups.setdefault(key, []).append((inst, mods))
-                for batch in groups.values():
-                    insts = [i for i, _ in batch]
-                    results = simulate_batch(insts, [md for _, md in batch], self.model, self.slots,
-                                             [self.ctx_base[(i.comm.kind, i.comm.index)] for i in insts],
-                                             self.rng, self.predict)
-                    for inst, res in zip(insts, results):
-                        g = inst.comm.ranks[inst.members]
-                        self.ready[g] = res.end
-                        self.n_rows += sum(len(b.rows) for b in res.blocks)
-                        if self.predict:
-                            self.log.append(dict(kind=inst.comm.kind, comm=inst.comm.index, seq=inst.seq,
-                                                 func=inst.func, step=step, ordinal=inst.ordinal,
-                                                 members=g.tolist(), issue=inst.issue.tolist(),
-                                                 kstart=res.kstart.tolist(), end=res.end.tolist(),
-                                                 flows=res.flows))
-                        if sink is not None:
-                            sink(inst, res)
+                for whole in groups.values():
+                    for batch in self._split(whole):
+                        insts = [i for i, _ in batch]
+                        results = simulate_batch(insts, [md for _, md in batch], self.model, self.slots,
+                                                 [self.ctx_base[(i.comm.kind, i.comm.index)] for i in insts],
+                                                 self.rng, self.predict)
+                        for inst, res in zip(insts, results):
+                            g = inst.comm.ranks[inst.members]
+                            self.ready[g] = res.end
+                            self.n_rows += sum(len(b.rows) for b in res.blocks)
+                            if self.predict:
+                                self.log.append(dict(kind=inst.comm.kind, comm=inst.comm.index, seq=inst.seq,
+                                                     func=inst.func, step=step, ordinal=inst.ordinal,
+                                                     members=g.tolist(), issue=inst.issue.tolist(),
+                                                     kstart=res.kstart.tolist(), end=res.end.tolist(),
+                                                     flows=res.flows))
+                            if sink is not None:
+                                sink(inst, res)
             step += 1
             self.steps_done = step
             if progress is not None:
