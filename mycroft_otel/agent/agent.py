@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -40,6 +41,8 @@ log = logging.getLogger("mycroft_otel.agent")
 MAX_RECORDS_PER_READ = 4096
 MAX_READS_PER_POLL = 8
 MAX_STATUS_BACKOFF_NS = 60_000_000_000
+HISTORY = 256  # unexported completions kept per ring, for when a local peer flags the same collective
+FLAGGED = 4096  # (comm, seq) flagged anomalous by some local rank, remembered
 VECTOR_MIN = 24  # batches of at least this many spans go through the vectorised encoder
 STALE_RING_NS = 600_000_000_000  # a crashed writer's ring older than this at discovery is history, not evidence
 
@@ -69,6 +72,7 @@ class _Ctx:
     exit_next: int = 0
     done: bool = False            # process exited and reported: nothing more to read
     marked: tuple = ()            # (cursor, last_seq, last_end) last handed to the exporter
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # recent unexported (seq, record)
 
 
 class Agent:
@@ -88,6 +92,8 @@ class Agent:
         self.resource_extra = resource_extra
         self.queue = ExportQueue(transport or OtlpTransport(settings.protocol), self.health,
                                  settings.export_queue, settings.export_batch, scope=sp.SCOPE)
+        self.flagged: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._new_flags: set[tuple[int, int]] = set()
         self._rl = RateLimitedLog()
         self._stop = threading.Event()
         self._closed = False
@@ -170,6 +176,7 @@ class Agent:
                 self._rl.warning(path, "error polling %s", path)
                 log.debug("error polling %s", path, exc_info=True)
             pending[path] = out
+        self._peer_flagged(pending)
         self._status(now, pending, pstate)
         backlog = 0
         for path, ctx in self.ctxs.items():
@@ -253,10 +260,16 @@ class Agent:
             ctx.inflight.pop(op_ids[i], None)
             if stalled and an is None:
                 an = (stalled, None, None)
-            exported = an is not None or sampled(traces[i], self.bound)
+            coll = kinds[i] == sp.KIND_COLL
+            if an is not None and coll:
+                self._flag((ctx.src.comm_hash, seqs[i]))
+            exported = (an is not None or sampled(traces[i], self.bound)
+                        or (coll and (ctx.src.comm_hash, seqs[i]) in self.flagged))
             if exported:
                 keep.append(i)
                 anomalies.append(an)
+            elif coll:
+                ctx.history.append((seqs[i], recs[i].copy()))
             ctx.summary.add(sp.func_name(funcs[i]), seqs[i], nbytes[i], end[i] - arrive, exported)
             if kinds[i] == sp.KIND_COLL and seqs[i] > ctx.last_seq:
                 ctx.last_seq = seqs[i]
@@ -270,6 +283,34 @@ class Agent:
         else:  # a few spans: the generic writer is cheaper than the vectorised setup (same bytes)
             for i, an in zip(keep, anomalies):
                 out.append(b.op_span_generic(recs[i], *(an or (None, None, None))))
+
+    def _flag(self, key: tuple[int, int]) -> None:
+        if key not in self.flagged:
+            self.flagged[key] = None
+            self._new_flags.add(key)
+            if len(self.flagged) > FLAGGED:
+                self.flagged.popitem(last=False)
+
+    def _peer_flagged(self, pending: dict[str, list[bytes]]) -> None:
+        """Export the other local ranks' spans of collectives a local rank found anomalous.
+
+        The processor compares ranks within a trace (arrival, flow and GPU times); a slowdown that
+        only some ranks' local rule flags would otherwise reach it with most ranks sampled away.
+        Across nodes the ranks' own rules (and trace-id sampling) have to do.
+        """
+        if not self._new_flags:
+            return
+        new, self._new_flags = self._new_flags, set()
+        comms = {c for c, _ in new}
+        for path, ctx in self.ctxs.items():
+            if ctx.done or path not in pending or ctx.src.comm_hash not in comms or not ctx.history:
+                continue
+            c = ctx.src.comm_hash
+            hit = [(q, r) for q, r in ctx.history if (c, q) in new]
+            if hit:
+                ctx.history = deque(((q, r) for q, r in ctx.history if (c, q) not in new), maxlen=HISTORY)
+                for _, rec in hit:
+                    pending[path].append(ctx.builder.op_span_generic(rec))
 
     def _snapshots(self, ctx: _Ctx, live: np.ndarray, out: list[bytes], now: int, stopped: bool) -> None:
         seen = set()

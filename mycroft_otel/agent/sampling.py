@@ -30,41 +30,74 @@ def sampled(trace_id: int, bound: int) -> bool:
 
 
 class _Ewma:
-    __slots__ = ("n", "value")
+    """Running baseline: mean and mean absolute deviation, plus a fast mean that follows the last few
+    operations (a sustained shift shows there first). Seeded by the median (and median absolute
+    deviation) of the first ``seed`` values, so a slow first iteration does not inflate it."""
 
-    def __init__(self) -> None:
+    __slots__ = ("n", "value", "dev", "fast", "_first", "_seed")
+
+    def __init__(self, seed: int = 8) -> None:
         self.n = 0
         self.value = 0.0
+        self.dev = 0.0
+        self.fast = 0.0
+        self._first: list[float] | None = []
+        self._seed = max(1, seed)
 
-    def add(self, x: float, alpha: float) -> None:
+    def add(self, x: float, alpha: float, fast_alpha: float = 0.3) -> None:
         self.n += 1
-        if self.n == 1:
-            self.value = x
-        else:
-            a = max(alpha, 1.0 / self.n)  # plain mean during warm-up, then EWMA
-            self.value += a * (x - self.value)
+        if self._first is not None:
+            self._first.append(x)
+            v = sorted(self._first)
+            self.value = self.fast = v[len(v) // 2]
+            self.dev = sorted(abs(y - self.value) for y in v)[len(v) // 2]
+            if len(v) >= self._seed:
+                self._first = None
+            return
+        self.dev += alpha * (abs(x - self.value) - self.dev)
+        self.value += alpha * (x - self.value)
+        self.fast += fast_alpha * (x - self.fast)
+
+    def exceeds(self, x: float, factor: float, min_excess: float, k_dev: float) -> bool:
+        """An outlier: x ≥ factor × mean and above it by at least max(min_excess, k_dev × deviation)."""
+        return x >= factor * self.value and x - self.value >= max(min_excess, k_dev * self.dev)
+
+    def shifted(self, factor: float, min_excess: float) -> bool:
+        """A sustained shift: the last few operations average ≥ factor × the baseline."""
+        return self.fast >= factor * self.value and self.fast - self.value >= min_excess
 
 
 class Baselines:
     """The local slow / late rule for one rank context."""
 
     def __init__(self, factor: float, warmup: int, min_excess_ns: int = 1_000_000, alpha: float = 0.1,
-                 max_keys: int = 4096):
+                 k_dev: float = 4.0, max_keys: int = 4096):
         self.factor = factor
         self.warmup = warmup
         self.alpha = alpha
         self.min_excess_ns = min_excess_ns
+        self.k_dev = k_dev  # jittery baselines (e.g. durations dominated by waiting for peers) need more
         self.max_keys = max_keys
         self._dur: dict[tuple, _Ewma] = {}
         self._gap: dict[tuple, _Ewma] = {}
         self.prev_end = 0  # end of the previous op on this communicator (monotonic ns)
+
+    def _update(self, e: _Ewma, x: float) -> None:
+        # Anomalies update the baseline too (a new regime is absorbed in ~1/alpha ops instead of locking
+        # in a baseline learnt from an unusual warm-up), clipped and slower while shifted, so a sustained
+        # slowdown stays visible for a few dozen operations.
+        if e.n >= self.warmup:
+            slow = e.shifted(self.factor, self.min_excess_ns)
+            e.add(min(x, 2 * self.factor * e.value), self.alpha / 4 if slow else self.alpha)
+        else:
+            e.add(x, self.alpha)
 
     def _get(self, d: dict, key: tuple) -> _Ewma:
         e = d.get(key)
         if e is None:
             if len(d) >= self.max_keys:
                 d.clear()
-            e = d[key] = _Ewma()
+            e = d[key] = _Ewma(self.warmup)
         return e
 
     def classify(self, func: int, nbytes: int, arrive_ns: int, end_ns: int) -> tuple[str, int, int | None] | None:
@@ -76,18 +109,19 @@ class Baselines:
             self.prev_end = end_ns
         result = None
         d = self._get(self._dur, key)
-        slow = d.n >= self.warmup and dur >= self.factor * d.value and dur - d.value >= self.min_excess_ns
+        warm = d.n >= self.warmup
         if gap is not None:
             g = self._get(self._gap, key)
-            if g.n >= self.warmup and gap >= self.factor * g.value and gap - g.value >= self.min_excess_ns:
+            if g.n >= self.warmup and g.exceeds(gap, self.factor, self.min_excess_ns, self.k_dev):
                 result = (sc.ANOMALY_LATE, int(g.value), int(gap))
-            # anomalies update the baseline too (a new regime is absorbed in ~1/alpha ops instead of
-            # locking in a baseline learnt from an unusual warm-up), clipped so one outlier moves it little
-            g.add(min(gap, 2 * self.factor * g.value) if g.n >= self.warmup else gap, self.alpha)
-        if slow and result is None:
-            result = (sc.ANOMALY_SLOW, int(d.value), None)
+            self._update(g, gap)
+        base = d.value
+        outlier = warm and d.exceeds(dur, self.factor, self.min_excess_ns, self.k_dev)
         if dur >= 0:
-            d.add(min(dur, 2 * self.factor * d.value) if d.n >= self.warmup else dur, self.alpha)
+            self._update(d, dur)  # the fast mean includes this op: a shift is seen at once
+        shift = warm and d.shifted(self.factor, self.min_excess_ns) and dur >= self.factor * d.value
+        if result is None and (outlier or shift):
+            result = (sc.ANOMALY_SLOW, int(base), None)
         return result
 
 

@@ -199,3 +199,20 @@ def test_health_as_otel_metrics():
            for m in sm.metrics}
     assert got["mycroft.agent.records_read"] == 11 and got["mycroft.agent.export_errors"] == 2
     assert got["mycroft.agent.queue_spans"] == 5
+
+
+def test_local_peers_of_an_anomalous_collective_are_exported(tmp_path, otel_env):
+    rings = [FakeRing(tmp_path / f"r{r}", rank=r, nranks=3) for r in range(3)]
+    t = time.monotonic_ns() - 10_000 * MS
+    for q in range(21):
+        for r, ring in enumerate(rings):
+            dur = 40 * MS if (q == 20 and r == 1) else 5 * MS  # only rank 1's rule will see seq 20 as slow
+            ring.complete(ring.make_op(seq=q, start_ns=t, end_ns=t + dur))
+        t += 60 * MS
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.poll_once()
+    assert agent.queue.flush(10)
+    got = {(s["attrs"][sc.COLL_SEQ], s["attrs"][sc.RANK]): s["attrs"].get(sc.ANOMALY)
+           for s in otel_env.sink.named("nccl.AllReduce")}
+    assert got == {(20, 0): None, (20, 1): sc.ANOMALY_SLOW, (20, 2): None}
+    agent.close()
