@@ -41,7 +41,7 @@ log = logging.getLogger("mycroft_otel.agent")
 MAX_RECORDS_PER_READ = 4096
 MAX_READS_PER_POLL = 8
 MAX_STATUS_BACKOFF_NS = 60_000_000_000
-HISTORY = 256  # unexported completions kept per ring, for when a local peer flags the same collective
+HISTORY = 64  # unexported completions kept per ring, for when a local peer flags the same collective
 FLAGGED = 4096  # (comm, seq) flagged anomalous by some local rank, remembered
 VECTOR_MIN = 24  # batches of at least this many spans go through the vectorised encoder
 STALE_RING_NS = 600_000_000_000  # a crashed writer's ring older than this at discovery is history, not evidence
@@ -268,8 +268,10 @@ class Agent:
             if exported:
                 keep.append(i)
                 anomalies.append(an)
-            elif coll:
-                ctx.history.append((seqs[i], recs[i].copy()))
+            elif coll:  # compact copy: the op and its valid flows (~1 KB instead of 6 KB)
+                r = recs[i]
+                flows = r["flows"][:int(r["op"]["n_flows"])].copy()
+                ctx.history.append((seqs[i], {"op": r["op"].copy(), "flows": flows}))
             ctx.summary.add(sp.func_name(funcs[i]), seqs[i], nbytes[i], end[i] - arrive, exported)
             if kinds[i] == sp.KIND_COLL and seqs[i] > ctx.last_seq:
                 ctx.last_seq = seqs[i]
