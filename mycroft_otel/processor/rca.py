@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flows_of
+from mycroft_otel.processor.spans import HANG_KEYS, Flow, SpanRef, evidence_attributes, flows_of
 from mycroft_otel.processor.state import TraceState
 
 # Rank states as the analysis sees them.
@@ -85,15 +85,10 @@ class RankView:
 
 
 def _stopped(ref: SpanRef | None) -> bool:
-    if ref is None or ref.span is None:
-        return False
-    for kv in ref.span.attributes:
-        if kv.key == sc.PROCESS_STOPPED:
-            return bool(kv.value.bool_value)
-    return False
+    return ref is not None and ref.stopped
 
 
-def build_views(st: TraceState, decode_completed: bool = True) -> dict[int, RankView]:
+def build_views(st: TraceState, decode_completed: bool = True, keys=None) -> dict[int, RankView]:
     """One RankView per rank that said anything about this trace."""
     views: dict[int, RankView] = {}
     ranks = set(st.op) | set(st.inflight) | set(st.status)
@@ -107,7 +102,8 @@ def build_views(st: TraceState, decode_completed: bool = True) -> dict[int, Rank
             ref, state = inf, (STOPPED if _stopped(inf) else IN_FLIGHT)
         else:
             ref, state = status, (STOPPED if _stopped(status) else NOT_ENTERED)
-        attrs = evidence_attributes(ref) if (state != COMPLETED or decode_completed) else {}
+        attrs = (evidence_attributes(ref, keys) if keys else evidence_attributes(ref)) \
+            if (state != COMPLETED or decode_completed) else {}
         views[r] = RankView(rank=r, state=state, ref=ref, attrs=attrs, flows=flows_of(attrs),
                             host=ref.resource.host if ref else "", global_rank=ref.global_rank if ref else -1)
     return views
@@ -314,7 +310,7 @@ def _classify_flow(views: dict[int, RankView], s: int, d: int, ch: int) -> tuple
 
 
 def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Finding | None:
-    views = build_views(st) if views is None else views
+    views = build_views(st, keys=HANG_KEYS) if views is None else views
     mm = check_mismatch(st, views)
     if mm is not None:
         _decorate(st, views, mm)

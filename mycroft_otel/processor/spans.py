@@ -59,11 +59,18 @@ def attributes(kvs: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
 _SCALARS = ("int_value", "string_value", "double_value", "bool_value")
 
 
-def scalar_attributes(kvs: Any, keys: frozenset[str]) -> dict[str, Any]:
-    """Only the scalar attributes among ``keys`` (the ingest path: arrays are never needed there)."""
+_FLOW_PREFIX = "mycroft.flow."
+
+
+def scalar_attributes(kvs: Any, keys: frozenset[str], stop_at_flows: bool = False) -> dict[str, Any]:
+    """Only the scalar attributes among ``keys`` (the ingest path: arrays are never needed there).
+    ``stop_at_flows``: stop at the first flow array (the agent writes them last)."""
     out: dict[str, Any] = {}
-    for kv in kvs:
+    for i, kv in enumerate(kvs):
         k = kv.key
+        if stop_at_flows and k.startswith(_FLOW_PREFIX):
+            out[_FLOW_AT] = i
+            break
         if k in keys:
             v = kv.value
             w = v.WhichOneof("value")
@@ -72,10 +79,13 @@ def scalar_attributes(kvs: Any, keys: frozenset[str]) -> dict[str, Any]:
     return out
 
 
+_FLOW_AT = " flow_at"  # not an attribute key: where the flow arrays start
+
+
 _KEY_ATTRS = frozenset({
     sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE, sc.SNAPSHOT_SEQ,
     sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK, sc.COLL_BYTES, sc.TIME_LAST_PROGRESS,
-    sc.OP_KIND,
+    sc.OP_KIND, sc.PROCESS_STOPPED, sc.COLL_COUNT, sc.COLL_DATATYPE,
 })
 _RES_ATTRS = frozenset({sc.HOST_NAME, sc.PROCESS_PID, sc.SERVICE_NAME, sc.JOB_ID})
 
@@ -117,6 +127,10 @@ class SpanRef:
     nbytes: int
     last_progress_ns: int
     resource: Resource
+    stopped: bool = False   # PROCESS_STOPPED: the writer is SIGSTOPped
+    flow_at: int = -1       # index of the first flow attribute (-1: none seen before the end)
+    count: int = -1
+    datatype: str = ""
     span: Any = field(repr=False, default=None)  # the protobuf Span
 
     @property
@@ -151,7 +165,7 @@ def span_ref(span: Any, resource: Resource) -> SpanRef | None:
     tid, sid = span.trace_id, span.span_id
     if len(tid) != 16 or len(sid) != 8:
         return None
-    a = scalar_attributes(span.attributes, _KEY_ATTRS)
+    a = scalar_attributes(span.attributes, _KEY_ATTRS, stop_at_flows=True)
     rank, nranks = _int(a, sc.RANK), _int(a, sc.COMM_NRANKS)
     comm = a.get(sc.COMM_HASH, "")
     if not isinstance(comm, str):
@@ -176,6 +190,8 @@ def span_ref(span: Any, resource: Resource) -> SpanRef | None:
         anomaly=anomaly if isinstance(anomaly, str) else "", baseline_ns=_int(a, sc.BASELINE_NS, 0),
         global_rank=_int(a, sc.GLOBAL_RANK), nbytes=_int(a, sc.COLL_BYTES, 0),
         last_progress_ns=_int(a, sc.TIME_LAST_PROGRESS, 0), resource=resource, span=span,
+        stopped=a.get(sc.PROCESS_STOPPED) is True, flow_at=a.get(_FLOW_AT, -1), count=_int(a, sc.COLL_COUNT),
+        datatype=a.get(sc.COLL_DATATYPE) if isinstance(a.get(sc.COLL_DATATYPE), str) else "",
     )
 
 
@@ -223,7 +239,8 @@ def _col(a: dict, key: str, n: int, default: Any) -> list:
     v = a.get(key)
     if not isinstance(v, list):
         return [default] * n
-    v = [x if x is not None and not isinstance(x, bool) else default for x in v[:n]]
+    if len(v) >= n:
+        return v[:n] if len(v) > n else v
     return v + [default] * (n - len(v))
 
 
@@ -232,29 +249,54 @@ def flows_of(a: dict) -> list[Flow]:
     if not isinstance(ch, list) or not ch:
         return []
     n = len(ch)
-    cols = {k: _col(a, k, n, "" if k in (sc.FLOW_WAIT_STATE, sc.FLOW_DIRECTION, sc.FLOW_NIC) else 0)
-            for k in _FLOW_KEYS}
-
-    def i(k: str, j: int) -> int:
-        x = cols[k][j]
-        return int(x) if isinstance(x, (int, float)) else 0
-
-    out = []
-    for j in range(n):
-        out.append(Flow(
-            channel=i(sc.FLOW_CHANNEL, j), send=cols[sc.FLOW_DIRECTION][j] == "send", peer=i(sc.FLOW_PEER, j),
-            steps=i(sc.FLOW_STEPS, j), posted=i(sc.FLOW_POSTED, j), ready=i(sc.FLOW_READY, j),
-            transmitted=i(sc.FLOW_TRANSMITTED, j), done=i(sc.FLOW_DONE, j), nbytes=i(sc.FLOW_BYTES, j),
-            start_ns=i(sc.FLOW_START, j), end_ns=i(sc.FLOW_END, j), last_progress_ns=i(sc.FLOW_LAST_PROGRESS, j),
-            wait_state=str(cols[sc.FLOW_WAIT_STATE][j] or ""), wait_since_ns=i(sc.FLOW_WAIT_SINCE, j),
-            gpu_wait_ns=i(sc.FLOW_GPU_WAIT, j), net_wait_ns=i(sc.FLOW_NET_WAIT, j),
-            nic=str(cols[sc.FLOW_NIC][j] or ""),
-        ))
-    return out
+    zeros = [0] * n
+    blanks = [""] * n
+    c = [_col(a, k, n, "" if k in (sc.FLOW_WAIT_STATE, sc.FLOW_DIRECTION, sc.FLOW_NIC) else 0) if k in a
+         else (blanks if k in (sc.FLOW_WAIT_STATE, sc.FLOW_DIRECTION, sc.FLOW_NIC) else zeros) for k in _FLOW_KEYS]
+    return [Flow(ch_, d == "send", pe, st, po, rd, tx, dn, by, s0, e0, lp, ws if isinstance(ws, str) else "", wsn,
+                 gw, nw, str(nic))
+            for (ch_, d, pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, _wstep, wsn, gw, nw, nic) in zip(*c)]
 
 
-def evidence_attributes(ref: SpanRef) -> dict[str, Any]:
-    """The attributes the analysis reads, decoded from the kept protobuf span."""
+_STR_ARRAYS = frozenset({sc.FLOW_DIRECTION, sc.FLOW_WAIT_STATE, sc.FLOW_NIC})
+
+
+# What the hang walk reads (a subset: decoding is the cost of analysing 16k ranks).
+HANG_KEYS = frozenset({
+    sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_POSTED, sc.FLOW_READY,
+    sc.FLOW_TRANSMITTED, sc.FLOW_DONE, sc.FLOW_WAIT_STATE, sc.FLOW_WAIT_SINCE, sc.COLL_COUNT, sc.COLL_DATATYPE,
+    sc.STATUS_LAST_STATE, sc.STATUS_LAST_SEQ, sc.TIME_LAST_PROGRESS})
+
+
+def evidence_attributes(ref: SpanRef, keys: frozenset[str] = _EVIDENCE_KEYS) -> dict[str, Any]:
+    """The attributes the analysis reads, decoded from the kept protobuf span (typed arrays: an element
+    of the wrong type reads as 0 / "")."""
     if ref.span is None:
         return {}
-    return attributes(ref.span.attributes, _EVIDENCE_KEYS)
+    out: dict[str, Any] = {}
+    kvs = ref.span.attributes
+    if keys is HANG_KEYS:
+        # the scalars the walk needs were read at ingest; only the flow arrays are left to decode
+        if ref.flow_at < 0:
+            if ref.kind not in ("status",):
+                return {sc.COLL_COUNT: ref.count, sc.COLL_DATATYPE: ref.datatype}
+        else:
+            out[sc.COLL_COUNT], out[sc.COLL_DATATYPE] = ref.count, ref.datatype
+            kvs = kvs[ref.flow_at:]
+    for kv in kvs:
+        k = kv.key
+        if k not in keys:
+            continue
+        v = kv.value
+        w = v.WhichOneof("value")
+        if w == "array_value":
+            vals = v.array_value.values
+            if len(vals) > _MAX_ARRAY:
+                vals = vals[:_MAX_ARRAY]
+            if k in _STR_ARRAYS:
+                out[k] = [x.string_value for x in vals]
+            else:
+                out[k] = [x.int_value for x in vals]
+        elif w in _SCALARS:
+            out[k] = getattr(v, w)
+    return out

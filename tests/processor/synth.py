@@ -92,6 +92,7 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
     if r.global_rank >= 0:
         a[sc.GLOBAL_RANK] = r.global_rank
     links = []
+    flow_attrs: dict = {}  # the agent writes the flow arrays last
     if r.kind in ("op", "inflight"):
         a.update({sc.COLL_COUNT: r.count, sc.COLL_BYTES: r.count * 4, sc.COLL_DATATYPE: r.datatype,
                   sc.TIME_API: r.start, sc.TIME_ENQUEUE: r.start, sc.TIME_END: r.end if r.kind == "op" else 0,
@@ -99,7 +100,7 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
                   sc.OP_STATE: "completed" if r.kind == "op" else "in_flight"})
         if r.flows:
             fl = r.flows
-            a.update({
+            flow_attrs.update({
                 sc.FLOW_CHANNEL: [f.channel for f in fl], sc.FLOW_DIRECTION: ["send" if f.send else "recv" for f in fl],
                 sc.FLOW_PEER: [f.peer for f in fl], sc.FLOW_STEPS: [f.steps for f in fl],
                 sc.FLOW_POSTED: [f.posted for f in fl], sc.FLOW_READY: [f.ready for f in fl],
@@ -138,6 +139,7 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
         links.insert(0, trace_pb2.Span.Link(
             trace_id=tid.to_bytes(16, "big"), span_id=ids.span_id(tid, r.rank, sc.ROLE_OP).to_bytes(8, "big"),
             attributes=kvs({sc.LINK_ROLE: sc.LINK_SNAPSHOT_OF})))
+    a.update(flow_attrs)
     return trace_pb2.Span(trace_id=tid.to_bytes(16, "big"), span_id=sid.to_bytes(8, "big"), name=name,
                           kind=trace_pb2.Span.SPAN_KIND_INTERNAL, start_time_unix_nano=start,
                           end_time_unix_nano=max(end, start), attributes=kvs(a), links=links)
