@@ -55,15 +55,31 @@ class Finding:
     waiting: list[int] = field(default_factory=list)  # ranks in flight that wait (the walk's start points)
 
 
-@dataclass
 class RankView:
-    rank: int
-    state: str
-    ref: SpanRef | None            # the evidence span read (op, latest in-flight or status)
-    attrs: dict
-    flows: list[Flow]
-    host: str = ""
-    global_rank: int = -1
+    """One rank's evidence in a trace; its attributes and flows are decoded on first use (the walk over
+    a 16k-rank collective decodes only the ranks it visits)."""
+
+    __slots__ = ("rank", "state", "ref", "host", "global_rank", "_attrs", "_flows", "_keys")
+
+    def __init__(self, rank: int, state: str, ref: SpanRef | None, attrs: dict | None = None,
+                 flows: list[Flow] | None = None, host: str = "", global_rank: int = -1, keys=None):
+        self.rank, self.state, self.ref, self.host, self.global_rank = rank, state, ref, host, global_rank
+        self._attrs, self._flows, self._keys = attrs, flows, keys
+
+    @property
+    def attrs(self) -> dict:
+        if self._attrs is None:
+            if self.ref is None:
+                self._attrs = {}
+            else:
+                self._attrs = evidence_attributes(self.ref, self._keys) if self._keys else evidence_attributes(self.ref)
+        return self._attrs
+
+    @property
+    def flows(self) -> list[Flow]:
+        if self._flows is None:
+            self._flows = flows_of(self.attrs)
+        return self._flows
 
     def send_flow(self, channel: int, peer: int) -> Flow | None:
         alt = None
@@ -102,10 +118,9 @@ def build_views(st: TraceState, decode_completed: bool = True, keys=None) -> dic
             ref, state = inf, (STOPPED if _stopped(inf) else IN_FLIGHT)
         else:
             ref, state = status, (STOPPED if _stopped(status) else NOT_ENTERED)
-        attrs = (evidence_attributes(ref, keys) if keys else evidence_attributes(ref)) \
-            if (state != COMPLETED or decode_completed) else {}
-        views[r] = RankView(rank=r, state=state, ref=ref, attrs=attrs, flows=flows_of(attrs),
-                            host=ref.resource.host if ref else "", global_rank=ref.global_rank if ref else -1)
+        views[r] = RankView(rank=r, state=state, ref=ref, attrs=None if (state != COMPLETED or decode_completed)
+                            else {}, host=ref.resource.host if ref else "",
+                            global_rank=ref.global_rank if ref else -1, keys=keys)
     return views
 
 
@@ -113,8 +128,7 @@ def _signature(v: RankView) -> tuple | None:
     func = v.ref.func if v.ref else ""
     if v.state in (NOT_ENTERED, MISSING) or not func:
         return None
-    count, dtype = v.attrs.get(sc.COLL_COUNT), v.attrs.get(sc.COLL_DATATYPE)
-    return (func, count if isinstance(count, int) else None, dtype if isinstance(dtype, str) else None)
+    return (func, v.ref.count if v.ref.count >= 0 else None, v.ref.datatype or None)
 
 
 def check_mismatch(st: TraceState, views: dict[int, RankView]) -> Finding | None:
@@ -234,9 +248,17 @@ def _resolve(v: RankView, views: dict[int, RankView], nranks: int) -> tuple[list
     return terms, follow
 
 
+MAX_STARTS = 1024
+
+
 def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
     """Votes per terminal: each stalled rank's walk ends somewhere; iterative, memoized, cycle-safe."""
     stalled = [r for r, v in views.items() if v.state == IN_FLIGHT]
+    if len(stalled) > MAX_STARTS:
+        # a huge collective: start from the ranks that stopped progressing first (the fault's neighbourhood:
+        # further away the pipeline drains later); only the ranks the walks visit get decoded
+        by_stop = sorted(stalled, key=lambda r: (views[r].ref.last_progress_ns, r))
+        stalled = by_stop[:MAX_STARTS // 4]
     memo: dict[int, list[tuple]] = {}
     direct: dict[int, tuple[list[tuple], list[int]]] = {}
 

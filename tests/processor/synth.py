@@ -193,11 +193,21 @@ class Ring:
                     f.ready = f.transmitted = f.done = k
                     f.wait = "RecvWait"
 
+    def drain_from(self, c: int, per_hop_ns: int = 2000) -> None:
+        """Ranks further downstream of the fault stop progressing later (the pipeline drains)."""
+        for r, rv in self.ranks.items():
+            d = ((r - c) % self.n) * per_hop_ns
+            rv.last_progress += d
+            for f in rv.flows:
+                f.last += d
+                f.since += d
+
     def flows(self, r: int, send: bool, channel: int | None = None) -> list[F]:
         return [f for f in self.ranks[r].flows if f.send == send and (channel is None or f.channel == channel)]
 
     def gpu_stall(self, c: int, k: int = 5) -> None:
         self.hang_all(k)
+        self.drain_from(c)
         for f in self.flows(c, False):
             f.ready = f.transmitted = k + 1
             f.wait = "RecvGpuWait"
@@ -207,12 +217,14 @@ class Ring:
 
     def net_send_stall(self, c: int, channel: int | None, k: int = 5) -> None:
         self.hang_all(k)
+        self.drain_from(c)
         for f in self.flows(c, True, channel):
             f.ready = k + 2
             f.wait = "SendPeerWait"
 
     def net_delivery_stall(self, c: int, channel: int, k: int = 5) -> None:
         self.hang_all(k)
+        self.drain_from(c)
         for f in self.flows(c, True, channel):
             f.ready = f.transmitted = k + 1
             f.wait = "SendWait"
