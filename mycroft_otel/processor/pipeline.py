@@ -124,6 +124,7 @@ class Processor:
         self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._slow_votes: dict[tuple, list] = {}
         self._history: dict[str, dict] = {}
+        self._job_history = {"gpu": deque(maxlen=1024), "net": deque(maxlen=1024)}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0, "slow_candidates": 0}
@@ -359,6 +360,7 @@ class Processor:
                 if len(self._history) > 4096:
                     self._history.pop(next(iter(self._history)))
                 hist = self._history[st.comm] = {"gpu": deque(maxlen=256), "net": deque(maxlen=256)}
+            hist["job"] = self._job_history  # the reference while this communicator's own is thin
             f = slowdown.analyse_slowdown(st, base, self.slow_factor, history=hist)
         except Exception:
             log.exception("slowdown analysis failed for trace %s", st.trace_id.hex())

@@ -73,6 +73,13 @@ def _outlier(values: dict, ratio: float, floor: float, history=()):
     return top_k, top_v, r
 
 
+def _reference(history: dict, name: str):
+    own = history.get(name, ())
+    if len(own) >= 8:
+        return own
+    return history.get("job", {}).get(name, ()) or own
+
+
 def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | None:
     sviews = dict(views)
     for r, ref in st.inflight.items():
@@ -80,8 +87,8 @@ def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | No
         sviews[r] = RankView(rank=r, state=IN_FLIGHT, ref=ref, attrs=attrs, flows=flows_of(attrs),
                              host=ref.resource.host, global_rank=ref.global_rank)
     f = rca.analyse_hang(st, sviews)
-    if f is None or f.category not in _FROM_HANG:
-        return None
+    if f is None or f.category not in _FROM_HANG or f.reason == "silent":
+        return None  # a rank we did not hear from in a collective that completed was simply not slow
     cat = _FROM_HANG[f.category]
     f.kind = sc.KIND_SLOWDOWN
     if cat == "slow_proxy":
@@ -126,7 +133,7 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         w = [(f.gpu_wait_ns, max(f.steps, 1)) for f in v.flows if not f.send]
         if w:
             gpu[r] = sum(x for x, _ in w) / sum(n for _, n in w)
-    o = _outlier(gpu, GPU_RATIO, STEP_FLOOR_NS, history.get("gpu", ()))
+    o = _outlier(gpu, GPU_RATIO, STEP_FLOOR_NS, _reference(history, "gpu"))
     if o is not None:
         r, val, ratio = o
         cands.append((3.0 + min(ratio, 20) / 10, Finding(
@@ -149,7 +156,7 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
             net[key] = adj / max(f.steps, 1)
             out_of.setdefault(s, set()).add(key)
             into.setdefault(f.peer, set()).add(key)
-    o = _outlier(net, NET_RATIO, STEP_FLOOR_NS, history.get("net", ()))
+    o = _outlier(net, NET_RATIO, STEP_FLOOR_NS, _reference(history, "net"))
     if o is not None:
         (s, d, ch), val, ratio = o
         med = statistics.median(net.values())
@@ -169,10 +176,10 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
             evidence=ev + f" in {st.func} {st.seq}",
             onset_ns=arrival[s])))
 
-    for name, vals in (("gpu", gpu.values()), ("net", net.values())):
-        h = history.get(name)
-        if h is not None:
-            h.extend(vals)
+    for name, vals in (("gpu", list(gpu.values())), ("net", list(net.values()))):
+        for h in (history.get(name), history.get("job", {}).get(name)):
+            if h is not None:
+                h.extend(vals)
     # arrival: the last rank started so late that the others mostly waited for it
     others = sorted(a for r, a in arrival.items() if r != last_r)
     late = arrival[last_r] - statistics.median(others) if others else 0
