@@ -261,14 +261,14 @@ class Agent:
             if stalled and an is None:
                 an = (stalled, None, None)
             coll = kinds[i] == sp.KIND_COLL
-            if an is not None and coll:
+            if an is not None and coll and self.s.peer_export:
                 self._flag((ctx.src.comm_hash, seqs[i]))
             exported = (an is not None or sampled(traces[i], self.bound)
                         or (coll and (ctx.src.comm_hash, seqs[i]) in self.flagged))
             if exported:
                 keep.append(i)
                 anomalies.append(an)
-            elif coll:  # compact copy: the op and its valid flows (~1 KB instead of 6 KB)
+            elif coll and self.s.peer_export:  # compact copy: the op and its valid flows (~1 KB instead of 6 KB)
                 r = recs[i]
                 flows = r["flows"][:int(r["op"]["n_flows"])].copy()
                 ctx.history.append((seqs[i], {"op": r["op"].copy(), "flows": flows}))

@@ -29,6 +29,7 @@ class AgentSettings:
     slow_factor: float = 2.0
     warmup_ops: int = 8
     slow_min_ns: int = 1_000_000
+    peer_export: bool = True
     detail_chunk: bool = False
     summary_ns: int = 10_000_000_000
     export_queue: int = 20000
@@ -56,6 +57,7 @@ class AgentSettings:
             slow_factor=config.get_float("MYCROFT_SLOW_FACTOR", env, 1.0, 1000.0),
             warmup_ops=config.get_int("MYCROFT_WARMUP_OPS", env, 1, 1_000_000),
             slow_min_ns=int(config.get_float("MYCROFT_SLOW_MIN_MS", env, 0.0, 3_600_000.0) * ms),
+            peer_export=config.get_bool("MYCROFT_PEER_EXPORT", env),
             detail_chunk=config.get_str("MYCROFT_DETAIL", env, ("op", "chunk")) == "chunk",
             summary_ns=config.get_int("MYCROFT_SUMMARY_MS", env, 100, 86_400_000) * ms,
             export_queue=config.get_int("MYCROFT_EXPORT_QUEUE", env, 1, 10_000_000),
