@@ -52,9 +52,9 @@ def test_sampling_is_consistent_across_ranks(tmp_path, otel_env):
     bound = sample_bound(0.05)
     healthy = {s["attrs"][sc.COLL_SEQ] for s in spans if sc.ANOMALY not in s["attrs"]}
     want = {q for q in range(colls) if sampled(ids.coll_trace_id(JOB, COMM, q), bound)}
-    assert healthy == want and 5 <= len(want) <= 40
-    print({(s["attrs"][sc.ANOMALY], s["attrs"].get(sc.BASELINE_NS), s["attrs"].get(sc.GAP_NS))
-           for s in spans if sc.ANOMALY in s["attrs"]})
+    flagged = {s["attrs"][sc.COLL_SEQ] for s in spans if sc.ANOMALY in s["attrs"]}
+    assert want <= healthy and healthy - want <= flagged  # extras: local peers of a flagged collective
+    assert 5 <= len(want) <= 40
     for q in want:  # every rank keeps the same collectives
         assert sorted(s["attrs"][sc.RANK] for s in spans if s["attrs"][sc.COLL_SEQ] == q) == list(range(n))
     summaries = otel_env.sink.named(sc.SUMMARY_SPAN)
