@@ -49,8 +49,7 @@ STALE_RING_NS = 600_000_000_000  # a crashed writer's ring older than this at di
 
 @dataclass
 class _Inflight:
-    k: int = 0              # next snapshot number
-    next_due: int = 0       # monotonic ns
+    k: int = -1             # last snapshot number emitted
     anomaly: str = sc.ANOMALY_SLOW
 
 
@@ -328,24 +327,26 @@ class Agent:
             inf = ctx.inflight.get(op_id)
             if inf is None:
                 inf = ctx.inflight[op_id] = _Inflight()
-            if now < inf.next_due:
+            # snapshot k covers [threshold + k periods, threshold + (k+1) periods) of the op's age: numbers
+            # follow from the op's own start, so a restarted agent continues them instead of starting at 0
+            k = (now - start - self.s.inflight_after_ns) // self.s.snapshot_ns
+            if k <= inf.k:
                 continue
-            self._emit_snapshot(ctx, slot, inf, out, now, stopped)
+            self._emit_snapshot(ctx, slot, inf, out, now, stopped, k)
         for op_id in [k for k in ctx.inflight if k not in seen]:
             del ctx.inflight[op_id]  # completed: had_inflight keeps its anomaly until its record is read
         if len(ctx.had_inflight) > 4096:
             ctx.had_inflight.clear()
 
     def _emit_snapshot(self, ctx: _Ctx, slot: Any, inf: _Inflight, out: list[bytes], now: int,
-                       stopped: bool) -> None:
+                       stopped: bool, k: int) -> None:
         op = slot["op"]
         last = max(int(op["last_progress_ns"]), int(op["start_ns"]))
         anomaly = sc.ANOMALY_STALLED if now - last >= self.s.inflight_after_ns else sc.ANOMALY_SLOW
         inf.anomaly = anomaly
-        out.append(ctx.builder.inflight_span(slot, inf.k, ctx.src.to_real(now), anomaly, stopped))
+        out.append(ctx.builder.inflight_span(slot, k, ctx.src.to_real(now), anomaly, stopped))
         ctx.had_inflight[int(op["op_id"])] = anomaly
-        inf.k += 1
-        inf.next_due = now + self.s.snapshot_ns
+        inf.k = k
 
     # --- status evidence ------------------------------------------------------------------------
     def _status(self, now: int, pending: dict[str, list[bytes]], pstate: dict[int, str]) -> None:
@@ -408,7 +409,8 @@ class Agent:
             if ctx.exit_emits == 0:
                 for slot in slots:  # the last state each op reached, as a final snapshot
                     inf = ctx.inflight.setdefault(int(slot["op"]["op_id"]), _Inflight())
-                    self._emit_snapshot(ctx, slot, inf, out, now, False)
+                    age_k = (now - int(slot["op"]["start_ns"]) - self.s.inflight_after_ns) // self.s.snapshot_ns
+                    self._emit_snapshot(ctx, slot, inf, out, now, False, max(inf.k + 1, age_k, 0))
                     inf.anomaly = sc.ANOMALY_STALLED
         else:
             nxt = ctx.last_seq + 1

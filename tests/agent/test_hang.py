@@ -161,3 +161,18 @@ def test_sigstop_frozen_writer(tmp_path, otel_env):
     finally:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def test_snapshot_numbers_continue_across_agent_restart(tmp_path, otel_env):
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    ring.begin(ring.make_op(done=3, wait_state=(1, 4)))
+    run = Running(make_agent(tmp_path, **FAST))
+    assert otel_env.sink.wait_for(lambda s: sum(x["name"] == sc.INFLIGHT_SPAN for x in s) >= 2, timeout=3)
+    run.close()
+    first = max(s["attrs"][sc.SNAPSHOT_SEQ] for s in otel_env.sink.named(sc.INFLIGHT_SPAN))
+    otel_env.sink.clear()
+    run = Running(make_agent(tmp_path, **FAST))
+    assert otel_env.sink.wait_for(lambda s: any(x["name"] == sc.INFLIGHT_SPAN for x in s), timeout=3)
+    run.close()
+    again = min(s["attrs"][sc.SNAPSHOT_SEQ] for s in otel_env.sink.named(sc.INFLIGHT_SPAN))
+    assert again > first  # no second "snapshot 0" for the same op
