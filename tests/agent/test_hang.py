@@ -175,4 +175,4 @@ def test_snapshot_numbers_continue_across_agent_restart(tmp_path, otel_env):
     assert otel_env.sink.wait_for(lambda s: any(x["name"] == sc.INFLIGHT_SPAN for x in s), timeout=3)
     run.close()
     again = min(s["attrs"][sc.SNAPSHOT_SEQ] for s in otel_env.sink.named(sc.INFLIGHT_SPAN))
-    assert again > first  # no second "snapshot 0" for the same op
+    assert again >= first >= 1  # continues (same period: same k, later end), no second "snapshot 0"
