@@ -112,20 +112,24 @@ def _init_contexts(driver, sim: Simulation, indexes, cfg: RunConfig) -> np.ndarr
     return ctx_map
 
 
-def _stream(blocks: list[Block], ctx_map: np.ndarray, quantum_ns: int = 0) -> np.ndarray:
-    """One thread's rows: concatenated, ctx remapped, stably sorted by time (ties keep causal order).
+def _stream(blocks: list[Block], quantum_ns: int = 0) -> np.ndarray:
+    """One thread's rows: concatenated, stably sorted by time (ties keep causal order); ctx stays global.
 
     With ``quantum_ns`` the times are rounded up to its multiples after sorting (monotone: the order
-    stays causal), so the replaying thread wakes once per quantum instead of spinning before every row.
+    stays causal), so the replaying thread wakes once per quantum instead of once per row.
     """
     if not blocks:
         from mycroft_otel.sim.abi import EVENT_DTYPE
         return np.zeros(0, dtype=EVENT_DTYPE)
     rows = sort_rows(cat_rows([b.rows for b in blocks]))
-    rows["ctx"] = ctx_map[rows["ctx"]]
     if quantum_ns > 1:
         q = np.uint64(quantum_ns)
         rows["t_ns"] = (rows["t_ns"] + q - np.uint64(1)) // q * q
+    return rows
+
+
+def _remap(rows: np.ndarray, ctx_map: np.ndarray) -> np.ndarray:
+    rows["ctx"] = ctx_map[rows["ctx"]]
     return rows
 
 
@@ -196,9 +200,10 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     blocks: list[Block] = []
     sim.run(lambda inst, res: blocks.extend(res.blocks))
     world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
-    streams = _host_streams(blocks, world_hosts, sim.topo.nodes)
+    streams = {key: _stream(lst, cfg.quantum_ns) for key, lst in
+               _host_streams(blocks, world_hosts, sim.topo.nodes).items()}
     blocks.clear()
-    last_t = max((float(b.t.max()) for lst in streams.values() for b in lst), default=0.0)
+    last_t = max((float(r["t_ns"][-1]) for r in streams.values() if len(r)), default=0.0)
     duration_ns = cfg.duration_s * 1e9 if cfg.duration_s is not None else last_t + 0.5e9
     truths = sim.truths()
     hosts_ctx: dict[int, list[int]] = {}
@@ -208,15 +213,16 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     if not cfg.multiprocess:
         driver = _driver(cfg)
         ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
+        for rows in streams.values():
+            _remap(rows, ctx_map)
         epoch = _native.monotonic_ns() + int(cfg.lead_s * 1e9)
         real_epoch = time.time_ns() + (epoch - _native.monotonic_ns())
         for t in truths:
             t["onset_ns"] = real_epoch + t["onset_sim_ns"]
         results: list[dict] = []
-        threads = [threading.Thread(target=lambda r=_stream(lst, ctx_map, cfg.quantum_ns): results.append(
-                                        driver.replay(r, epoch)),
+        threads = [threading.Thread(target=lambda r=rows: results.append(driver.replay(r, epoch)),
                                     name=f"sim-{'user' if th == USER else 'proxy'}-{h}", daemon=True)
-                   for (h, th), lst in sorted(streams.items())]
+                   for (h, th), rows in sorted(streams.items())]
         for th in threads:
             th.start()
         _wait_until(epoch, duration_ns, progress, lambda: False)
@@ -265,8 +271,8 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
             try:
                 driver = _driver(cfg)
                 ctx_map = _init_contexts(driver, sim, ctxs, cfg)
-                ths = [threading.Thread(target=driver.replay, args=(_stream(streams.get((host, th), []), ctx_map,
-                                                                            cfg.quantum_ns), epoch), daemon=True) for th in (USER, PROXY)]
+                mine = [_remap(streams[(host, th)], ctx_map) for th in (USER, PROXY) if (host, th) in streams]
+                ths = [threading.Thread(target=driver.replay, args=(rows, epoch), daemon=True) for rows in mine]
                 for th in ths:
                     th.start()
                 for th in ths:
