@@ -11,6 +11,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+ROOT_CAUSE_SPAN = "mycroft.root_cause"
+
 
 @dataclass(frozen=True)
 class StoredSpan:
@@ -22,6 +24,7 @@ class StoredSpan:
     service_name: str | None
     attributes: dict[str, Any] = field(default_factory=dict)
     links: tuple[tuple[str, str], ...] = ()  # (trace_id, span_id)
+    link_attributes: tuple[dict[str, Any], ...] = ()  # one dict per link, same order
 
 
 def _hex_id(value: str, nbytes: int) -> str:
@@ -76,6 +79,7 @@ def spans_from_otlp_json(doc: dict[str, Any]) -> list[StoredSpan]:
                             (_hex_id(lk.get("traceId", ""), 16), _hex_id(lk.get("spanId", ""), 8))
                             for lk in sp.get("links", [])
                         ),
+                        link_attributes=tuple(_attrs(lk.get("attributes")) for lk in sp.get("links", [])),
                     )
                 )
     return out
@@ -90,6 +94,10 @@ def _get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(body)
     except json.JSONDecodeError:
         return [json.loads(line) for line in body.splitlines() if line.strip()]
+
+
+#: TraceQL for the root-cause spans of one category (Tempo); Grafana's alert annotation uses the same query.
+ROOT_CAUSE_TRACEQL = '{{ name = "mycroft.root_cause" && span.mycroft.rca.category = "{category}" }}'
 
 
 class TraceStoreClient:
@@ -169,6 +177,42 @@ class TraceStoreClient:
                 if sp.trace_id not in ids:
                     ids.append(sp.trace_id)
         return ids
+
+    def find_root_causes(self, category: str, lookback_s: float = 3600, limit: int = 100) -> list[str]:
+        """Trace ids holding a ``mycroft.root_cause`` span of ``category``, found by the store's search.
+
+        Tempo: the TraceQL query ``ROOT_CAUSE_TRACEQL``. Jaeger: its query API's span-name and tag filters
+        (``/api/traces?operation=mycroft.root_cause&tags={"mycroft.rca.category": ...}``; the v3 API has no
+        attribute filter), over the services that emitted root-cause spans.
+        """
+        end = time.time()
+        start = end - lookback_s
+        if self.kind == "tempo":
+            q = urllib.parse.urlencode({"q": ROOT_CAUSE_TRACEQL.format(category=category),
+                                        "start": int(start), "end": int(end) + 1, "limit": limit})
+            doc = _get_json(f"{self.base_url}/api/search?{q}")
+            return [t["traceID"].rjust(32, "0").lower() for t in doc.get("traces", [])]
+        ids: list[str] = []
+        for service in self._services_with(ROOT_CAUSE_SPAN):
+            params = {"service": service, "operation": ROOT_CAUSE_SPAN, "limit": limit,
+                      "start": int(start * 1e6), "end": int((end + 1) * 1e6),
+                      "tags": json.dumps({"mycroft.rca.category": category})}
+            doc = _get_json(f"{self.base_url}/api/traces?{urllib.parse.urlencode(params)}")
+            for t in doc.get("data") or []:
+                tid = t["traceID"].rjust(32, "0").lower()
+                if tid not in ids:
+                    ids.append(tid)
+        return ids
+
+    def _services_with(self, operation: str) -> list[str]:
+        """Jaeger: services having spans named ``operation``."""
+        services = _get_json(f"{self.base_url}/api/services").get("data") or []
+        out = []
+        for svc in services:
+            ops = _get_json(f"{self.base_url}/api/services/{urllib.parse.quote(svc, safe='')}/operations")
+            if operation in (ops.get("data") or []):
+                out.append(svc)
+        return out
 
     def wait_for(
         self,
