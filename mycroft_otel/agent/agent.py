@@ -132,8 +132,8 @@ class Agent:
         self.ctxs[path] = ctx
         self.discovery.accepted(path, ident)
         self.health.sources_opened += 1
-        log.info("following %s (comm %s rank %d/%d pid %d, cursor %d)", path, src.comm_hex, src.rank,
-                 src.nranks, src.pid, src.cursor)
+        log.info("%s %s (comm %s rank %d/%d pid %d, cursor %d)", "ignoring" if ctx.done else "following", path,
+                 src.comm_hex, src.rank, src.nranks, src.pid, src.cursor)
 
     def _close(self, path: str) -> None:
         ctx = self.ctxs.pop(path, None)
