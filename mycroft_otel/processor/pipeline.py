@@ -239,7 +239,9 @@ class Processor:
                     if st.complete() or not st.inflight:
                         self._hang_cand.pop(tid, None)
                     continue
-                if detect.is_hung(st, now_ns, self.stall_ms):
+                # evidence still arriving (a restart, a late node): wait until the set of ranks is stable
+                settling = (st.heard_from() < st.nranks and mono - st.ranks_changed_mono < self.settle_s)
+                if not settling and detect.is_hung(st, now_ns, self.stall_ms):
                     v = self._analyse_hang(st, now_ns, mono)
                     if v is not None:
                         out.append(v)

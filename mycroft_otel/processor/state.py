@@ -50,6 +50,7 @@ class TraceState:
     explained_by: bytes | None = None  # another trace whose incident explains this one
     analysed_slow: bool = False
     spans: int = 0
+    ranks_changed_mono: float = 0.0  # when a rank was last heard from for the first time in this trace
 
     # -- views -----------------------------------------------------------------------------
     def stalled_ranks(self) -> list[int]:
@@ -66,12 +67,17 @@ class TraceState:
                 return True
         return False
 
+    def heard_from(self) -> int:
+        return len(set(self.op) | set(self.inflight) | set(self.status))
+
     def complete(self) -> bool:
         return self.nranks > 0 and len(self.op) >= self.nranks
 
     def add(self, ref: SpanRef, now: float) -> None:
         self.spans += 1
         self.updated_mono = now
+        if ref.rank not in self.op and ref.rank not in self.inflight and ref.rank not in self.status:
+            self.ranks_changed_mono = now
         if not self.comm and ref.comm:
             self.comm = ref.comm
         if self.seq < 0 <= ref.seq:

@@ -136,22 +136,26 @@ def _verdicts(spans) -> set:
     return out
 
 
+def _wait_incidents(sink, n: int, timeout: float = 30.0) -> set:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and len(_verdicts(sink.spans)) < n:
+        time.sleep(0.2)
+    time.sleep(1.5)  # and nothing more comes
+    return _verdicts(sink.spans)
+
+
 def test_two_processors_split_by_trace_id_give_the_same_verdicts(spawn, sink):
     traffic = _traffic()
     one = spawn()
     for _, req in traffic:
         one.send(req)
-    single = _wait_root_causes(sink, 8, 10.0)
-    time.sleep(1.5)
-    single = _verdicts(sink.spans)
+    single = _wait_incidents(sink, 8)
     one.stop()
     sink.spans.clear()
     a, b = spawn(), spawn()
     for tid, req in traffic:
         (a if _side(tid) == 0 else b).send(req)
-    _wait_root_causes(sink, 8, 10.0)
-    time.sleep(1.5)
-    split = _verdicts(sink.spans)
+    split = _wait_incidents(sink, 8)
     assert len(single) == 8, single
     assert split == single
     cats = sorted(v[1] for v in single)
