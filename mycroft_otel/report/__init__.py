@@ -1,0 +1,77 @@
+"""``mycroft-otel report``: a self-contained HTML report (inline SVG, no script, no network) of a run.
+
+    mycroft-otel report RUN_DIR_OR_FILE [-o report.html]
+
+Input: OTLP/JSON trace files (otlp_json.py: the Collector ``file`` exporter's format, one
+ExportTraceServiceRequest per line) holding the rank spans of the collectives and the
+processor's ``mycroft.root_cause`` spans; a directory is read file by file (``*.json``,
+``*.jsonl``, ``*.ndjson``, ``.gz`` of those, and processor recordings ``*.rec``).
+Content (render.py): the verdicts (category, culprit, evidence, confidence, detection latency)
+and per collective trace a timeline, the culprit's flow counters and the wait chain (model.py).
+
+Bad input never stops the report: what could not be read is listed (file, line, what is wrong)
+at the top and on stderr, and everything valid is rendered. Exit status: 0 clean, 1 written
+with input problems, 2 nothing readable (the report is still written, listing the problems).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from mycroft_otel.report.model import Run, build
+from mycroft_otel.report.otlp_json import OtlpJsonFileExporter, OtlpJsonWriter, Problem, read_path
+from mycroft_otel.report.render import page
+
+__all__ = ["OtlpJsonFileExporter", "OtlpJsonWriter", "render_report", "add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="a recorded run: OTLP/JSON file(s) (a file or a directory), or a processor "
+                                 "recording (.rec)")
+    p.add_argument("-o", "--output", default=None,
+                   help="HTML file to write (default: INPUT_DIR/report.html, or INPUT.html for a file)")
+    p.add_argument("--max-traces", type=int, default=20,
+                   help="collective traces drawn, verdicts' traces first (default %(default)s)")
+
+
+def render_report(path: str, max_traces: int = 20) -> tuple[str, Run, list[Problem]]:
+    """(html, run, problems) for a recorded run at ``path``."""
+    problems: list[Problem] = []
+    spans, files = read_path(path, problems)
+    run_ = build(spans, files)
+    return page(run_, problems, max_traces, path), run_, problems
+
+
+def _default_output(path: str) -> str:
+    if os.path.isdir(path):
+        return os.path.join(path, "report.html")
+    base = path
+    for suf in (".gz", ".jsonl", ".ndjson", ".json", ".rec"):
+        if base.endswith(suf):
+            base = base[: -len(suf)]
+    return base + ".html"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_traces < 0:
+        print("mycroft-otel report: --max-traces must be >= 0", file=sys.stderr)
+        return 2
+    html, run_, problems = render_report(args.input, args.max_traces)
+    out = args.output or (_default_output(args.input) if os.path.exists(args.input) else "mycroft-report.html")
+    for p in problems[:20]:
+        print(f"mycroft-otel report: {p}", file=sys.stderr)
+    if len(problems) > 20:
+        print(f"mycroft-otel report: ... {len(problems) - 20} more problems (listed in the report)", file=sys.stderr)
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(html)
+    except OSError as exc:
+        print(f"mycroft-otel report: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"mycroft-otel report: {out}: {len(run_.verdicts)} verdict(s), {len(run_.traces)} trace(s) from "
+          f"{run_.spans} spans" + (f", {len(problems)} input problem(s)" if problems else ""), file=sys.stderr)
+    if run_.spans == 0:
+        return 2
+    return 1 if problems else 0

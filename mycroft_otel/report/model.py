@@ -1,0 +1,313 @@
+"""What a recorded run says, arranged for the report: verdicts, collective traces, wait chains.
+
+Works from spans alone (docs/span-schema.md), like the processor, but only to *show* evidence:
+the verdict is the processor's ``mycroft.root_cause`` span; the wait chain drawn here is the
+same walk (follow each rank to the peer it waits on until a rank whose wait no peer explains)
+recomputed from the latest evidence of every rank, so a reader can check the verdict by eye.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mycroft_otel import ids
+from mycroft_otel import semconv as sc
+from mycroft_otel.report.otlp_json import Span
+
+# Waits explained by a peer: the data (recv) or a free buffer (send) has not come from it yet.
+_PEER_WAITS = {"RecvWait": "waits for data", "SendPeerWait": "waits for the peer's buffer"}
+_SELF_WAITS = {"SendGpuWait": "its GPU has not produced the data", "RecvGpuWait": "its GPU does not consume",
+               "RecvFlushWait": "flush (network/PCIe) not done", "SendWait": "sent data not completed by the NIC"}
+
+
+@dataclass
+class Flow:
+    channel: int
+    direction: str
+    peer: int
+    steps: int
+    posted: int
+    ready: int
+    transmitted: int
+    done: int
+    wait_state: str
+
+    @property
+    def unfinished(self) -> bool:
+        return self.steps > 0 and self.done < self.steps or bool(self.wait_state)
+
+
+def flows_of(span: Span) -> list[Flow]:
+    a = span.attrs
+    ch = a.get(sc.FLOW_CHANNEL) or []
+    n = len(ch) if isinstance(ch, list) else 0
+
+    def col(key, default):
+        v = a.get(key)
+        return [v[i] if isinstance(v, list) and i < len(v) else default for i in range(n)]
+    cols = [col(sc.FLOW_DIRECTION, "?"), col(sc.FLOW_PEER, -1), col(sc.FLOW_STEPS, 0), col(sc.FLOW_POSTED, 0),
+            col(sc.FLOW_READY, 0), col(sc.FLOW_TRANSMITTED, 0), col(sc.FLOW_DONE, 0), col(sc.FLOW_WAIT_STATE, "")]
+    out = []
+    for i in range(n):
+        try:
+            out.append(Flow(int(ch[i]), str(cols[0][i]), int(cols[1][i]), int(cols[2][i]), int(cols[3][i]),
+                            int(cols[4][i]), int(cols[5][i]), int(cols[6][i]), str(cols[7][i] or "")))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+@dataclass
+class RankView:
+    rank: int
+    op: Span | None = None
+    snapshots: list[Span] = field(default_factory=list)   # in-flight, by snapshot number
+    statuses: list[Span] = field(default_factory=list)
+
+    @property
+    def latest(self) -> Span | None:
+        if self.op is not None:
+            return self.op
+        if self.snapshots:
+            return self.snapshots[-1]
+        return self.statuses[-1] if self.statuses else None
+
+    @property
+    def status_kind(self) -> str:
+        kinds = [str(s.attrs.get(sc.STATUS_KIND, "")) for s in self.statuses]
+        return sc.STATUS_PROCESS_EXITED if sc.STATUS_PROCESS_EXITED in kinds else (kinds[-1] if kinds else "")
+
+    def attr(self, key, default=None):
+        for s in ([self.op] if self.op else []) + self.snapshots[::-1] + self.statuses[::-1]:
+            if key in s.attrs:
+                return s.attrs[key]
+        return default
+
+
+@dataclass
+class Verdict:
+    span: Span
+
+    @property
+    def a(self) -> dict:
+        return self.span.attrs
+
+    @property
+    def category(self) -> str:
+        return str(self.a.get(sc.RCA_CATEGORY, "?"))
+
+    @property
+    def kind(self) -> str:
+        return str(self.a.get(sc.RCA_KIND, "?"))
+
+    @property
+    def ranks(self) -> list[int]:
+        return [int(x) for x in (self.a.get(sc.RCA_CULPRIT_RANKS) or []) if isinstance(x, (int, float))]
+
+    @property
+    def onset_ns(self) -> int:
+        return int(self.a.get(sc.RCA_ONSET) or 0)
+
+    @property
+    def detected_ns(self) -> int:
+        return int(self.a.get(sc.RCA_DETECTED) or self.span.end_ns or 0)
+
+    @property
+    def latency_s(self) -> float | None:
+        return (self.detected_ns - self.onset_ns) / 1e9 if self.onset_ns > 0 and self.detected_ns else None
+
+    def linked(self, role: str) -> list[str]:
+        return [sid for _t, sid, la in self.span.links if la.get(sc.LINK_ROLE) == role]
+
+
+@dataclass
+class Hop:
+    rank: int
+    via: str = ""          # how it waits on the next rank: "ch0 recv RecvWait"
+    why: str = ""          # for the last hop: why the walk stops here
+
+
+@dataclass
+class CollTrace:
+    trace_id: str
+    ranks: dict[int, RankView] = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+    by_span_id: dict[str, tuple[int, str]] = field(default_factory=dict)  # span id -> (rank, label)
+
+    def attr(self, key, default=None):
+        for rv in self.ranks.values():
+            v = rv.attr(key)
+            if v is not None:
+                return v
+        for v in self.verdicts:
+            if key in v.a:
+                return v.a[key]
+        return default
+
+    @property
+    def nranks(self) -> int:
+        n = [int(rv.attr(sc.COMM_NRANKS) or 0) for rv in self.ranks.values()]
+        return max(n + [max(self.ranks) + 1 if self.ranks else 0])
+
+    @property
+    def func(self) -> str:
+        return str(self.attr(sc.COLL_FUNC, "?"))
+
+    @property
+    def seq(self):
+        return self.attr(sc.COLL_SEQ, "?")
+
+    @property
+    def comm(self) -> str:
+        return str(self.attr(sc.COMM_HASH, "?"))
+
+    @property
+    def state(self) -> str:
+        if any(rv.status_kind == sc.STATUS_PROCESS_EXITED for rv in self.ranks.values()):
+            return "process exited"
+        if any(rv.op is None and rv.snapshots for rv in self.ranks.values()):
+            return "in flight"
+        if any(rv.op is None and rv.statuses for rv in self.ranks.values()):
+            return "rank(s) not entered"
+        if len(self.ranks) < self.nranks:
+            return "ranks missing"
+        anomalies = {str(rv.op.attrs.get(sc.ANOMALY)) for rv in self.ranks.values()
+                     if rv.op is not None and rv.op.attrs.get(sc.ANOMALY)}
+        return "completed" + (f" ({', '.join(sorted(anomalies))})" if anomalies else "")
+
+    @property
+    def interest(self) -> int:
+        """Sort key: verdicts first, then hangs, then anomalies."""
+        s = self.state
+        return (100 if self.verdicts else 0) + (10 if not s.startswith("completed") else 0) + \
+            (1 if "(" in s else 0)
+
+    def resolve(self, span_id: str) -> tuple[int | None, str, bool]:
+        """(rank, what, arrived) of a linked span id; op ids of absent spans are recomputed."""
+        if span_id in self.by_span_id:
+            r, label = self.by_span_id[span_id]
+            return r, label, True
+        try:
+            tid = int(self.trace_id, 16)
+        except ValueError:
+            return None, "unknown span", False
+        for r in range(max(self.nranks, max(self.culprits(), default=-1) + 1)):
+            if f"{ids.span_id(tid, r, sc.ROLE_OP):016x}" == span_id:
+                return r, "op span", False
+        return None, "unknown span", False
+
+    def culprits(self) -> set[int]:
+        return {r for v in self.verdicts for r in v.ranks}
+
+    def waits(self) -> dict[int, list[tuple[int, str]]]:
+        """rank -> [(peer, how)] for every unfinished flow whose wait a peer explains."""
+        out: dict[int, list[tuple[int, str]]] = {}
+        for r, rv in self.ranks.items():
+            s = rv.latest
+            if s is None or rv.op is not None:
+                continue
+            for f in flows_of(s):
+                if not f.unfinished or f.peer < 0:
+                    continue
+                if f.wait_state in _PEER_WAITS or (f.direction == "recv" and not f.wait_state
+                                                   and f.ready < max(f.posted, 1)):
+                    out.setdefault(r, []).append((f.peer, f"ch{f.channel} {f.direction} {f.wait_state or 'idle'}"))
+        return out
+
+    def stop_reason(self, r: int) -> str:
+        rv = self.ranks.get(r)
+        if rv is None:
+            return "no span from this rank (silent)"
+        if rv.op is not None:
+            return "completed"
+        if rv.status_kind == sc.STATUS_PROCESS_EXITED:
+            return "process exited"
+        if rv.statuses and not rv.snapshots:
+            return "not entered: " + str(rv.attr(sc.STATUS_LAST_STATE, "") or "idle")
+        s = rv.latest
+        if s is not None and s.attrs.get(sc.PROCESS_STOPPED):
+            return "process stopped (SIGSTOP)"
+        states = sorted({f.wait_state for f in flows_of(s) if f.unfinished and f.wait_state} if s else set())
+        if states:
+            return "; ".join(f"{st}: {_SELF_WAITS.get(st, st)}" for st in states)
+        return "in flight, no flow waiting on a peer"
+
+    def walk(self) -> list[Hop]:
+        """The longest wait chain (preferring one that ends at a culprit); [] when nobody waits."""
+        waits = self.waits()
+        if not waits:
+            return []
+        culprits = self.culprits()
+        best: list[Hop] = []
+        best_key = (-1, -1)
+        for start in sorted(waits):
+            path, seen, r = [], set(), start
+            while True:
+                seen.add(r)
+                nxt = [(p, how) for p, how in waits.get(r, []) if p not in seen]
+                if not nxt:
+                    cyc = waits.get(r)
+                    path.append(Hop(r, why="waits in a cycle" if cyc else self.stop_reason(r)))
+                    break
+                nxt.sort(key=lambda x: (x[0] not in culprits, x[0]))
+                p, how = nxt[0]
+                path.append(Hop(r, via=how))
+                r = p
+            key = (path[-1].rank in culprits, len(path))
+            if key > best_key:
+                best, best_key = path, key
+        return best
+
+
+@dataclass
+class Run:
+    spans: int
+    traces: dict[str, CollTrace]
+    verdicts: list[Verdict]
+    files: list[str]
+    other_spans: int = 0      # summaries and spans of no known shape
+
+
+def build(spans: list[Span], files: list[str]) -> Run:
+    traces: dict[str, CollTrace] = {}
+    verdicts: list[Verdict] = []
+    other = 0
+    seen: set[tuple[str, str]] = set()
+    for s in spans:
+        key = (s.trace_id, s.span_id)
+        if s.name == sc.INFLIGHT_SPAN or s.name == sc.STATUS_SPAN:
+            key += (s.end_ns,)  # status spans are re-emitted with the same id and a later end
+        if key in seen:
+            continue
+        seen.add(key)
+        t = traces.get(s.trace_id)
+        if s.name == sc.ROOT_CAUSE_SPAN:
+            t = t or traces.setdefault(s.trace_id, CollTrace(s.trace_id))
+            v = Verdict(s)
+            t.verdicts.append(v)
+            verdicts.append(v)
+            continue
+        rank = s.attrs.get(sc.RANK)
+        is_rank_span = s.name.startswith(sc.OP_SPAN_PREFIX) or s.name in (sc.INFLIGHT_SPAN, sc.STATUS_SPAN)
+        if not is_rank_span or not isinstance(rank, int):
+            other += 1
+            continue
+        t = t or traces.setdefault(s.trace_id, CollTrace(s.trace_id))
+        rv = t.ranks.setdefault(rank, RankView(rank))
+        if s.name == sc.INFLIGHT_SPAN:
+            rv.snapshots.append(s)
+            label = f"in-flight snapshot {s.attrs.get(sc.SNAPSHOT_SEQ, '?')}"
+        elif s.name == sc.STATUS_SPAN:
+            rv.statuses.append(s)
+            label = f"status {s.attrs.get(sc.STATUS_KIND, '?')}"
+        else:
+            if rv.op is None or s.end_ns > rv.op.end_ns:
+                rv.op = s
+            label = s.name
+        t.by_span_id[s.span_id] = (rank, label)
+    for t in traces.values():
+        for rv in t.ranks.values():
+            rv.snapshots.sort(key=lambda s: (int(s.attrs.get(sc.SNAPSHOT_SEQ) or 0), s.end_ns))
+            rv.statuses.sort(key=lambda s: s.end_ns)
+    verdicts.sort(key=lambda v: v.detected_ns)
+    return Run(len(spans), traces, verdicts, files, other)

@@ -1,0 +1,427 @@
+"""HTML + inline SVG for ``mycroft-otel report``: one self-contained file, no script, no network.
+
+Pictures per collective trace: a timeline (ranks x time: each rank's op span, in-flight
+snapshots, status evidence, silent ranks; the culprit's row highlighted; onset and detection
+marked), the culprit's flow counters (posted / ready / transmitted / done per channel and
+direction, Mycroft's chunk states) and the wait chain (which rank waited on which).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.report.model import CollTrace, Run, Verdict, flows_of
+from mycroft_otel.report.otlp_json import Problem
+
+MAX_ROWS = 64
+MAX_FLOWS = 32
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin:24px 0 6px} .meta{color:#666;font-size:13px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#f4f4f4} .card{border:1px solid #e0b4b4;background:#fff7f7;border-radius:6px;padding:10px 14px;margin:10px 0}
+.card.slowdown{border-color:#e8cf9a;background:#fffaf0} .big{font-size:16px;font-weight:600}
+.problems{border:1px solid #d9a400;background:#fff8e0;padding:8px 14px;border-radius:6px}
+.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px} .muted{color:#777}
+svg{display:block;margin:6px 0 12px} svg text{font-family:system-ui,Helvetica,Arial,sans-serif}
+"""
+
+_COL = {"op": "#4c78a8", "anomalous": "#f58518", "stalled": "#e45756", "inflight": "#eeca3b",
+        "not_entered": "#bab0ac", "process_exited": "#7f0000", "culprit_bg": "#fde2e2"}
+
+
+def esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def fmt_time(ns: int) -> str:
+    if not ns:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns % 1_000_000_000 // 1_000_000:03d} UTC"
+
+
+def fmt_dur(ns: float) -> str:
+    a = abs(ns)
+    if a >= 1e9:
+        return f"{ns / 1e9:.3g} s"
+    if a >= 1e6:
+        return f"{ns / 1e6:.3g} ms"
+    if a >= 1e3:
+        return f"{ns / 1e3:.3g} µs"
+    return f"{ns:.0f} ns"
+
+
+def _nice_step(span: float, n: int = 6) -> float:
+    raw = max(span / n, 1.0)
+    mag = 10 ** (len(str(int(raw))) - 1)
+    for m in (1, 2, 5, 10):
+        if m * mag >= raw:
+            return m * mag
+    return 10 * mag
+
+
+# --- verdicts -----------------------------------------------------------------------------------
+
+def _where(v: Verdict) -> str:
+    a = v.a
+    parts = []
+    if v.ranks:
+        parts.append(f"rank{'s' if len(v.ranks) > 1 else ''} {', '.join(map(str, v.ranks))}")
+    g = a.get(sc.RCA_CULPRIT_GLOBAL_RANKS)
+    if g:
+        parts.append(f"global rank{'s' if len(g) > 1 else ''} {', '.join(map(str, g))}")
+    h = a.get(sc.RCA_CULPRIT_HOSTS)
+    if h:
+        parts.append("on " + ", ".join(map(str, h)))
+    if a.get(sc.RCA_CULPRIT_CHANNEL) is not None:
+        parts.append(f"channel {a.get(sc.RCA_CULPRIT_CHANNEL)}"
+                     + (f" towards rank {a.get(sc.RCA_CULPRIT_PEER)}" if a.get(sc.RCA_CULPRIT_PEER) is not None
+                        else ""))
+    return "; ".join(parts) or "unknown"
+
+
+def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
+    a = v.a
+    conf = a.get(sc.RCA_CONFIDENCE)
+    lat = v.latency_s
+    rows = [
+        ("culprit", _where(v)),
+        ("evidence", a.get(sc.RCA_EVIDENCE, "")),
+        ("confidence", f"{conf:.2f}" if isinstance(conf, (int, float)) else "-"),
+        ("detection latency", f"{lat:.2f} s after the estimated onset" if lat is not None else "- (no onset estimate)"),
+        ("onset / detected", f"{fmt_time(v.onset_ns)} / {fmt_time(v.detected_ns)}"),
+        ("collective", f"{a.get(sc.COLL_FUNC, '?')} #{a.get(sc.COLL_SEQ, '?')} on communicator "
+                       f"{a.get(sc.COMM_HASH, '?')}"),
+        ("trace", v.span.trace_id),
+    ]
+    links = []
+    for role in (sc.LINK_CULPRIT, sc.LINK_EVIDENCE):
+        for sid in v.linked(role):
+            if t is None:
+                links.append(f"{role}: span {sid}")
+                continue
+            r, what, arrived = t.resolve(sid)
+            who = f"rank {r} {what}" if r is not None else f"span {sid}"
+            links.append(f"{role}: {who}" + ("" if arrived else " (never arrived)"))
+    if links:
+        more = f" (+{len(links) - 12} more)" if len(links) > 12 else ""
+        rows.append(("linked spans", "; ".join(links[:12]) + more))
+    body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in rows)
+    anchor = f"#t-{v.span.trace_id}" if t is not None and t.ranks else ""
+    title = f"{esc(v.kind)}: <b>{esc(v.category)}</b>"
+    if anchor:
+        title += f' <a href="{anchor}" class="muted">(collective below)</a>'
+    return (f'<div class="card {esc(v.kind)}" id="v-{idx}"><div class="big">Verdict {idx + 1} — {title}</div>'
+            f"<table>{body}</table></div>")
+
+
+# --- timeline -----------------------------------------------------------------------------------
+
+def _rows(t: CollTrace, walk_ranks: set[int]) -> tuple[list[int], int]:
+    n = t.nranks
+    every = list(range(max(n, max(t.ranks, default=-1) + 1)))
+    if len(every) <= MAX_ROWS:
+        return every, 0
+    keep = set(t.culprits()) | walk_ranks
+    keep |= {r for r, rv in t.ranks.items() if rv.op is None or rv.op.attrs.get(sc.ANOMALY)}
+    keep |= {r for r in every if r not in t.ranks}
+    for r in every:
+        if len(keep) >= MAX_ROWS:
+            break
+        keep.add(r)
+    rows = sorted(keep)[:MAX_ROWS]
+    return rows, len(every) - len(rows)
+
+
+def timeline_svg(t: CollTrace, walk_ranks: set[int]) -> str:
+    rows, omitted = _rows(t, walk_ranks)
+    culprits = t.culprits()
+    spans = [s for rv in t.ranks.values() for s in ([rv.op] if rv.op else []) + rv.snapshots + rv.statuses]
+    starts = [s.start_ns for s in spans if s.start_ns] + [s.attrs.get(sc.TIME_API) or 0 for s in spans]
+    starts = [x for x in starts if x]
+    ends = [s.end_ns for s in spans if s.end_ns]
+    marks = []
+    for v in t.verdicts:
+        if v.onset_ns:
+            marks.append(("onset", v.onset_ns, "#b00020", "4,3"))
+        if v.detected_ns:
+            marks.append(("detected", v.detected_ns, "#b00020", ""))
+    allt = starts + ends + [m[1] for m in marks]
+    if not allt:
+        return '<p class="muted">no timed spans in this trace</p>'
+    t0, t1 = min(allt), max(allt)
+    if t1 <= t0:
+        t1 = t0 + 1
+    W, L, R, RH, TOP = 960, 200, 50, 16, 30
+    PW = W - L - R
+    H = TOP + RH * len(rows) + 26
+
+    def x(ns):
+        return L + (ns - t0) / (t1 - t0) * PW
+    out = [f'<svg class="timeline" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" '
+           f'aria-label="timeline of trace {t.trace_id}">']
+    grid = []
+    step = _nice_step(t1 - t0)
+    k = 0
+    yb = TOP + RH * len(rows)
+    grid.append(f'<line x1="{L}" x2="{L + PW}" y1="{yb}" y2="{yb}" stroke="#999"/>')
+    while k * step <= (t1 - t0) and k < 50:
+        xx = x(t0 + k * step)
+        grid.append(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{TOP}" y2="{yb + 4}" stroke="#ddd"/>'
+                    f'<text x="{xx:.1f}" y="{yb + 16}" font-size="10" text-anchor="middle">'
+                    f'{"+" + fmt_dur(k * step) if k else "0"}</text>')
+        k += 1
+    for i, r in enumerate(rows):
+        y = TOP + i * RH
+        if r in culprits:
+            out.append(f'<rect x="0" y="{y}" width="{W}" height="{RH}" fill="{_COL["culprit_bg"]}"/>')
+        elif i % 2:
+            out.append(f'<rect x="{L}" y="{y}" width="{PW}" height="{RH}" fill="#f7f7f7"/>')
+    out.extend(grid)
+    for i, r in enumerate(rows):
+        y = TOP + i * RH
+        rv = t.ranks.get(r)
+        host = rv.attr(sc.HOST) if rv else None
+        g = rv.attr(sc.GLOBAL_RANK) if rv else None
+        label = f"rank {r}" + (f" (g{g})" if g is not None else "") + (f" {host}" if host else "")
+        weight = ' font-weight="bold" fill="#b00020"' if r in culprits else ""
+        out.append(f'<text x="4" y="{y + 12}" font-size="11"{weight}>{esc(label[:30])}'
+                   f'{" ★" if r in culprits else ""}</text>')
+        if rv is None:
+            out.append(f'<text x="{L + 4}" y="{y + 12}" font-size="11" font-style="italic" fill="#999">'
+                       f"no span from this rank (silent)</text>")
+            continue
+        if rv.op is not None:
+            s = rv.op
+            a0 = s.attrs.get(sc.TIME_API) or s.start_ns
+            an = s.attrs.get(sc.ANOMALY)
+            col = _COL["anomalous"] if an else _COL["op"]
+            w = max(x(s.end_ns) - x(a0), 1.5)
+            out.append(f'<rect x="{x(a0):.1f}" y="{y + 3}" width="{w:.1f}" height="{RH - 6}" fill="{col}">'
+                       f"<title>{esc(s.name)} rank {r}: {fmt_dur(s.end_ns - a0)}"
+                       f"{' (' + esc(an) + ')' if an else ''}</title></rect>")
+        if rv.snapshots and rv.op is None:
+            last = rv.snapshots[-1]
+            stalled = any(sn.attrs.get(sc.ANOMALY) == sc.ANOMALY_STALLED for sn in rv.snapshots)
+            col = _COL["stalled"] if stalled else _COL["inflight"]
+            w = max(x(last.end_ns) - x(last.start_ns), 1.5)
+            out.append(f'<rect x="{x(last.start_ns):.1f}" y="{y + 3}" width="{w:.1f}" height="{RH - 6}" '
+                       f'fill="{col}" fill-opacity="0.85"><title>in flight rank {r}: {len(rv.snapshots)} '
+                       f"snapshot(s), {'stalled' if stalled else 'progressing'}, "
+                       f"{fmt_dur(last.end_ns - last.start_ns)}</title></rect>")
+            for sn in rv.snapshots:
+                out.append(f'<line x1="{x(sn.end_ns):.1f}" x2="{x(sn.end_ns):.1f}" y1="{y + 1}" y2="{y + RH - 1}" '
+                           f'stroke="#333" stroke-width="1.2"><title>snapshot {esc(sn.attrs.get(sc.SNAPSHOT_SEQ))}'
+                           f"</title></line>")
+        for st in rv.statuses:
+            kind = str(st.attrs.get(sc.STATUS_KIND, ""))
+            col = _COL.get(kind, "#999")
+            w = max(x(st.end_ns) - x(st.start_ns), 1.5)
+            dash = ' stroke="#666" stroke-dasharray="3,2"' if kind == sc.STATUS_NOT_ENTERED else ""
+            out.append(f'<rect x="{x(st.start_ns):.1f}" y="{y + 4}" width="{w:.1f}" height="{RH - 8}" '
+                       f'fill="{col}"{dash}><title>rank {r}: {esc(kind)} — '
+                       f"{esc(st.attrs.get(sc.STATUS_LAST_STATE, ''))}</title></rect>")
+            out.append(f'<text x="{min(x(st.end_ns) + 3, W - 90):.1f}" y="{y + 12}" font-size="10" '
+                       f'fill="{col}">{esc(kind.replace("_", " "))}</text>')
+    for i, (name, ns, col, dash) in enumerate(marks):
+        xx = x(ns)
+        da = f' stroke-dasharray="{dash}"' if dash else ""
+        out.append(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{TOP - 4}" y2="{yb}" stroke="{col}" '
+                   f'stroke-width="1.5"{da}/><text x="{xx:.1f}" y="{10 + (i % 2) * 11}" font-size="10" '
+                   f'fill="{col}" text-anchor="{"end" if xx > W - 40 else "middle"}">{name}</text>')
+    out.append("</svg>")
+    legend = ('<div class="meta">bars: <span style="color:#4c78a8">■</span> completed op '
+              '<span style="color:#f58518">■</span> flagged slow/late '
+              '<span style="color:#eeca3b">■</span> in flight '
+              '<span style="color:#e45756">■</span> stalled (ticks: snapshots) '
+              '<span style="color:#bab0ac">■</span> '
+              'not entered <span style="color:#7f0000">■</span> process exited; ★ culprit; time from '
+              f"{esc(fmt_time(t0))}"
+              + (f"; {omitted} healthy ranks not drawn" if omitted else "") + "</div>")
+    return "".join(out) + legend
+
+
+# --- flows --------------------------------------------------------------------------------------
+
+def flows_svg(t: CollTrace, rank: int, channel, peer) -> str:
+    rv = t.ranks.get(rank)
+    if rv is None or rv.latest is None:
+        return f'<p class="muted">rank {rank}: no span in this trace, so no flow counters (a silent rank).</p>'
+    s = rv.latest
+    flows = flows_of(s)
+    if not flows:
+        return (f'<p class="muted">rank {rank}: no network flows in its {esc(s.name)} span (intra-node transport, '
+                f"not entered, or no proxy activity).</p>")
+    shown = flows[:MAX_FLOWS]
+    top = max(max(f.steps, f.posted, f.ready, f.transmitted, f.done) for f in shown) or 1
+    W, L, BH, GAP = 960, 260, 5, 8
+    GH = 4 * BH + GAP
+    PW = W - L - 110
+    H = 22 + GH * len(shown)
+    cols = (("posted", "#9e9e9e"), ("ready ①", "#4c78a8"), ("transmitted ②", "#f58518"), ("done ③", "#54a24b"))
+    out = [f'<svg class="flows" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" '
+           f'aria-label="flow counters of rank {rank}">']
+    lx = L
+    for name, col in cols:
+        out.append(f'<rect x="{lx}" y="4" width="10" height="8" fill="{col}"/>'
+                   f'<text x="{lx + 13}" y="12" font-size="10">{esc(name)}</text>')
+        lx += 110
+    out.append(f'<text x="{W - 220}" y="12" font-size="10" fill="#777">frame = steps NCCL announced</text>')
+    for i, f in enumerate(shown):
+        y = 20 + i * GH
+        hit = channel is not None and f.channel == channel and (peer is None or f.peer == peer)
+        if hit:
+            out.append(f'<rect x="0" y="{y - 2}" width="{W}" height="{GH - 2}" fill="{_COL["culprit_bg"]}"/>')
+        arrow = "→" if f.direction == "send" else "←"
+        label = f"ch{f.channel} {f.direction} {arrow} r{f.peer}  {f.wait_state or 'idle'}"
+        bold = ' font-weight="bold"' if hit else ""
+        out.append(f'<text x="4" y="{y + 2 * BH + 3}" font-size="11"{bold}>{esc(label)}</text>')
+        out.append(f'<rect x="{L}" y="{y}" width="{f.steps / top * PW:.1f}" height="{4 * BH}" fill="none" '
+                   f'stroke="#bbb"/>')
+        for j, (val, (name, col)) in enumerate(zip((f.posted, f.ready, f.transmitted, f.done), cols)):
+            out.append(f'<rect x="{L}" y="{y + j * BH}" width="{val / top * PW:.1f}" height="{BH - 1}" fill="{col}">'
+                       f"<title>{esc(name)}: {val} of {f.steps}</title></rect>")
+        out.append(f'<text x="{L + max(f.steps, f.posted) / top * PW + 4:.1f}" y="{y + 2 * BH + 3}" font-size="10" '
+                   f'fill="#555">{f.posted}/{f.ready}/{f.transmitted}/{f.done} of {f.steps}</text>')
+    out.append("</svg>")
+    more = f" ({len(flows) - MAX_FLOWS} more flows not drawn)" if len(flows) > MAX_FLOWS else ""
+    return (f'<div class="meta">rank {rank}, from its {esc(s.name)} span'
+            f"{' #' + esc(s.attrs.get(sc.SNAPSHOT_SEQ)) if s.name == sc.INFLIGHT_SPAN else ''}{more}</div>"
+            + "".join(out))
+
+
+# --- wait chain ---------------------------------------------------------------------------------
+
+def walk_svg(t: CollTrace, hops) -> str:
+    if not hops:
+        return ""
+    culprits = t.culprits()
+    items: list = list(hops)
+    if len(items) > 9:
+        items = items[:2] + [None] + items[-6:]
+    BW, BH, GAP = 78, 34, 60
+    W = 10 + len(items) * (BW + GAP)
+    H = BH + 40
+    mid = f"arr-{t.trace_id[:12]}"
+    out = [f'<svg class="walk" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="wait chain">',
+           f'<defs><marker id="{mid}" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+           '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>']
+    for i, h in enumerate(items):
+        x0 = 5 + i * (BW + GAP)
+        if h is None:
+            out.append(f'<text x="{x0 + BW / 2}" y="{BH / 2 + 14}" font-size="12" text-anchor="middle">'
+                       f"… {len(hops) - 8} more …</text>")
+        else:
+            cul = h.rank in culprits
+            fill = "#f8c9c9" if cul else ("#fff1c1" if i == len(items) - 1 else "#e8eef7")
+            rv = t.ranks.get(h.rank)
+            host = (rv.attr(sc.HOST) or "") if rv else "silent"
+            out.append(f'<rect x="{x0}" y="10" width="{BW}" height="{BH}" rx="5" fill="{fill}" '
+                       f'stroke="{"#b00020" if cul else "#888"}"/>'
+                       f'<text x="{x0 + BW / 2}" y="25" font-size="12" text-anchor="middle" font-weight="bold">'
+                       f"rank {h.rank}</text><text x=\"{x0 + BW / 2}\" y=\"38\" font-size=\"9\" "
+                       f'text-anchor="middle">{esc(str(host)[:14])}</text>')
+        if i < len(items) - 1:
+            xa = x0 + BW
+            via = h.via if h is not None else ""
+            out.append(f'<line x1="{xa + 2}" y1="{10 + BH / 2}" x2="{xa + GAP - 3}" y2="{10 + BH / 2}" '
+                       f'stroke="#555" marker-end="url(#{mid})"/>'
+                       f'<text x="{xa + GAP / 2}" y="{BH + 26}" font-size="8" text-anchor="middle">'
+                       f"{esc(' '.join(via.split(' ')[::2]) if via else '')}</text>")
+    out.append("</svg>")
+    last = hops[-1]
+    return ("".join(out) + f'<div class="meta">each rank waits on the next ({esc(hops[0].via)} …); the walk stops '
+            f"at rank {last.rank}: {esc(last.why)}"
+            + (" — the verdict's culprit" if last.rank in culprits else "") + "</div>")
+
+
+def arrivals(t: CollTrace) -> str:
+    rows = []
+    for r, rv in t.ranks.items():
+        if rv.op is not None:
+            rows.append((rv.op.attrs.get(sc.TIME_API) or rv.op.start_ns, r))
+    if len(rows) < 2:
+        return ""
+    rows.sort()
+    first = rows[0][0]
+    med = rows[len(rows) // 2][0]
+    late = rows[-3:][::-1]
+    cells = ", ".join(f"rank {r} +{fmt_dur(a - first)}" for a, r in late)
+    return (f'<p class="meta">no rank is waiting (the collective completed). Latest arrivals: {esc(cells)} '
+            f"(median arrival +{esc(fmt_dur(med - first))}).</p>")
+
+
+# --- page ---------------------------------------------------------------------------------------
+
+def trace_section(t: CollTrace, verdict_index: dict) -> str:
+    hops = t.walk()
+    out = [f'<h3 id="t-{t.trace_id}">{esc(t.func)} #{esc(t.seq)} · communicator {esc(t.comm)} · '
+           f"{len(t.ranks)}/{t.nranks} ranks reported · {esc(t.state)}</h3>",
+           f'<div class="meta mono">trace {esc(t.trace_id)}</div>']
+    for v in t.verdicts:
+        out.append(f'<p>Verdict {verdict_index[id(v)] + 1}: <b>{esc(v.category)}</b> at {esc(_where(v))}</p>')
+    out.append(timeline_svg(t, {h.rank for h in hops}))
+    for v in t.verdicts[:1]:
+        for r in v.ranks[:2]:
+            out.append(f"<h4>Flow counters of culprit rank {r}</h4>")
+            out.append(flows_svg(t, r, v.a.get(sc.RCA_CULPRIT_CHANNEL), v.a.get(sc.RCA_CULPRIT_PEER)))
+    if hops:
+        out.append("<h4>Wait chain (link walk)</h4>" + walk_svg(t, hops))
+    else:
+        out.append(arrivals(t))
+    return "\n".join(out)
+
+
+def page(run: Run, problems: list[Problem], max_traces: int, source: str) -> str:
+    verdict_index = {id(v): i for i, v in enumerate(run.verdicts)}
+    traces = sorted(run.traces.values(), key=lambda t: (-t.interest, str(t.comm), str(t.seq)))
+    drawn = [t for t in traces if t.ranks][:max_traces]
+    rest = [t for t in traces if t.ranks][max_traces:]
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             "<title>mycroft-otel report</title>", f"<style>{CSS}</style></head><body>",
+             "<h1>mycroft-otel report</h1>",
+             f'<div class="meta">input {esc(source)} ({len(run.files)} file{"s" if len(run.files) != 1 else ""}); '
+             f"{run.spans} spans, {len(run.traces)} traces, {len(run.verdicts)} verdict(s); generated "
+             f"{esc(fmt_time(time.time_ns()))}</div>"]
+    if problems:
+        shown = problems[:50]
+        parts.append(f'<h2>Problems with the input ({len(problems)})</h2><div class="problems"><p>These parts '
+                     "could not be read; everything else is shown below.</p><ul>"
+                     + "".join(f"<li class=\"mono\">{esc(p)}</li>" for p in shown)
+                     + (f"<li>… {len(problems) - 50} more</li>" if len(problems) > 50 else "") + "</ul></div>")
+    parts.append("<h2>Verdicts</h2>")
+    if not run.verdicts:
+        parts.append('<p class="muted">No <span class="mono">mycroft.root_cause</span> span in the input: the '
+                     "processor found nothing (or its verdicts were not recorded).</p>")
+    else:
+        parts.append("<table><tr><th>#</th><th>kind</th><th>category</th><th>culprit</th><th>confidence</th>"
+                     "<th>detection latency</th></tr>")
+        for i, v in enumerate(run.verdicts):
+            c = v.a.get(sc.RCA_CONFIDENCE)
+            parts.append(f'<tr><td><a href="#v-{i}">{i + 1}</a></td><td>{esc(v.kind)}</td><td><b>{esc(v.category)}'
+                         f"</b></td><td>{esc(_where(v))}</td><td>"
+                         f"{f'{c:.2f}' if isinstance(c, (int, float)) else '-'}</td>"
+                         f"<td>{f'{v.latency_s:.2f} s' if v.latency_s is not None else '-'}</td></tr>")
+        parts.append("</table>")
+        for i, v in enumerate(run.verdicts):
+            parts.append(verdict_card(v, i, run.traces.get(v.span.trace_id)))
+    parts.append("<h2>Collectives</h2>")
+    if not drawn:
+        parts.append('<p class="muted">No rank spans (nccl.*, mycroft.inflight, mycroft.status) in the input.</p>')
+    for t in drawn:
+        parts.append(trace_section(t, verdict_index))
+    if rest:
+        parts.append(f"<h3>{len(rest)} more collective trace(s), not drawn</h3><table><tr><th>trace</th>"
+                     "<th>collective</th><th>communicator</th><th>ranks</th><th>state</th></tr>")
+        for t in rest[:500]:
+            parts.append(f'<tr><td class="mono">{esc(t.trace_id)}</td><td>{esc(t.func)} #{esc(t.seq)}</td>'
+                         f"<td>{esc(t.comm)}</td><td>{len(t.ranks)}/{t.nranks}</td><td>{esc(t.state)}</td></tr>")
+        parts.append("</table>")
+    if run.other_spans:
+        parts.append(f'<p class="muted">{run.other_spans} other span(s) (summaries, foreign spans) not shown.</p>')
+    parts.append("</body></html>")
+    return "\n".join(parts)
