@@ -131,12 +131,15 @@ class Receiver:
                                                           response_serializer=None)})
         server.add_generic_rpc_handlers((handler,))
         addr = f"{self.bind}:{self.grpc_port or 0}"
-        if self.tls:
-            with open(self.tls[0], "rb") as c, open(self.tls[1], "rb") as k:
-                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-            port = server.add_secure_port(addr, creds)
-        else:
-            port = server.add_insecure_port(addr)
+        try:
+            if self.tls:
+                with open(self.tls[0], "rb") as c, open(self.tls[1], "rb") as k:
+                    creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+                port = server.add_secure_port(addr, creds)
+            else:
+                port = server.add_insecure_port(addr)
+        except RuntimeError as exc:  # grpc reports a failed bind this way
+            raise OSError(f"cannot bind OTLP/gRPC on {addr}: {exc}") from None
         if port == 0:
             raise OSError(f"cannot bind OTLP/gRPC on {addr}")
         server.start()
