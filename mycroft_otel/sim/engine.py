@@ -34,7 +34,7 @@ from mycroft_otel.sim import abi
 from mycroft_otel.sim.model import TimingModel
 from mycroft_otel.sim.callbacks import flow_rows as _flow_rows
 from mycroft_otel.sim.callbacks import user_rows as _user_rows
-from mycroft_otel.sim.rows import PROXY, Block, SlotAllocator, block
+from mycroft_otel.sim.rows import KERNEL, Block, SlotAllocator, block
 from mycroft_otel.sim.topology import Comm
 
 INF = np.inf
@@ -410,11 +410,11 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     kslot = slots.take(C * K * nm).reshape(C, K * nm)
     par = np.broadcast_to(coll_slot, (C, K * nm))
     blocks += [b for b in (
-        block(kst, owner_c, PROXY, op=abi.OP_START, type=abi.KERNEL_CH, slot=kslot, parent_slot=par, ctx=ctx_c,
+        block(kst, owner_c, KERNEL, op=abi.OP_START, type=abi.KERNEL_CH, slot=kslot, parent_slot=par, ctx=ctx_c,
               channel=ch_m, rank=rk, ptimer=np.where(np.isfinite(kst), kst, 0).astype(np.uint64)),
-        block(kstop, owner_c, PROXY, op=abi.OP_RECORD, slot=kslot, state=abi.S_KERNEL_CH_STOP, ctx=ctx_c, rank=rk,
+        block(kstop, owner_c, KERNEL, op=abi.OP_RECORD, slot=kslot, state=abi.S_KERNEL_CH_STOP, ctx=ctx_c, rank=rk,
               ptimer=np.where(np.isfinite(kstop), kstop, 0).astype(np.uint64)),
-        block(kstop, owner_c, PROXY, op=abi.OP_STOP, slot=kslot, ctx=ctx_c, rank=rk),
+        block(kstop, owner_c, KERNEL, op=abi.OP_STOP, slot=kslot, ctx=ctx_c, rank=rk),
     ) if b is not None]
     # Nothing happens in a process after it died or froze.
     if np.isfinite(m["dead_t"]).any():

@@ -17,14 +17,17 @@ import numpy as np
 
 from mycroft_otel.sim.abi import EVENT_DTYPE
 
-USER, PROXY = 0, 1  # calling thread of a row
+# Calling thread of a row: the user thread (API, Group, Coll/P2p), the proxy progress thread (ProxyOp,
+# ProxyStep) and the thread that reports kernel channels (KernelCh): NCCL's proxy thread up to 2.30, a
+# dedicated profiler thread from 2.31. The runner delivers KERNEL rows from the proxy thread (runner._kernel_thread).
+USER, PROXY, KERNEL = 0, 1, 2
 
 
 @dataclass
 class Block:
     rows: np.ndarray    # EVENT_DTYPE; t_ns holds the time, ctx the global context id
     owner: np.ndarray   # int64 global rank per row
-    thread: int         # USER | PROXY
+    thread: int         # USER | PROXY | KERNEL
     t: np.ndarray       # float64 time per row (inf = never happens)
 
 

@@ -8,8 +8,8 @@ shared-memory file exactly as in a real job. Modes:
 * accelerated: no pacing; each collective instance is delivered as soon as it is timed
   (rows in causal order, one thread), then dropped: memory stays bounded at any scale;
 * real-time: every row is delivered at its simulated time from the epoch (CLOCK_MONOTONIC),
-  user-thread calls from one thread and proxy-thread calls (ProxyOp, ProxyStep, KernelCh)
-  from another per simulated host, so a live agent sees the job as in production; a hang
+  per simulated host user-thread calls from one thread, ProxyOp/ProxyStep/KernelCh from a proxy thread
+  (NCCL 2.27-2.30; see _kernel_thread for 2.31+), so a live agent sees the job as in production; a hang
   keeps the process alive, the stalled state in shm, until the run's duration ends;
 * multi-process (real-time): each simulated host is an OS process with its own Driver, so
   ``process_exited`` is a real SIGKILL and ``sigstop`` a real SIGSTOP of that process.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mycroft_otel.sim.rows import PROXY, USER, Block, cat_rows, sort_rows
+from mycroft_otel.sim.rows import KERNEL, PROXY, USER, Block, cat_rows, sort_rows
 from mycroft_otel.sim.simulation import Simulation
 
 SLOTS = 1 << 22
@@ -182,10 +182,23 @@ def _run_accelerated(sim: Simulation, cfg: RunConfig, progress: Progress) -> dic
             "wall_s": wall, "contexts": len(sim.contexts), "steps": sim.steps_done, "driver": driver}
 
 
-def _host_streams(blocks: list[Block], world_hosts: np.ndarray, n_hosts: int) -> dict:
+def _kernel_thread(cfg: RunConfig) -> int:
+    """The thread KernelCh rows are delivered from: the proxy thread, for every ABI version.
+
+    NCCL 2.31+ (v7) reports kernel channels from a dedicated profiler thread, but there a channel can
+    only finish after its proxy transfers (the kernel waits for the data). Replayed from a third thread,
+    a lagging proxy thread would let KernelCh stops overtake the ProxyOps they depend on and complete
+    ops early in the plugin; on the proxy thread the rows keep NCCL's causal order.
+    """
+    return PROXY
+
+
+def _host_streams(blocks: list[Block], world_hosts: np.ndarray, n_hosts: int, kernel_thread: int = KERNEL) -> dict:
     """(host, thread) -> list of blocks (rows split by the owner's host)."""
     out: dict = {}
     for b in blocks:
+        if b.thread == KERNEL and kernel_thread != KERNEL:
+            b = Block(b.rows, b.owner, kernel_thread, b.t)
         h = world_hosts[b.owner]
         for host in np.unique(h):
             sel = h == host
@@ -201,7 +214,7 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     sim.run(lambda inst, res: blocks.extend(res.blocks))
     world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
     streams = {key: _stream(lst, cfg.quantum_ns) for key, lst in
-               _host_streams(blocks, world_hosts, sim.topo.nodes).items()}
+               _host_streams(blocks, world_hosts, sim.topo.nodes, _kernel_thread(cfg)).items()}
     blocks.clear()
     last_t = max((float(r["t_ns"][-1]) for r in streams.values() if len(r)), default=0.0)
     duration_ns = cfg.duration_s * 1e9 if cfg.duration_s is not None else last_t + 0.5e9
@@ -221,7 +234,7 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
             t["onset_ns"] = real_epoch + t["onset_sim_ns"]
         results: list[dict] = []
         threads = [threading.Thread(target=lambda r=rows: results.append(driver.replay(r, epoch)),
-                                    name=f"sim-{'user' if th == USER else 'proxy'}-{h}", daemon=True)
+                                    name=f"sim-{('user', 'proxy', 'kernel')[th]}-{h}", daemon=True)
                    for (h, th), rows in sorted(streams.items())]
         for th in threads:
             th.start()
@@ -271,7 +284,7 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
             try:
                 driver = _driver(cfg)
                 ctx_map = _init_contexts(driver, sim, ctxs, cfg)
-                mine = [_remap(streams[(host, th)], ctx_map) for th in (USER, PROXY) if (host, th) in streams]
+                mine = [_remap(streams[(host, th)], ctx_map) for th in (USER, PROXY, KERNEL) if (host, th) in streams]
                 ths = [threading.Thread(target=driver.replay, args=(rows, epoch), daemon=True) for rows in mine]
                 for th in ths:
                     th.start()

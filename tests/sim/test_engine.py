@@ -7,7 +7,7 @@ import pytest
 
 from mycroft_otel.sim import abi
 from mycroft_otel.sim.engine import RING_STEPS_PER_LOOP, step_sizes
-from mycroft_otel.sim.rows import PROXY, USER
+from mycroft_otel.sim.rows import KERNEL, PROXY, USER
 from mycroft_otel.sim.topology import Topology, TopologyError, build_comms, parse_topology
 
 from _simtools import make_sim
@@ -179,10 +179,12 @@ def test_user_thread_order_is_nccl_228():
     grp = one[(one["op"] == S) & (one["type"] == abi.GROUP)][0]
     api = one[(one["op"] == S) & (one["type"] == abi.COLL_API)][0]
     assert coll["parent_slot"] == api["slot"] and coll["size"] == grp["slot"] + 1
-    # proxy-thread events: ProxyOp, ProxyStep, KernelCh only
+    # proxy-thread events: ProxyOp, ProxyStep; KernelCh on the kernel-reporting thread
     proxy = np.concatenate([b.rows for b in r.blocks if b.thread == PROXY])
     starts = proxy[proxy["op"] == S]
-    assert set(starts["type"].tolist()) == {abi.PROXY_OP, abi.PROXY_STEP, abi.KERNEL_CH}
+    assert set(starts["type"].tolist()) == {abi.PROXY_OP, abi.PROXY_STEP}
+    kern = np.concatenate([b.rows for b in r.blocks if b.thread == KERNEL])
+    assert set(kern["type"][kern["op"] == S].tolist()) == {abi.KERNEL_CH}
     assert not set(user["type"][user["op"] == S].tolist()) & {abi.PROXY_OP, abi.PROXY_STEP, abi.KERNEL_CH}
 
 
