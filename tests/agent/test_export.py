@@ -239,7 +239,7 @@ def test_cli_runs_serves_metrics_and_stops_on_sigterm(tmp_path, otel_env):
                           "--metrics-port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert otel_env.sink.wait_for(lambda s: len(s) >= 4, timeout=30)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         text = ""
         while time.monotonic() < deadline and "mycroft_agent_spans_exported_total 4.0" not in text:
             try:
@@ -249,7 +249,7 @@ def test_cli_runs_serves_metrics_and_stops_on_sigterm(tmp_path, otel_env):
             time.sleep(0.1)
         assert "mycroft_agent_records_read_total 4.0" in text and "mycroft_agent_spans_exported_total 4.0" in text
         p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=20) == 0
+        assert p.wait(timeout=30) == 0, p.stderr.read()
     finally:
         if p.poll() is None:
             p.kill()
