@@ -61,7 +61,7 @@ def explain(exc: BaseException, url: str, what: str) -> GrafanaError:
 
 def _short(exc: BaseException) -> str:
     text = str(exc).strip()
-    m = re.search(r"\[Errno -?\d+\] [^'\")\]]+|Failed to resolve [^)]+|Name or service not known", text)
+    m = re.search(r"\[Errno -?\d+\] [^'\")\]]+|Failed to resolve '[^']+'|Name or service not known", text)
     if m:
         return m.group(0).strip()
     s = text.splitlines()
