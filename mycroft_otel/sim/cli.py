@@ -14,7 +14,7 @@ import sys
 
 from mycroft_otel import config
 from mycroft_otel.sim.faults import CATALOGUE, FaultError, parse_fault
-from mycroft_otel.sim.model import TimingModel, eval_model
+from mycroft_otel.sim.model import TimingModel, eval_model, light_model
 from mycroft_otel.sim import runner
 from mycroft_otel.sim.runner import Progress, RunConfig
 from mycroft_otel.sim.simulation import Simulation
@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", choices=("Ring", "Tree"), default="Ring", help="DP all-reduce algorithm")
     p.add_argument("--slow-steps", action="store_true",
                    help="the eval timing model (~0.3 s steps) instead of the default (~0.1 s)")
+    p.add_argument("--light", action="store_true",
+                   help="--slow-steps with 2 MiB steps: 4x fewer events (long real-time runs of 64+ ranks)")
     p.add_argument("--quantum-us", type=float, default=0.0,
                    help="real time: deliver events in bursts every this many microseconds (less CPU; default exact)")
     p.add_argument("--no-progress", action="store_true")
@@ -49,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_args(args: argparse.Namespace, progress: Progress | None = None) -> dict:
     topo = parse_topology(args.topology)
     faults = [parse_fault(f) for f in args.fault]
-    model: TimingModel = eval_model() if args.slow_steps else TimingModel()
+    model: TimingModel = (light_model() if getattr(args, "light", False) else
+                          eval_model() if args.slow_steps else TimingModel())
     model = model.with_nccl(dp_algo=getattr(args, "algo", "Ring") or "Ring")
     steps = args.steps
     duration = args.duration if args.realtime else None

@@ -84,3 +84,9 @@ def eval_model() -> TimingModel:
     ranks' arrival skew (0.5 % compute jitter), so a 2x slowdown of a flow, NIC or GPU is visible."""
     return TimingModel().with_step(forward_ns=80_000_000, backward_ns=160_000_000, optimizer_ns=30_000_000,
                                    dp_bucket_bytes=64 * 1024 * 1024, jitter=0.005)
+
+
+def light_model() -> TimingModel:
+    """eval_model with 2 MiB steps (NCCL_BUFFSIZE=16MiB): 4x fewer ProxySteps, for long real-time runs of
+    64+ ranks on a small machine (demo). Same collective times, coarser chunk detail."""
+    return eval_model().with_nccl(chunk_size=2 * 1024 * 1024)

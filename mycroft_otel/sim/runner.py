@@ -18,6 +18,7 @@ shared-memory file exactly as in a real job. Modes:
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import sys
 import threading
@@ -208,8 +209,8 @@ def _host_streams(blocks: list[Block], world_hosts: np.ndarray, n_hosts: int, ke
 
 
 def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
-    from mycroft_otel import _native
-
+    if not cfg.multiprocess:
+        return _run_streaming(sim, cfg, progress)
     blocks: list[Block] = []
     sim.run(lambda inst, res: blocks.extend(res.blocks))
     world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
@@ -222,36 +223,113 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     hosts_ctx: dict[int, list[int]] = {}
     for i, c in enumerate(sim.contexts):
         hosts_ctx.setdefault(c.node, []).append(i)
-    stats: dict = {}
-    if not cfg.multiprocess:
-        driver = _driver(cfg)
-        ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
-        for rows in streams.values():
-            _remap(rows, ctx_map)
-        epoch = _native.monotonic_ns() + int(cfg.lead_s * 1e9)
-        real_epoch = time.time_ns() + (epoch - _native.monotonic_ns())
-        for t in truths:
-            t["onset_ns"] = real_epoch + t["onset_sim_ns"]
-        results: list[dict] = []
-        threads = [threading.Thread(target=lambda r=rows: results.append(driver.replay(r, epoch)),
-                                    name=f"sim-{('user', 'proxy', 'kernel')[th]}-{h}", daemon=True)
-                   for (h, th), rows in sorted(streams.items())]
-        for th in threads:
-            th.start()
-        _wait_until(epoch, duration_ns, progress, lambda: False)
-        for th in threads:
-            th.join(timeout=max(0.0, (epoch + duration_ns - _native.monotonic_ns()) / 1e9) + 5)
-        for st in results:
-            _merge_stats(stats, st)
-        hung = not np.isfinite(sim.ready).all()
-        if not hung:
-            for i in range(len(sim.contexts)):
-                driver.finalize(int(ctx_map[i]))
-        progress.done()
-        return {"mode": "realtime", "truth": truths, "stats": stats, "events": sim.n_rows,
-                "contexts": len(sim.contexts), "steps": sim.steps_done, "epoch_mono_ns": epoch,
-                "epoch_realtime_ns": real_epoch, "driver": driver}
     return _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truths)
+
+
+def _run_streaming(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
+    """Real time in one process, generating while delivering: memory stays bounded for long runs.
+
+    A producer thread times the job step by step; after each training step it hands every replaying
+    thread the rows that can no longer be preceded by later ones (t below the watermark = the earliest
+    time any rank can issue its next call), sorted. The epoch is set once the first step is ready.
+    """
+    from mycroft_otel import _native
+
+    driver = _driver(cfg)
+    ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
+    world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
+    kth = _kernel_thread(cfg)
+    keys = [(h, th) for h in range(sim.topo.nodes) for th in (USER, PROXY)]
+    queues: dict = {k: queue.Queue() for k in keys}
+    pending: list[Block] = []
+    first = threading.Event()
+    state = {"last_t": 0.0, "error": None, "sim_t": 0.0}
+
+    def flush(watermark: float) -> None:
+        emit, keep = [], []
+        for b in pending:
+            ok = b.t < watermark
+            if ok.all():
+                emit.append(b)
+            elif ok.any():
+                emit.append(Block(b.rows[ok], b.owner[ok], b.thread, b.t[ok]))
+                keep.append(Block(b.rows[~ok], b.owner[~ok], b.thread, b.t[~ok]))
+            else:
+                keep.append(b)
+        pending[:] = keep
+        if emit:
+            state["last_t"] = max(state["last_t"], max(float(b.t.max()) for b in emit))
+        for key, lst in _host_streams(emit, world_hosts, sim.topo.nodes, kth).items():
+            queues[key].put(_remap(_stream(lst, cfg.quantum_ns), ctx_map))
+
+    def on_step(_frac: float) -> None:
+        fin = sim.ready[np.isfinite(sim.ready)]
+        state["sim_t"] = float(fin.min()) if len(fin) else np.inf
+        flush(state["sim_t"])
+        first.set()
+
+    def produce() -> None:
+        try:
+            sim.run(lambda inst, res: pending.extend(res.blocks), progress=on_step)
+            flush(np.inf)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            state["error"] = exc
+        finally:
+            for q in queues.values():
+                q.put(None)
+            first.set()
+
+    producer = threading.Thread(target=produce, name="sim-producer", daemon=True)
+    t_start = time.monotonic()
+    producer.start()
+    first.wait()
+    if cfg.duration_s is not None and producer.is_alive():
+        # Head start: if timing the job is slower than real time on this machine, let the producer get far
+        # enough ahead that it finishes about when the run does (rather than delivering late).
+        rate = state["sim_t"] / max(1e-3, time.monotonic() - t_start) / 1e9  # simulated s per wall s
+        ahead = cfg.duration_s * 1e9 * max(0.0, 1.0 - rate / 1.25)
+        while producer.is_alive() and state["sim_t"] < ahead:
+            progress(state["sim_t"] / max(1.0, ahead), "preparing")
+            time.sleep(0.05)
+    epoch = _native.monotonic_ns() + int(cfg.lead_s * 1e9)
+    real_epoch = time.time_ns() + (epoch - _native.monotonic_ns())
+    results: list[dict] = []
+
+    def consume(q: queue.Queue) -> None:
+        while True:
+            rows = q.get()
+            if rows is None:
+                return
+            if len(rows):
+                results.append(driver.replay(rows, epoch))
+
+    threads = [threading.Thread(target=consume, args=(queues[k],), name=f"sim-{('user', 'proxy')[k[1]]}-{k[0]}",
+                                daemon=True) for k in keys]
+    for th in threads:
+        th.start()
+    if cfg.duration_s is not None:
+        _wait_until(epoch, cfg.duration_s * 1e9, progress, lambda: False)
+    else:
+        producer.join()
+        _wait_until(epoch, state["last_t"] + 0.5e9, progress, lambda: False)
+    producer.join(timeout=5)
+    for th in threads:
+        th.join(timeout=5)
+    if state["error"] is not None:
+        raise state["error"]
+    stats: dict = {}
+    for st in results:
+        _merge_stats(stats, st)
+    truths = sim.truths()
+    for t in truths:
+        t["onset_ns"] = real_epoch + t["onset_sim_ns"]
+    if np.isfinite(sim.ready).all():
+        for i in range(len(sim.contexts)):
+            driver.finalize(int(ctx_map[i]))
+    progress.done()
+    return {"mode": "realtime", "truth": truths, "stats": stats, "events": sim.n_rows,
+            "contexts": len(sim.contexts), "steps": sim.steps_done, "epoch_mono_ns": epoch,
+            "epoch_realtime_ns": real_epoch, "driver": driver}
 
 
 def _wait_until(epoch: int, duration_ns: float, progress: Progress, stop) -> None:
