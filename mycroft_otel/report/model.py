@@ -266,6 +266,7 @@ class Run:
     verdicts: list[Verdict]
     files: list[str]
     other_spans: int = 0      # summaries and spans of no known shape
+    evals: list = field(default_factory=list)  # (file, `mycroft-otel eval --json` document)
 
 
 def build(spans: list[Span], files: list[str]) -> Run:

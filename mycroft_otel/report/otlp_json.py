@@ -5,7 +5,8 @@ one ``ExportTraceServiceRequest`` (``{"resourceSpans": [...]}``) per line, trace
 hex strings, 64-bit integers as decimal strings. A file holding a single (pretty-printed) request
 or a JSON list of requests is read too, as are ``.gz`` files, base64 ids (protobuf's own JSON
 mapping) and snake_case field names. A processor recording (``mycroft-otel processor --record``,
-binary) is read as well: its payloads are the spans the processor received.
+binary) is read as well: its payloads are the spans the processor received; and the JSON that
+``mycroft-otel eval --json`` prints (kept aside for the report's evaluation table).
 
 Reading never stops at the first problem: every unreadable line, request or span is reported as
 a :class:`Problem` naming the file, the line and what is wrong, and everything valid is kept.
@@ -186,7 +187,12 @@ def _read_record_file(path: str, problems: list[Problem]) -> list[Span]:
     return out
 
 
-def read_file(path: str, problems: list[Problem]) -> list[Span]:
+def is_eval_result(doc) -> bool:
+    """``mycroft-otel eval --json`` output: {"summary": {...}, "scenarios": [...]}."""
+    return isinstance(doc, dict) and isinstance(doc.get("summary"), dict) and isinstance(doc.get("scenarios"), list)
+
+
+def read_file(path: str, problems: list[Problem], evals: list | None = None) -> list[Span]:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -215,6 +221,10 @@ def read_file(path: str, problems: list[Problem]) -> list[Span]:
     except json.JSONDecodeError:
         doc = None
     else:
+        if is_eval_result(doc):
+            if evals is not None:
+                evals.append((path, doc))
+            return []
         docs = doc if isinstance(doc, list) else [doc]
         out = []
         for i, d in enumerate(docs):
@@ -233,8 +243,9 @@ def read_file(path: str, problems: list[Problem]) -> list[Span]:
     return out
 
 
-def read_path(path: str, problems: list[Problem]) -> tuple[list[Span], list[str]]:
-    """(spans, files read) from a file or a directory (its OTLP/JSON and .rec files, not recursive)."""
+def read_path(path: str, problems: list[Problem], evals: list | None = None) -> tuple[list[Span], list[str]]:
+    """(spans, files read) from a file or a directory (its OTLP/JSON and .rec files, not recursive);
+    ``mycroft-otel eval --json`` results found on the way are appended to ``evals`` as (file, doc)."""
     if os.path.isdir(path):
         files = sorted(os.path.join(path, n) for n in os.listdir(path)
                        if n.endswith(SUFFIXES) and os.path.isfile(os.path.join(path, n)))
@@ -247,7 +258,7 @@ def read_path(path: str, problems: list[Problem]) -> tuple[list[Span], list[str]
         files = []
     spans: list[Span] = []
     for f in files:
-        spans += read_file(f, problems)
+        spans += read_file(f, problems, evals)
     return spans, files
 
 

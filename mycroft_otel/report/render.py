@@ -355,6 +355,39 @@ def arrivals(t: CollTrace) -> str:
             f"(median arrival +{esc(fmt_dur(med - first))}).</p>")
 
 
+# --- eval results -------------------------------------------------------------------------------
+
+def eval_section(evals: list) -> str:
+    out = []
+    yes = {True: "yes", False: "no", None: ""}
+    for path, doc in evals:
+        s = doc["summary"]
+        out.append(f'<h3>Evaluation <span class="mono muted">{esc(path)}</span></h3>')
+        keys = [("faults", "faults"), ("detection_rate", "detected"), ("top1_culprit_accuracy", "top-1 culprit"),
+                ("category_accuracy", "category"), ("latency_median_s", "latency median (s)"),
+                ("latency_p90_s", "latency p90 (s)"), ("healthy_false_positives", "healthy false positives")]
+        out.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for _k, h in keys) + "</tr><tr>"
+                   + "".join(f"<td>{esc(_pct(s.get(k)) if 'rate' in k or 'accuracy' in k else s.get(k, '-'))}</td>"
+                             for k, _h in keys) + "</tr></table>")
+        out.append("<table><tr><th>scenario</th><th>expected</th><th>detected</th><th>latency</th><th>culprit</th>"
+                   "<th>category</th><th>top verdict</th></tr>")
+        for r in doc["scenarios"]:
+            if not isinstance(r, dict):
+                continue
+            lat = r.get("latency_s")
+            out.append(f"<tr><td>{esc(r.get('scenario', '?'))}</td><td>{esc(r.get('expected') or '(healthy)')}</td>"
+                       f"<td>{yes.get(r.get('detected'), esc(r.get('detected')))}</td>"
+                       f"<td>{f'{lat:.1f} s' if isinstance(lat, (int, float)) else ''}</td>"
+                       f"<td>{yes.get(r.get('culprit_ok'), '')}</td><td>{yes.get(r.get('category_ok'), '')}</td>"
+                       f"<td>{esc(r.get('top') or 'no verdict')}</td></tr>")
+        out.append("</table>")
+    return "\n".join(out)
+
+
+def _pct(v) -> str:
+    return f"{v:.0%}" if isinstance(v, (int, float)) else "-"
+
+
 # --- page ---------------------------------------------------------------------------------------
 
 def trace_section(t: CollTrace, verdict_index: dict) -> str:
@@ -393,6 +426,8 @@ def page(run: Run, problems: list[Problem], max_traces: int, source: str) -> str
                      "could not be read; everything else is shown below.</p><ul>"
                      + "".join(f"<li class=\"mono\">{esc(p)}</li>" for p in shown)
                      + (f"<li>… {len(problems) - 50} more</li>" if len(problems) > 50 else "") + "</ul></div>")
+    if run.evals:
+        parts.append("<h2>Evaluation runs</h2>" + eval_section(run.evals))
     parts.append("<h2>Verdicts</h2>")
     if not run.verdicts:
         parts.append('<p class="muted">No <span class="mono">mycroft.root_cause</span> span in the input: the '

@@ -89,7 +89,7 @@ def test_http_errors_are_explained():
     url = "http://g:3000"
     e = explain(gc.GrafanaUnauthorizedError({"message": "invalid API key"}), url, "reading")
     assert e.fatal and "refused the credentials (401" in str(e) and "--token" in str(e)
-    e = explain(gc.GrafanaClientError(403, {"message": "permissions"}, "Client Error 403"), url, "creating datasource x")
+    e = explain(gc.GrafanaClientError(403, {"message": "permissions"}, "Client Error 403"), url, "creating x")
     assert e.fatal and "403 Forbidden" in str(e) and "Admin" in str(e)
     e = explain(gc.GrafanaBadInputError({"message": "Dashboard title cannot be empty"}), url, "saving dashboard y")
     assert not e.fatal and "rejected saving dashboard y (400 Bad Request): Dashboard title cannot be empty" in str(e)

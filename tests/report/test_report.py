@@ -149,3 +149,29 @@ def test_root_cause_exporter_through_file_exporter(tmp_path):
     exp.shutdown()
     html, run, problems = render_report(str(tmp_path))
     assert not problems and [v.category for v in run.verdicts] == ["slow_nic"]
+
+
+def test_processor_recording_and_eval_json(tmp_path):
+    """A processor --record file (binary) and `mycroft-otel eval --json` output in the run directory."""
+    import struct
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    tid, spans = ring_hang(n=4, culprit=1)
+    req = json_format.ParseDict(_b64_ids(request(spans)), trace_service_pb2.ExportTraceServiceRequest(),
+                                ignore_unknown_fields=True)
+    data = req.SerializeToString()
+    with open(tmp_path / "received.rec", "wb") as f:
+        f.write(struct.pack("<QBI", 1, 0, len(data)) + data)
+        f.write(struct.pack("<QBI", 2, 0, 5) + b"\xff\xff\xff\xff\xff")  # a payload the processor rejected
+    (tmp_path / "eval.json").write_text(json.dumps({
+        "summary": {"faults": 1, "detection_rate": 1.0, "top1_culprit_accuracy": 1.0, "category_accuracy": 1.0,
+                    "latency_median_s": 3.1, "latency_p90_s": 3.1, "healthy_false_positives": 0},
+        "scenarios": [{"scenario": "gpu_stall", "expected": "gpu_stalled", "detected": True, "latency_s": 3.1,
+                       "culprit_ok": True, "category_ok": True, "top": "gpu_stalled@g[1]"}]}))
+    html, run, problems = render_report(str(tmp_path))
+    assert len(run.traces) == 1 and len(run.traces[f"{tid:032x}"].ranks) == 4
+    assert len(problems) == 1 and problems[0].what.startswith("undecodable OTLP payload")
+    assert problems[0].where.endswith("received.rec: payload 1")
+    assert "Evaluation runs" in html and "gpu_stall" in html and "gpu_stalled@g[1]" in html
