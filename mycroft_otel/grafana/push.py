@@ -103,17 +103,20 @@ def push(api, p: Payloads, url: str, log: Callable[[str], None] = print) -> list
     """Upsert everything; returns the non-fatal failures (fatal ones raise GrafanaError)."""
     failures: list[str] = []
 
+    def fail(what, exc) -> None:
+        err = explain(exc, url, what)
+        if err.fatal:
+            raise err from None
+        failures.append(str(err))
+        log(f"  FAILED {what}: {err}")
+
     def attempt(what, fn):
         try:
             return fn()
         except GrafanaError:
             raise
         except Exception as exc:  # noqa: BLE001 - translated
-            err = explain(exc, url, what)
-            if err.fatal:
-                raise err from None
-            failures.append(str(err))
-            log(f"  FAILED {what}: {err}")
+            fail(what, exc)
             return None
 
     def exists(fn) -> bool:
@@ -140,7 +143,7 @@ def push(api, p: Payloads, url: str, log: Callable[[str], None] = print) -> list
                 if _status(exc) == 403 and "read-only" in _msg(exc).lower():
                     log(f"  kept {what}: provisioned read-only from a file on the Grafana host")
                 else:
-                    attempt(f"updating {what}", lambda: (_ for _ in ()).throw(exc))
+                    fail(f"updating {what}", exc)
         elif attempt(f"creating {what}", lambda: api.datasource.create_datasource(ds)) is not None:
             log(f"  created {what} ({ds['type']}, {ds['url']})")
 

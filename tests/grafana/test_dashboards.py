@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from conftest import GRAFANA_RULES, PROM_RULES, binary, panels, prom_exprs, substitute
+from grafana_helpers import GRAFANA_RULES, PROM_RULES, binary, panels, prom_exprs, substitute
 
 
 def test_dashboards_exist(dashboards):

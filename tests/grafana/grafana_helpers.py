@@ -1,0 +1,75 @@
+"""Helpers of the Grafana tests (not conftest.py: other test folders have one too).
+
+No Grafana runs here (AGPL, not installed), so nothing pretends to be one.
+
+What is checked: dashboard JSON sanity, PromQL through the real promtool and a real Prometheus
+scraping a real processor /metrics registry, alert-rule equivalence with dashboards/alerts,
+the API payloads, and the CLI's errors that need no Grafana (unreachable URL, bad files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mycroft_otel.stack.runner import find_binary
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+DATASOURCES = REPO / "collector_config" / "grafana-datasources.yaml"
+GRAFANA_RULES = REPO / "dashboards" / "grafana-alert-rules.yaml"
+PROM_RULES = REPO / "dashboards" / "alerts" / "mycroft-rules.yaml"
+
+
+def strict() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def binary(name: str) -> Path:
+    path = find_binary(name)
+    if path is None:
+        msg = f"{name} not found (scripts/install_prometheus.sh installs it)"
+        if strict():
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return path
+
+
+def load_dashboards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in DASHBOARDS}
+
+
+def load_datasource_uids() -> dict[str, str]:
+    doc = yaml.safe_load(DATASOURCES.read_text())
+    return {d["uid"]: d["type"] for d in doc["datasources"]}
+
+
+def panels(d: dict):
+    for p in d["panels"]:
+        yield p
+        yield from p.get("panels", [])
+
+
+def prom_exprs(dashboards: dict) -> list[tuple[str, str]]:
+    """(where, expr) of every Prometheus query in the dashboards."""
+    out = []
+    for name, d in dashboards.items():
+        for p in panels(d):
+            for t in p.get("targets", []):
+                if t.get("datasource", p.get("datasource", {})).get("type") == "prometheus":
+                    out.append((f"{name} panel {p['id']} ({p['title']}) {t['refId']}", t["expr"]))
+    return out
+
+
+def substitute(expr: str) -> str:
+    """Grafana's variables -> what Grafana would put there (ranges; 'All' regexes)."""
+    for var, val in (("$__rate_interval", "1m"), ("$__range", "5m"), ("$__interval", "15s")):
+        expr = expr.replace(var, val)
+    for var in ("$kind", "$category", "$comm"):
+        expr = expr.replace(f'=~"{var}"', '=~".*"').replace(f'="{var}"', '=""')
+    assert "$" not in expr, expr
+    return expr
