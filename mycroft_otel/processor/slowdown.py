@@ -86,6 +86,30 @@ def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | No
         attrs = evidence_attributes(ref)
         sviews[r] = RankView(rank=r, state=IN_FLIGHT, ref=ref, attrs=attrs, flows=flows_of(attrs),
                              host=ref.resource.host, global_rank=ref.global_rank)
+    # the waiters' stalled flows point at peers; one peer that was not stuck itself is the one they waited for
+    waited: dict[int, int] = {}
+    for r in st.inflight:
+        for fl in sviews[r].flows:
+            if not fl.finished and fl.peer in views and fl.peer not in st.inflight:
+                waited[fl.peer] = waited.get(fl.peer, 0) + 1
+    if len(waited) == 1:
+        (y, n), = waited.items()
+        yv = views[y]
+        snap = min(ref.end_ns for ref in st.inflight.values())
+        if yv.state == COMPLETED and yv.ref is not None:
+            waiters = sorted(st.inflight)
+            stall_s = (snap - min(ref.start_ns for ref in st.inflight.values())) / 1e9
+            if yv.ref.start_ns > snap:  # it had not even started when they were seen waiting
+                cat, why = "late_rank", "had not started yet"
+            else:
+                cat, why = "slow_proxy", "was running but did not move its flows (its proxy was late)"
+            f = Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[y], confidence=0.8,
+                        evidence=(f"stalled, then recovered: rank{'s' if len(waiters) > 1 else ''} "
+                                  f"{', '.join(map(str, waiters[:8]))} waited {stall_s:.1f} s in {st.func} {st.seq} "
+                                  f"on {n} flow{'s' if n > 1 else ''} of rank {y}, which {why}"),
+                        onset_ns=min(ref.start_ns for ref in st.inflight.values()))
+            rca._decorate(st, views, f)
+            return f
     f = rca.analyse_hang(st, sviews)
     if f is None or f.category not in _FROM_HANG or f.reason == "silent":
         return None  # a rank we did not hear from in a collective that completed was simply not slow
@@ -190,6 +214,23 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
             confidence=round(min(0.9, 0.5 + 0.02 * late / transfer), 3),
             evidence=(f"rank {last_r} started {st.func} {st.seq} {late / 1e6:.1f} ms after the others, who waited; "
                       f"the transfer itself took {transfer / 1e6:.1f} ms"), onset_ns=arrival[last_r] - int(late))))
+    # proxy: a rank whose send steps spent much less time waiting on GPU and network than everybody else's
+    # spent the rest between ready and transmitted -- its proxy posted late (Mycroft's ready->transmitted gap)
+    acc: dict[int, float] = {}
+    for r, v in done.items():
+        sf = [f for f in v.flows if f.send and f.steps > 0]
+        if sf:
+            acc[r] = sum(f.gpu_wait_ns + f.net_wait_ns for f in sf) / sum(f.steps for f in sf)
+    if len(acc) >= 3 and not cands:
+        low = min(acc, key=lambda r: acc[r])
+        rest = [x for r, x in acc.items() if r != low]
+        med = statistics.median(rest)
+        if med >= 100 * STEP_FLOOR_NS and acc[low] <= 0.6 * med and all(x >= 0.8 * med for x in rest):
+            cands.append((1.5, Finding(
+                kind=sc.KIND_SLOWDOWN, category="slow_proxy", ranks=[low], confidence=0.6,
+                evidence=(f"rank {low}'s send steps waited {acc[low] / 1e3:.0f} us on GPU and network vs "
+                          f"{med / 1e3:.0f} us for the others in {st.func} {st.seq}: the rest of its time went "
+                          f"between GPU-ready and transmission (its proxy posted late)"), onset_ns=arrival[low])))
     # the late rank's own collective was short, so the agent did not export it: everybody else waited
     if not cands and len(missing) == 1 and len(done) >= 2:
         durs = [v.ref.duration_ns for v in done.values()]
