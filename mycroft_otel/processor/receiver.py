@@ -50,7 +50,9 @@ def write_record(f, data: bytes, content_type: str) -> None:
 
 def read_records(path: str):
     """Yield (time_ns, content_type, payload) from a recording made with ``--record``."""
-    with open(path, "rb") as f:
+    import gzip
+
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
         while True:
             head = f.read(13)
             if len(head) < 13:
