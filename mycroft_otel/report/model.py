@@ -169,8 +169,6 @@ class CollTrace:
             return "in flight"
         if any(rv.op is None and rv.statuses for rv in self.ranks.values()):
             return "rank(s) not entered"
-        if len(self.ranks) < self.nranks:
-            return "ranks missing"
         anomalies = {str(rv.op.attrs.get(sc.ANOMALY)) for rv in self.ranks.values()
                      if rv.op is not None and rv.op.attrs.get(sc.ANOMALY)}
         return "completed" + (f" ({', '.join(sorted(anomalies))})" if anomalies else "")
@@ -209,6 +207,8 @@ class CollTrace:
             for f in flows_of(s):
                 if not f.unfinished or f.peer < 0:
                     continue
+                if f.direction == "send" and f.ready > f.transmitted:
+                    continue  # data ready but not on the wire: stuck at this rank, not at the peer
                 if f.wait_state in _PEER_WAITS or (f.direction == "recv" and not f.wait_state
                                                    and f.ready < max(f.posted, 1)):
                     out.setdefault(r, []).append((f.peer, f"ch{f.channel} {f.direction} {f.wait_state or 'idle'}"))
@@ -227,9 +227,17 @@ class CollTrace:
         s = rv.latest
         if s is not None and s.attrs.get(sc.PROCESS_STOPPED):
             return "process stopped (SIGSTOP)"
-        states = sorted({f.wait_state for f in flows_of(s) if f.unfinished and f.wait_state} if s else set())
-        if states:
-            return "; ".join(f"{st}: {_SELF_WAITS.get(st, st)}" for st in states)
+        flows = [f for f in flows_of(s) if f.unfinished] if s else []
+        why = []
+        for f in flows:
+            if f.direction == "send" and f.ready > f.transmitted:
+                why.append(f"ch{f.channel} send: ready {f.ready} > transmitted {f.transmitted} (data not on the wire)")
+            elif f.direction == "send" and f.transmitted > f.done:
+                why.append(f"ch{f.channel} send: transmitted {f.transmitted} > done {f.done} (not completed)")
+        states = sorted({f.wait_state for f in flows if f.wait_state and f.wait_state not in _PEER_WAITS})
+        why += [f"{st}: {_SELF_WAITS.get(st, st)}" for st in states]
+        if why:
+            return "; ".join(why[:4]) + (f" (+{len(why) - 4} more)" if len(why) > 4 else "")
         return "in flight, no flow waiting on a peer"
 
     def walk(self) -> list[Hop]:
@@ -244,6 +252,9 @@ class CollTrace:
             path, seen, r = [], set(), start
             while True:
                 seen.add(r)
+                if r in culprits and r != start:   # the verdict's root: the chain ends there
+                    path.append(Hop(r, why=self.stop_reason(r)))
+                    break
                 nxt = [(p, how) for p, how in waits.get(r, []) if p not in seen]
                 if not nxt:
                     cyc = waits.get(r)

@@ -121,24 +121,44 @@ def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
 
 # --- timeline -----------------------------------------------------------------------------------
 
-def _rows(t: CollTrace, walk_ranks: set[int]) -> tuple[list[int], int]:
-    n = t.nranks
-    every = list(range(max(n, max(t.ranks, default=-1) + 1)))
-    if len(every) <= MAX_ROWS:
-        return every, 0
-    keep = set(t.culprits()) | walk_ranks
-    keep |= {r for r, rv in t.ranks.items() if rv.op is None or rv.op.attrs.get(sc.ANOMALY)}
-    keep |= {r for r in every if r not in t.ranks}
-    for r in every:
+_NO_SPAN = {False: "no span from this rank (silent)",
+            True: "no span exported (healthy ranks of a flagged collective are sampled)"}
+
+
+def _rows(t: CollTrace, walk_ranks: set[int]) -> tuple[list[tuple[int, int]], int]:
+    """Rows to draw as (first rank, last rank): one rank each, except runs of 3+ ranks without spans
+    (one row); capped at MAX_ROWS, keeping culprits, walk, anomalies. Returns (rows, ranks not drawn)."""
+    n = max(t.nranks, max(t.ranks, default=-1) + 1)
+    rows: list[tuple[int, int]] = []
+    r = 0
+    while r < n:
+        if r in t.ranks:
+            rows.append((r, r))
+            r += 1
+            continue
+        e = r
+        while e + 1 < n and e + 1 not in t.ranks:
+            e += 1
+        rows += [(r, e)] if e - r >= 2 else [(i, i) for i in range(r, e + 1)]
+        r = e + 1
+    if len(rows) <= MAX_ROWS:
+        return rows, 0
+    must = set(t.culprits()) | walk_ranks
+    must |= {r for r, rv in t.ranks.items() if rv.op is None or rv.op.attrs.get(sc.ANOMALY)}
+    keep = [row for row in rows if row[0] != row[1] or row[0] in must or row[0] not in t.ranks]
+    for row in rows:
         if len(keep) >= MAX_ROWS:
             break
-        keep.add(r)
-    rows = sorted(keep)[:MAX_ROWS]
-    return rows, len(every) - len(rows)
+        if row not in keep:
+            keep.append(row)
+    keep = sorted(keep)[:MAX_ROWS]
+    drawn = sum(b - a + 1 for a, b in keep)
+    return keep, n - drawn
 
 
 def timeline_svg(t: CollTrace, walk_ranks: set[int]) -> str:
     rows, omitted = _rows(t, walk_ranks)
+    completed = all(rv.op is not None for rv in t.ranks.values())
     culprits = t.culprits()
     spans = [s for rv in t.ranks.values() for s in ([rv.op] if rv.op else []) + rv.snapshots + rv.statuses]
     starts = [s.start_ns for s in spans if s.start_ns] + [s.attrs.get(sc.TIME_API) or 0 for s in spans]
@@ -175,16 +195,21 @@ def timeline_svg(t: CollTrace, walk_ranks: set[int]) -> str:
                     f'<text x="{xx:.1f}" y="{yb + 16}" font-size="10" text-anchor="middle">'
                     f'{"+" + fmt_dur(k * step) if k else "0"}</text>')
         k += 1
-    for i, r in enumerate(rows):
+    for i, (r, last) in enumerate(rows):
         y = TOP + i * RH
         if r in culprits:
             out.append(f'<rect x="0" y="{y}" width="{W}" height="{RH}" fill="{_COL["culprit_bg"]}"/>')
         elif i % 2:
             out.append(f'<rect x="{L}" y="{y}" width="{PW}" height="{RH}" fill="#f7f7f7"/>')
     out.extend(grid)
-    for i, r in enumerate(rows):
+    for i, (r, last) in enumerate(rows):
         y = TOP + i * RH
         rv = t.ranks.get(r)
+        if last != r:
+            out.append(f'<text x="4" y="{y + 12}" font-size="11" fill="#999">ranks {r}–{last}</text>'
+                       f'<text x="{L + 4}" y="{y + 12}" font-size="11" font-style="italic" fill="#999">'
+                       f"{_NO_SPAN[completed]} ({last - r + 1} ranks)</text>")
+            continue
         host = rv.attr(sc.HOST) if rv else None
         g = rv.attr(sc.GLOBAL_RANK) if rv else None
         label = f"rank {r}" + (f" (g{g})" if g is not None else "") + (f" {host}" if host else "")
@@ -193,7 +218,7 @@ def timeline_svg(t: CollTrace, walk_ranks: set[int]) -> str:
                    f'{" ★" if r in culprits else ""}</text>')
         if rv is None:
             out.append(f'<text x="{L + 4}" y="{y + 12}" font-size="11" font-style="italic" fill="#999">'
-                       f"no span from this rank (silent)</text>")
+                       f"{_NO_SPAN[completed]}</text>")
             continue
         if rv.op is not None:
             s = rv.op
@@ -241,7 +266,7 @@ def timeline_svg(t: CollTrace, walk_ranks: set[int]) -> str:
               '<span style="color:#bab0ac">■</span> '
               'not entered <span style="color:#7f0000">■</span> process exited; ★ culprit; time from '
               f"{esc(fmt_time(t0))}"
-              + (f"; {omitted} healthy ranks not drawn" if omitted else "") + "</div>")
+              + (f"; {omitted} ranks not drawn" if omitted else "") + "</div>")
     return "".join(out) + legend
 
 
