@@ -126,6 +126,7 @@ def build_views(st: TraceState, decode_completed: bool = True, keys=None) -> dic
 
 def _signature(v: RankView) -> tuple | None:
     func = v.ref.func if v.ref else ""
+    func = "Send/Recv" if func in ("Send", "Recv") else func  # a p2p trace holds both halves of one transfer
     if v.state in (NOT_ENTERED, MISSING) or not func:
         return None
     return (func, v.ref.count if v.ref.count >= 0 else None, v.ref.datatype or None)
