@@ -1,0 +1,57 @@
+"""The conformance scenarios and their ground truth (designed here, independent of the simulator's catalogue).
+
+Default job: 8 ranks on 2 "nodes" (NCCL_HOSTID node0 / node1) in 5 OS processes [[0,1],[2,3],[4,5],[6],[7]]:
+several ranks per process and single-rank processes; two communicators per rank (a 4-channel ring for AllReduce,
+grouped 3 at a time in a quarter of the iterations, and a 2-channel "pp" communicator with a Send/Recv pair in one
+group every third iteration); 3 launches outstanding per rank. A ring rank r sends to r+1 and receives from r-1
+on every channel, so flow (r -> r+1, channel c) has ends {r, r+1}.
+
+The long slowdown runs (late_rank, slow_flow, slow_gpu) leave the "pp" traffic out so that the p2p finding
+(rca.check_mismatch on Send/Recv, see test_scenarios.D_P2P) does not mask what they test; pp_slow_transfer and
+the healthy runs cover p2p.
+"""
+
+from __future__ import annotations
+
+from harness import Scenario
+
+AT = 12  # hangs start at this iteration: ~1.5-2 s of healthy traffic before
+AT_SLOW = 36  # slowdowns: enough healthy history for the agent's baselines (warm-up 8 ops per size bucket)
+
+SCENARIOS = [
+    Scenario("healthy_jittery", kind="healthy", iters=45, expect=None),
+    Scenario("healthy_v4_growing_steps", kind="healthy", iters=35, version=4, step_numbering="growing", expect=None),
+    Scenario("rank_never_enters", fault={"kind": "absent", "rank": 5, "at_iter": AT},
+             expect={"category": "rank_absent", "ranks": [5]}),
+    Scenario("sigkill_mid_collective", fault={"kind": "sigkill", "rank": 6, "at_iter": AT},
+             expect={"category": "process_exited", "ranks": [6]}),
+    Scenario("sigstop_mid_collective", fault={"kind": "sigstop", "rank": 7, "at_iter": AT},
+             expect={"category": "rank_absent", "ranks": [7]}),
+    Scenario("gpu_stall", fault={"kind": "gpu_stall", "rank": 2, "at_iter": AT},
+             expect={"category": "gpu_stalled", "ranks": [2]}),
+    Scenario("flow_send_stalled", fault={"kind": "send_stall", "rank": 3, "channel": 2, "at_iter": AT},
+             expect={"category": "net_send_stalled", "channel": 2, "flow": [3, 4]}),
+    Scenario("flow_delivery_stalled", fault={"kind": "delivery_stall", "rank": 1, "channel": 1, "at_iter": AT},
+             expect={"category": "net_delivery_stalled", "channel": 1, "flow": [1, 2]}),
+    Scenario("nic_down", fault={"kind": "nic_down", "rank": 4, "at_iter": AT},
+             expect={"category": "net_send_stalled", "ranks": [4]}),
+    Scenario("mismatch_func", iters=AT + 6, fault={"kind": "mismatch_func", "rank": 3, "at_iter": AT},
+             expect={"category": "coll_mismatch", "ranks": [3]}),
+    Scenario("mismatch_count", iters=AT + 6, fault={"kind": "mismatch_count", "rank": 6, "at_iter": AT},
+             expect={"category": "coll_mismatch", "ranks": [6]}),
+    Scenario("late_rank", kind="slowdown", pp_every=0, iters=AT_SLOW + 14,
+             fault={"kind": "late", "rank": 1, "at_iter": AT_SLOW, "late_ms": 700, "n_late": 8},
+             expect={"category": "late_rank", "ranks": [1]}),
+    Scenario("slow_flow", kind="slowdown", pp_every=0, iters=AT_SLOW + 16,
+             fault={"kind": "slow_flow", "rank": 5, "channel": 3, "at_iter": AT_SLOW, "factor": 2000},
+             expect={"category": "slow_flow", "channel": 3, "flow": [5, 6]}),
+    Scenario("slow_gpu", kind="slowdown", pp_every=0, iters=AT_SLOW + 16,
+             fault={"kind": "slow_gpu", "rank": 0, "at_iter": AT_SLOW, "factor": 200},
+             expect={"category": "slow_gpu", "ranks": [0]}),
+    # pipeline-parallel: the Send of rank 2 to rank 3 on the "pp" communicator is slow (both channels)
+    Scenario("pp_slow_transfer", kind="slowdown", iters=AT_SLOW + 16,
+             fault={"kind": "slow_p2p", "rank": 2, "at_iter": AT_SLOW, "factor": 2000},
+             expect={"category": ["slow_flow", "slow_nic"], "ranks": [2, 3]}),
+]
+
+BY_NAME = {s.name: s for s in SCENARIOS}

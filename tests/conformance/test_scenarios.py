@@ -1,0 +1,107 @@
+"""End-to-end conformance: NCCL-shaped jobs (rankproc.py through nccl_ctypes) -> real agent -> real processor.
+
+Each scenario runs once per session (conftest.scenario_result) and two tests judge it:
+  * test_verdict: the first verdict after the fault's onset names the expected category and culprit (and the
+    flow's channel and ends for flow faults), no verdict before onset, within STALL + 3 s for hangs (15 s for
+    slowdowns, Mycroft's detection bar); a healthy run gives no verdict at all;
+  * test_one_incident: no later verdict of the same run blames anybody else.
+A failure that is a finding about our code is kept as xfail(strict=True) with the precise root cause; the
+assertion itself is never weakened.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import check, check_secondary
+from scenarios import SCENARIOS
+
+A_PEERWAIT = ("plugin native/plugin/proxy.cc StepUpdate refreshes flow and op last_progress_ns on every repeated "
+              "SendPeerWait (NCCL records it on each refused isend, i.e. continuously while the receiver has not "
+              "posted); the processor's detect.stall_ns takes the max last_progress over ranks, so the trace never "
+              "stalls for MYCROFT_STALL_MS")
+B_QUEUED = ("processor: collectives launched behind the stuck one on the same communicator (2-3 outstanding, "
+            "nothing started: RecvWait/SendGpuWait, 0/0/0) are analysed on their own: rca.walk finds a cycle of "
+            "waits and names 'gpu_stalled' at an arbitrary rank; pipeline._propagated defers only rank_absent "
+            "findings, and detect.is_hung times their stall from launch, so they fire before the real trace")
+C_SHARED_PROC = ("processor pipeline._propagated: the absent rank shares its process with a rank stuck in another "
+                 "communicator's trace (several ranks per process); busy_elsewhere(process) defers the verdict "
+                 "for 2 x MYCROFT_STALL_MS waiting for a verdict that never comes")
+D_P2P = ("processor rca.check_mismatch compares the function across all ranks of a trace; a p2p trace "
+         "legitimately holds the sender's Send and the receiver's Recv, so any analysed p2p trace becomes "
+         "hang/coll_mismatch 'called Recv (others Send)'")
+G_STREAM = ("processor slowdown.analyse_slowdown: in the collective after a slow one, the slow flow's receiver shows "
+            "RecvGpuWait on its other channels because its kernel is still queued behind the previous collective "
+            "(one stream; NCCL's proxy receives ahead of the kernel); that queueing is scored as a GPU outlier -> "
+            "slow_gpu at the receiver, although the sender's flow on the faulty channel has ~100x its siblings' "
+            "per-step network wait")
+M_MISMATCH = ("mismatch: NCCL's steps are one continuous stream per connection, so the mismatched collective "
+              "does not hang by itself (the culprit's next collective feeds the others' current one); the hang "
+              "surfaces collectives later, where the culprit already completed and looks absent. The culprit's "
+              "span of the mismatched collective reaches the processor only if sampled (1%) or anomalous, so "
+              "rca.check_mismatch rarely sees both signatures and pipeline._mismatch_from_progress needs the "
+              "culprit's evidence in a later trace: the verdict is rank_absent (sometimes another rank of the "
+              "culprit's process) unless the timing happens to expose the 'moved on' shape")
+H_SECONDARY = ("slowdown verdicts on later collectives of the same run name other ranks (a slow_flow at a rank "
+               "downstream of the slow GPU): the slowdown incident is not deduplicated by culprit")
+
+FLAKY = {  # intermittent: fires only when jitter makes the agent export a p2p trace (then always wrong)
+    "healthy_jittery": D_P2P,
+    "healthy_v4_growing_steps": D_P2P,
+    "mismatch_func": M_MISMATCH,
+    "mismatch_count": M_MISMATCH,
+}
+XFAIL_VERDICT = {
+    "pp_slow_transfer": D_P2P,
+    "rank_never_enters": C_SHARED_PROC,
+    "flow_send_stalled": A_PEERWAIT + "; and " + B_QUEUED,
+    "flow_delivery_stalled": B_QUEUED,
+    "nic_down": A_PEERWAIT + "; and " + B_QUEUED,
+    "slow_flow": G_STREAM,
+}
+XFAIL_SECONDARY = {
+    "sigkill_mid_collective": B_QUEUED,
+    "gpu_stall": B_QUEUED,
+    "flow_send_stalled": B_QUEUED,
+    "flow_delivery_stalled": B_QUEUED,
+    "nic_down": B_QUEUED,
+}
+FLAKY_SECONDARY = {
+    "slow_gpu": H_SECONDARY,
+    "mismatch_func": M_MISMATCH,
+    "mismatch_count": M_MISMATCH,
+    "rank_never_enters": B_QUEUED,
+    "pp_slow_transfer": D_P2P,
+}
+
+
+def _params(table):
+    out = []
+    for sc in SCENARIOS:
+        marks = [pytest.mark.slow]
+        if sc.name in table:
+            marks.append(pytest.mark.xfail(strict=True, reason=table[sc.name]))
+        else:
+            flaky = FLAKY if table is XFAIL_VERDICT else FLAKY_SECONDARY
+            if sc.name in flaky:
+                marks.append(pytest.mark.xfail(strict=False, reason="intermittent: " + flaky[sc.name]))
+        out.append(pytest.param(sc.name, marks=marks, id=sc.name))
+    return out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", _params(XFAIL_VERDICT))
+def test_verdict(scenario_result, name):
+    res = scenario_result(name)
+    errs = check(res)
+    assert not errs, f"{name}: {errs}; seen: {res.short()}; latency {res.latency_s()}"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", _params(XFAIL_SECONDARY))
+def test_one_incident(scenario_result, name):
+    res = scenario_result(name)
+    if res.scenario.expect is None:
+        pytest.skip("healthy run: covered by test_verdict")
+    errs = check_secondary(res)
+    assert not errs, f"{name}: {errs}"
