@@ -17,6 +17,7 @@ shared-memory file exactly as in a real job. Modes:
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -355,26 +356,37 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
     sys.stdout.flush()
     sys.stderr.flush()
     pids: dict[int, int] = {}
+    pipes: dict[int, int] = {}
     for host, ctxs in sorted(hosts_ctx.items()):
+        rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the simulated host: its own Driver, its ranks' contexts, two calling threads
             code = 0
+            os.close(rfd)
             try:
                 driver = _driver(cfg)
                 ctx_map = _init_contexts(driver, sim, ctxs, cfg)
                 mine = [_remap(streams[(host, th)], ctx_map) for th in (USER, PROXY, KERNEL) if (host, th) in streams]
-                ths = [threading.Thread(target=driver.replay, args=(rows, epoch), daemon=True) for rows in mine]
+                got: list[dict] = []
+                ths = [threading.Thread(target=lambda r=rows: got.append(driver.replay(r, epoch)), daemon=True)
+                       for rows in mine]
                 for th in ths:
                     th.start()
                 for th in ths:
                     th.join()
+                st: dict = {}
+                for x in got:
+                    _merge_stats(st, x)
+                os.write(wfd, json.dumps(st).encode())  # delivery stats for the parent (small: fits the pipe)
                 while _native.monotonic_ns() < epoch + duration_ns:
                     time.sleep(0.05)
             except BaseException as exc:  # noqa: BLE001 - report and leave without running the parent's code
                 print(f"sim host {host}: {exc}", file=sys.stderr)
                 code = 1
             os._exit(code)
+        os.close(wfd)
         pids[host] = pid
+        pipes[host] = rfd
     # Signals for the process faults, at their onset.
     actions = []
     for t in truths:
@@ -423,7 +435,13 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
                     pass
                 deadline = float("inf")
             time.sleep(0.01)
+    stats: dict = {}
+    for host, fd in pipes.items():
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        if data:
+            _merge_stats(stats, json.loads(data))
     progress.done()
-    return {"mode": "multiprocess", "truth": truths, "stats": {}, "events": sim.n_rows,
+    return {"mode": "multiprocess", "truth": truths, "stats": stats, "events": sim.n_rows,
             "contexts": len(sim.contexts), "steps": sim.steps_done, "epoch_mono_ns": epoch,
             "epoch_realtime_ns": real_epoch, "host_pids": pids, "exit_status": codes}
