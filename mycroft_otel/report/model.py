@@ -241,33 +241,50 @@ class CollTrace:
         return "in flight, no flow waiting on a peer"
 
     def walk(self) -> list[Hop]:
-        """The longest wait chain (preferring one that ends at a culprit); [] when nobody waits."""
+        """The longest wait chain (preferring one that ends at a culprit); [] when nobody waits.
+
+        Each rank follows one peer it waits on (a culprit first, else the lowest rank); a culprit
+        ends the chain. Depths are memoised, so a 16k-rank ring costs O(ranks)."""
         waits = self.waits()
         if not waits:
             return []
         culprits = self.culprits()
-        best: list[Hop] = []
-        best_key = (-1, -1)
-        for start in sorted(waits):
-            path, seen, r = [], set(), start
-            while True:
-                seen.add(r)
-                if r in culprits and r != start:   # the verdict's root: the chain ends there
-                    path.append(Hop(r, why=self.stop_reason(r)))
-                    break
-                nxt = [(p, how) for p, how in waits.get(r, []) if p not in seen]
-                if not nxt:
-                    cyc = waits.get(r)
-                    path.append(Hop(r, why="waits in a cycle" if cyc else self.stop_reason(r)))
-                    break
-                nxt.sort(key=lambda x: (x[0] not in culprits, x[0]))
-                p, how = nxt[0]
-                path.append(Hop(r, via=how))
-                r = p
-            key = (path[-1].rank in culprits, len(path))
-            if key > best_key:
-                best, best_key = path, key
-        return best
+        nxt: dict[int, tuple[int, str]] = {}
+        for r, lst in waits.items():
+            if r not in culprits:
+                nxt[r] = min(lst, key=lambda x: (x[0] not in culprits, x[0]))
+        depth: dict[int, int] = {}
+        end: dict[int, int] = {}
+        for s0 in sorted(waits):
+            stack, on = [], set()
+            r = s0
+            while r in nxt and r not in depth and r not in on:
+                stack.append(r)
+                on.add(r)
+                r = nxt[r][0]
+            if r in depth:
+                d, e = depth[r], end[r]
+            else:          # a rank that waits on nobody (or a cycle closing on itself)
+                d, e = (0 if r in on else 1), r
+                if r not in on:
+                    depth[r], end[r] = d, e
+            while stack:
+                x = stack.pop()
+                d += 1
+                depth[x], end[x] = d, e
+        start = max(sorted(depth), key=lambda r: (end[r] in culprits, depth[r]))
+        path: list[Hop] = []
+        seen: set[int] = set()
+        r = start
+        while True:
+            seen.add(r)
+            if r in nxt and nxt[r][0] not in seen:
+                path.append(Hop(r, via=nxt[r][1]))
+                r = nxt[r][0]
+                continue
+            cyc = r in nxt
+            path.append(Hop(r, why="waits in a cycle" if cyc else self.stop_reason(r)))
+            return path
 
 
 @dataclass

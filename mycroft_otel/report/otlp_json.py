@@ -216,22 +216,30 @@ def read_file(path: str, problems: list[Problem], evals: list | None = None) -> 
     if not text.strip():
         problems.append(Problem(path, "empty file"))
         return []
-    try:  # one document: a request, or a list of them
-        doc = json.loads(text)
+    lines = text.splitlines()
+    first = next(ln for ln in lines if ln.strip())
+    try:  # JSON lines (the Collector's file exporter) unless the first line is not a document
+        doc = json.loads(first)
+        whole = len([ln for ln in lines if ln.strip()]) == 1
     except json.JSONDecodeError:
-        doc = None
-    else:
-        if is_eval_result(doc):
-            if evals is not None:
-                evals.append((path, doc))
-            return []
-        docs = doc if isinstance(doc, list) else [doc]
-        out = []
-        for i, d in enumerate(docs):
-            out += spans_from_request(d, path if len(docs) == 1 else f"{path}: item {i}", problems)
-        return out
+        doc, whole = None, True
+    if whole:  # one document: a request, or a list of them (possibly pretty-printed)
+        try:
+            doc = json.loads(text) if doc is None else doc
+        except json.JSONDecodeError:
+            doc = None
+        else:
+            if is_eval_result(doc):
+                if evals is not None:
+                    evals.append((path, doc))
+                return []
+            docs = doc if isinstance(doc, list) else [doc]
+            out = []
+            for i, d in enumerate(docs):
+                out += spans_from_request(d, path if len(docs) == 1 else f"{path}: item {i}", problems)
+            return out
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:

@@ -125,7 +125,7 @@ _NO_SPAN = {False: "no span from this rank (silent)",
             True: "no span exported (healthy ranks of a flagged collective are sampled)"}
 
 
-def _rows(t: CollTrace, walk_ranks: set[int]) -> tuple[list[tuple[int, int]], int]:
+def _rows(t: CollTrace, walk_ranks: list[int]) -> tuple[list[tuple[int, int]], int]:
     """Rows to draw as (first rank, last rank): one rank each, except runs of 3+ ranks without spans
     (one row); capped at MAX_ROWS, keeping culprits, walk, anomalies. Returns (rows, ranks not drawn)."""
     n = max(t.nranks, max(t.ranks, default=-1) + 1)
@@ -143,20 +143,29 @@ def _rows(t: CollTrace, walk_ranks: set[int]) -> tuple[list[tuple[int, int]], in
         r = e + 1
     if len(rows) <= MAX_ROWS:
         return rows, 0
-    must = set(t.culprits()) | walk_ranks
-    must |= {r for r, rv in t.ranks.items() if rv.op is None or rv.op.attrs.get(sc.ANOMALY)}
-    keep = [row for row in rows if row[0] != row[1] or row[0] in must or row[0] not in t.ranks]
-    for row in rows:
+    # priority: culprits, the end of the wait chain (nearest the culprit first), silent or collapsed
+    # ranks, ranks in flight or flagged, the rest in rank order
+    by_start = {a: (a, b) for a, b in rows}
+    order = sorted(t.culprits()) + list(reversed(walk_ranks))
+    order += [a for a, b in rows if a != b or a not in t.ranks]
+    order += [r for r, rv in sorted(t.ranks.items()) if rv.op is None or rv.op.attrs.get(sc.ANOMALY)]
+    order += [a for a, _b in rows]
+    keep: list[tuple[int, int]] = []
+    chosen = set()
+    for a in order:
+        row = by_start.get(a)
+        if row is None or row in chosen:
+            continue
+        chosen.add(row)
+        keep.append(row)
         if len(keep) >= MAX_ROWS:
             break
-        if row not in keep:
-            keep.append(row)
-    keep = sorted(keep)[:MAX_ROWS]
+    keep.sort()
     drawn = sum(b - a + 1 for a, b in keep)
     return keep, n - drawn
 
 
-def timeline_svg(t: CollTrace, walk_ranks: set[int]) -> str:
+def timeline_svg(t: CollTrace, walk_ranks: list[int]) -> str:
     rows, omitted = _rows(t, walk_ranks)
     completed = all(rv.op is not None for rv in t.ranks.values())
     culprits = t.culprits()
@@ -422,7 +431,7 @@ def trace_section(t: CollTrace, verdict_index: dict) -> str:
            f'<div class="meta mono">trace {esc(t.trace_id)}</div>']
     for v in t.verdicts:
         out.append(f'<p>Verdict {verdict_index[id(v)] + 1}: <b>{esc(v.category)}</b> at {esc(_where(v))}</p>')
-    out.append(timeline_svg(t, {h.rank for h in hops}))
+    out.append(timeline_svg(t, [h.rank for h in hops]))
     for v in t.verdicts[:1]:
         for r in v.ranks[:2]:
             out.append(f"<h4>Flow counters of culprit rank {r}</h4>")

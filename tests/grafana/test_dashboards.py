@@ -129,7 +129,7 @@ def test_promql_evaluates_on_real_prometheus(dashboards, tmp_path):
                             stderr=open(tmp_path / "prometheus.log", "w"))
     base = f"http://127.0.0.1:{pport}/api/v1/query?query="
     try:
-        end = time.monotonic() + 30
+        end = time.monotonic() + 60
         while True:  # two scrapes, so increase() has samples to work with
             try:
                 r = _wait_json(base + urllib.parse.quote("count_over_time(mycroft_processor_traces_in_memory[1m])"))

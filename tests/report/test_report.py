@@ -175,3 +175,22 @@ def test_processor_recording_and_eval_json(tmp_path):
     assert len(problems) == 1 and problems[0].what.startswith("undecodable OTLP payload")
     assert problems[0].where.endswith("received.rec: payload 1")
     assert "Evaluation runs" in html and "gpu_stall" in html and "gpu_stalled@g[1]" in html
+
+
+def test_big_communicators_stay_readable(tmp_path):
+    """Ranks without spans collapse into one row; a huge hang keeps its culprit within the drawn rows."""
+    from report_synth import COMM, JOB, T0, span
+    from mycroft_otel import ids
+    from mycroft_otel import semconv as sc
+
+    tid = ids.coll_trace_id(JOB, COMM, 99)
+    few = [span(tid, ids.span_id(tid, r, sc.ROLE_OP), "nccl.AllReduce", T0, T0 + 1000,
+                {sc.RANK: r, sc.COMM_NRANKS: 64, sc.COLL_SEQ: 99, sc.COLL_FUNC: "AllReduce"}) for r in range(4)]
+    tid2, hang = ring_hang(n=200, culprit=150, seq=5)
+    write_run(tmp_path / "run.jsonl", request(few), request(hang + [root_cause(tid2, "gpu_stalled", [150], seq=5)]))
+    html, run, problems = render_report(str(tmp_path))
+    assert not problems
+    assert "ranks 4–63" in html and "no span exported" in html
+    hung = html[html.index(f'id="t-{tid2:032x}"'):]
+    assert "rank 150 (g150) node-37 ★" in hung
+    assert "ranks not drawn" in hung
