@@ -77,6 +77,8 @@ def parse_fault(spec: str) -> "Fault":
         k, eq, v = item.partition("=")
         if not eq:
             raise FaultError(f"fault parameter {item!r} is not k=v")
+        if k not in _INT + _FLOAT + ("comm",):
+            raise FaultError(f"unknown fault parameter {k!r} (known: comm, {', '.join(_INT + _FLOAT)})")
         try:
             if k in _INT:
                 params[k] = int(v)
@@ -86,8 +88,6 @@ def parse_fault(spec: str) -> "Fault":
                 if v not in ("tp", "dp", "pp"):
                     raise ValueError
                 params[k] = v
-            else:
-                raise FaultError(f"unknown fault parameter {k!r} (known: comm, {', '.join(_INT + _FLOAT)})")
         except ValueError:
             raise FaultError(f"bad value for fault parameter {k}: {v!r}") from None
     return Fault(name, params)
