@@ -27,9 +27,8 @@ B_QUEUED = ("processor: collectives launched behind the stuck one on the same co
 C_SHARED_PROC = ("processor pipeline._propagated: the absent rank shares its process with a rank stuck in another "
                  "communicator's trace (several ranks per process); busy_elsewhere(process) defers the verdict "
                  "for 2 x MYCROFT_STALL_MS waiting for a verdict that never comes")
-D_P2P = ("processor rca.check_mismatch compares the function across all ranks of a trace; a p2p trace "
-         "legitimately holds the sender's Send and the receiver's Recv, so any analysed p2p trace becomes "
-         "hang/coll_mismatch 'called Recv (others Send)'")
+# (D, fixed by 867874d during this session: rca.check_mismatch compared Send with Recv in a p2p trace, so every
+# analysed p2p trace became hang/coll_mismatch; pp_slow_transfer and the healthy runs guard it now.)
 G_STREAM = ("processor slowdown.analyse_slowdown: in the collective after a slow one, the slow flow's receiver shows "
             "RecvGpuWait on its other channels because its kernel is still queued behind the previous collective "
             "(one stream; NCCL's proxy receives ahead of the kernel); that queueing is scored as a GPU outlier -> "
@@ -42,36 +41,38 @@ M_MISMATCH = ("mismatch: NCCL's steps are one continuous stream per connection, 
               "rca.check_mismatch rarely sees both signatures and pipeline._mismatch_from_progress needs the "
               "culprit's evidence in a later trace: the verdict is rank_absent (sometimes another rank of the "
               "culprit's process) unless the timing happens to expose the 'moved on' shape")
-H_SECONDARY = ("slowdown verdicts on later collectives of the same run name other ranks (a slow_flow at a rank "
-               "downstream of the slow GPU): the slowdown incident is not deduplicated by culprit")
+H_SECONDARY = ("slowdown verdicts on later collectives of the same run name other ranks (slow_flow / slow_proxy at a "
+               "rank next to the real culprit): the slowdown incident is not deduplicated by culprit, and the "
+               "collectives queued behind a slow one carry its stream wait (same mechanism as G_STREAM)")
 
-FLAKY = {  # intermittent: fires only when jitter makes the agent export a p2p trace (then always wrong)
-    "healthy_jittery": D_P2P,
-    "healthy_v4_growing_steps": D_P2P,
-    "mismatch_func": M_MISMATCH,
-    "mismatch_count": M_MISMATCH,
-}
+# Deterministic failures (seen in every run): strict xfail. Timing-dependent ones (seen in some runs, the
+# wrong verdict wins a race): non-strict xfail with the same precise root cause.
 XFAIL_VERDICT = {
-    "pp_slow_transfer": D_P2P,
     "rank_never_enters": C_SHARED_PROC,
     "flow_send_stalled": A_PEERWAIT + "; and " + B_QUEUED,
     "flow_delivery_stalled": B_QUEUED,
     "nic_down": A_PEERWAIT + "; and " + B_QUEUED,
+}
+FLAKY = {
+    "gpu_stall": B_QUEUED,
     "slow_flow": G_STREAM,
+    "mismatch_func": M_MISMATCH,
+    "mismatch_count": M_MISMATCH,
 }
 XFAIL_SECONDARY = {
-    "sigkill_mid_collective": B_QUEUED,
     "gpu_stall": B_QUEUED,
     "flow_send_stalled": B_QUEUED,
     "flow_delivery_stalled": B_QUEUED,
     "nic_down": B_QUEUED,
 }
 FLAKY_SECONDARY = {
+    "sigkill_mid_collective": B_QUEUED,
+    "rank_never_enters": B_QUEUED,
     "slow_gpu": H_SECONDARY,
+    "slow_flow": H_SECONDARY,
+    "late_rank": H_SECONDARY,
     "mismatch_func": M_MISMATCH,
     "mismatch_count": M_MISMATCH,
-    "rank_never_enters": B_QUEUED,
-    "pp_slow_transfer": D_P2P,
 }
 
 
