@@ -6,7 +6,9 @@ Input: OTLP/JSON trace files (otlp_json.py: the Collector ``file`` exporter's fo
 ExportTraceServiceRequest per line) holding the rank spans of the collectives and the
 processor's ``mycroft.root_cause`` spans; a directory is read file by file (``*.json``,
 ``*.jsonl``, ``*.ndjson``, ``.gz`` of those, processor recordings ``*.rec``, and the output of
-``mycroft-otel eval --json``, shown as an evaluation table).
+``mycroft-otel eval --json``, shown as an evaluation table). ``--replay`` runs processor
+recordings through the processor (virtual time, processor/replay.py) to add its verdicts, for
+recordings that do not hold them.
 Content (render.py): the verdicts (category, culprit, evidence, confidence, detection latency)
 and per collective trace a timeline, the culprit's flow counters and the wait chain (model.py).
 
@@ -35,13 +37,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HTML file to write (default: INPUT_DIR/report.html, or INPUT.html for a file)")
     p.add_argument("--max-traces", type=int, default=20,
                    help="collective traces drawn, verdicts' traces first (default %(default)s)")
+    p.add_argument("--replay", action="store_true",
+                   help="derive the verdicts by replaying processor recordings (.rec, .otlp[.gz]) through the "
+                        "processor on virtual time, for recordings made without the processor's output")
 
 
-def render_report(path: str, max_traces: int = 20) -> tuple[str, Run, list[Problem]]:
+def replayed_verdicts(recording: str, problems: list[Problem]) -> list:
+    """Root-cause spans (report Spans) the processor gives when ``recording`` is replayed through it."""
+    import logging
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from mycroft_otel.processor.exporter import root_cause_span
+    from mycroft_otel.processor.replay import replay
+    from mycroft_otel.report.otlp_json import request_to_json, spans_from_request
+
+    logging.getLogger("mycroft_otel").setLevel(logging.ERROR)
+    try:
+        _proc, verdicts = replay(recording)
+    except Exception as exc:  # noqa: BLE001 - reported, the rest of the report goes on
+        problems.append(Problem(recording, f"replay failed: {type(exc).__name__}: {exc}"))
+        return []
+    if not verdicts:
+        return []
+    req = encode_spans([root_cause_span(v) for v in verdicts])
+    return spans_from_request(request_to_json(req), f"{recording} (replayed)", problems)
+
+
+def render_report(path: str, max_traces: int = 20, replay: bool = False) -> tuple[str, Run, list[Problem]]:
     """(html, run, problems) for a recorded run at ``path``."""
     problems: list[Problem] = []
     evals: list = []
-    spans, files = read_path(path, problems, evals)
+    recordings: list[str] = []
+    spans, files = read_path(path, problems, evals, recordings)
+    if replay:
+        for rec in recordings:
+            spans += replayed_verdicts(rec, problems)
     run_ = build(spans, files)
     run_.evals = evals
     return page(run_, problems, max_traces, path), run_, problems
@@ -51,7 +82,7 @@ def _default_output(path: str) -> str:
     if os.path.isdir(path):
         return os.path.join(path, "report.html")
     base = path
-    for suf in (".gz", ".jsonl", ".ndjson", ".json", ".rec"):
+    for suf in (".gz", ".jsonl", ".ndjson", ".json", ".rec", ".otlp"):
         if base.endswith(suf):
             base = base[: -len(suf)]
     return base + ".html"
@@ -61,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_traces < 0:
         print("mycroft-otel report: --max-traces must be >= 0", file=sys.stderr)
         return 2
-    html, run_, problems = render_report(args.input, args.max_traces)
+    html, run_, problems = render_report(args.input, args.max_traces, replay=args.replay)
     out = args.output or (_default_output(args.input) if os.path.exists(args.input) else "mycroft-report.html")
     for p in problems[:20]:
         print(f"mycroft-otel report: {p}", file=sys.stderr)

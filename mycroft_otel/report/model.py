@@ -151,7 +151,7 @@ class CollTrace:
 
     @property
     def func(self) -> str:
-        return str(self.attr(sc.COLL_FUNC, "?"))
+        return str(self.attr(sc.COLL_FUNC, "") or "collective")
 
     @property
     def seq(self):
@@ -301,14 +301,12 @@ def build(spans: list[Span], files: list[str]) -> Run:
     traces: dict[str, CollTrace] = {}
     verdicts: list[Verdict] = []
     other = 0
-    seen: set[tuple[str, str]] = set()
-    for s in spans:
+    latest: dict[tuple[str, str], Span] = {}
+    for s in spans:  # a re-emitted span (status back-off, duplicates) counts once, at its latest end
         key = (s.trace_id, s.span_id)
-        if s.name == sc.INFLIGHT_SPAN or s.name == sc.STATUS_SPAN:
-            key += (s.end_ns,)  # status spans are re-emitted with the same id and a later end
-        if key in seen:
-            continue
-        seen.add(key)
+        if key not in latest or s.end_ns > latest[key].end_ns:
+            latest[key] = s
+    for s in latest.values():
         t = traces.get(s.trace_id)
         if s.name == sc.ROOT_CAUSE_SPAN:
             t = t or traces.setdefault(s.trace_id, CollTrace(s.trace_id))

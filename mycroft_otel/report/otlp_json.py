@@ -22,12 +22,14 @@ import gzip
 import json
 import os
 import re
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
-SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".rec")
+SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz", ".rec", ".rec.gz", ".otlp",
+            ".otlp.gz")
 
 
 @dataclass
@@ -169,14 +171,36 @@ def spans_from_request(req, where: str, problems: list[Problem]) -> list[Span]:
     return out
 
 
-def _read_record_file(path: str, problems: list[Problem]) -> list[Span]:
-    """A processor recording (binary; see processor/receiver.py): decode each payload."""
+RECORD_HEAD = struct.Struct("<QBI")  # processor/receiver.py: time_ns, is_json, length; then the payload
+
+
+def read_records(raw: bytes):
+    """(time_ns, content_type, payload) of a processor recording's bytes (a torn tail is dropped)."""
+    i = 0
+    while i + RECORD_HEAD.size <= len(raw):
+        t, js, n = RECORD_HEAD.unpack_from(raw, i)
+        i += RECORD_HEAD.size
+        if i + n > len(raw):
+            return
+        yield t, "application/json" if js else "application/x-protobuf", raw[i:i + n]
+        i += n
+
+
+def looks_like_record(raw: bytes) -> bool:
+    if len(raw) < RECORD_HEAD.size:
+        return False
+    _t, js, n = RECORD_HEAD.unpack_from(raw, 0)
+    return js in (0, 1) and RECORD_HEAD.size + n <= len(raw) and raw.lstrip()[:1] not in (b"{", b"[")
+
+
+def _read_record(path: str, raw: bytes, problems: list[Problem]) -> list[Span]:
+    """A processor recording (``processor --record``): decode each payload."""
     from google.protobuf import json_format
 
-    from mycroft_otel.processor.receiver import _decode, read_records
+    from mycroft_otel.processor.receiver import _decode
 
     out: list[Span] = []
-    for i, (_t, ctype, data) in enumerate(read_records(path)):
+    for i, (_t, ctype, data) in enumerate(read_records(raw)):
         where = f"{path}: payload {i}"
         try:
             req = _decode(data, ctype)
@@ -192,7 +216,8 @@ def is_eval_result(doc) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("summary"), dict) and isinstance(doc.get("scenarios"), list)
 
 
-def read_file(path: str, problems: list[Problem], evals: list | None = None) -> list[Span]:
+def read_file(path: str, problems: list[Problem], evals: list | None = None,
+              recordings: list | None = None) -> list[Span]:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -205,9 +230,10 @@ def read_file(path: str, problems: list[Problem], evals: list | None = None) -> 
         except (OSError, EOFError) as exc:
             problems.append(Problem(path, f"broken gzip data: {exc}"))
             return []
-    head = raw.lstrip()[:1]
-    if path.endswith(".rec") or (raw and head not in (b"{", b"[")) and len(raw) >= 13 and raw[8] in (0, 1):
-        return _read_record_file(path, problems)
+    if looks_like_record(raw):
+        if recordings is not None:
+            recordings.append(path)
+        return _read_record(path, raw, problems)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -251,9 +277,11 @@ def read_file(path: str, problems: list[Problem], evals: list | None = None) -> 
     return out
 
 
-def read_path(path: str, problems: list[Problem], evals: list | None = None) -> tuple[list[Span], list[str]]:
+def read_path(path: str, problems: list[Problem], evals: list | None = None,
+              recordings: list | None = None) -> tuple[list[Span], list[str]]:
     """(spans, files read) from a file or a directory (its OTLP/JSON and .rec files, not recursive);
-    ``mycroft-otel eval --json`` results found on the way are appended to ``evals`` as (file, doc)."""
+    ``mycroft-otel eval --json`` results found on the way are appended to ``evals`` as (file, doc),
+    processor recordings to ``recordings``."""
     if os.path.isdir(path):
         files = sorted(os.path.join(path, n) for n in os.listdir(path)
                        if n.endswith(SUFFIXES) and os.path.isfile(os.path.join(path, n)))
@@ -266,7 +294,7 @@ def read_path(path: str, problems: list[Problem], evals: list | None = None) -> 
         files = []
     spans: list[Span] = []
     for f in files:
-        spans += read_file(f, problems, evals)
+        spans += read_file(f, problems, evals, recordings)
     return spans, files
 
 

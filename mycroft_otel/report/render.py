@@ -256,7 +256,9 @@ def timeline_svg(t: CollTrace, walk_ranks: list[int]) -> str:
             col = _COL.get(kind, "#999")
             w = max(x(st.end_ns) - x(st.start_ns), 1.5)
             dash = ' stroke="#666" stroke-dasharray="3,2"' if kind == sc.STATUS_NOT_ENTERED else ""
-            out.append(f'<rect x="{x(st.start_ns):.1f}" y="{y + 4}" width="{w:.1f}" height="{RH - 8}" '
+            # beside an op/in-flight bar the status is a strip under it, else the whole bar
+            sy, sh = (y + RH - 5, 4) if (rv.op is not None or rv.snapshots) else (y + 4, RH - 8)
+            out.append(f'<rect x="{x(st.start_ns):.1f}" y="{sy}" width="{w:.1f}" height="{sh}" '
                        f'fill="{col}"{dash}><title>rank {r}: {esc(kind)} — '
                        f"{esc(st.attrs.get(sc.STATUS_LAST_STATE, ''))}</title></rect>")
             out.append(f'<text x="{min(x(st.end_ns) + 3, W - 90):.1f}" y="{y + 12}" font-size="10" '
@@ -368,8 +370,9 @@ def walk_svg(t: CollTrace, hops) -> str:
                        f"{esc(' '.join(via.split(' ')[::2]) if via else '')}</text>")
     out.append("</svg>")
     last = hops[-1]
-    return ("".join(out) + f'<div class="meta">each rank waits on the next ({esc(hops[0].via)} …); the walk stops '
-            f"at rank {last.rank}: {esc(last.why)}"
+    lead = (f"each rank waits on the next ({esc(hops[0].via)} …); the walk stops at rank {last.rank}"
+            if len(hops) > 1 else f"no rank waits on another; rank {last.rank}")
+    return ("".join(out) + f'<div class="meta">{lead}: {esc(last.why)}'
             + (" — the verdict's culprit" if last.rank in culprits else "") + "</div>")
 
 
