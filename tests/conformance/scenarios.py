@@ -48,6 +48,10 @@ SCENARIOS = [
     Scenario("slow_gpu", kind="slowdown", pp_every=0, iters=AT_SLOW + 16,
              fault={"kind": "slow_gpu", "rank": 0, "at_iter": AT_SLOW, "factor": 200},
              expect={"category": "slow_gpu", "ranks": [0]}),
+    # NCCL 2.28 (v5: KernelCh on the proxy thread), 16 channels, step numbers growing across ProxyOps
+    Scenario("gpu_stall_v5_16ch", version=5, nch=16, step_numbering="growing",
+             fault={"kind": "gpu_stall", "rank": 6, "at_iter": AT},
+             expect={"category": "gpu_stalled", "ranks": [6]}),
     # pipeline-parallel: the Send of rank 2 to rank 3 on the "pp" communicator is slow (both channels)
     Scenario("pp_slow_transfer", kind="slowdown", iters=AT_SLOW + 16,
              fault={"kind": "slow_p2p", "rank": 2, "at_iter": AT_SLOW, "factor": 2000},

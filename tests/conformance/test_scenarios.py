@@ -55,12 +55,14 @@ XFAIL_VERDICT = {
 }
 FLAKY = {
     "gpu_stall": B_QUEUED,
+    "gpu_stall_v5_16ch": B_QUEUED,
     "slow_flow": G_STREAM,
     "mismatch_func": M_MISMATCH,
     "mismatch_count": M_MISMATCH,
 }
 XFAIL_SECONDARY = {
     "gpu_stall": B_QUEUED,
+    "gpu_stall_v5_16ch": B_QUEUED,
     "flow_send_stalled": B_QUEUED,
     "flow_delivery_stalled": B_QUEUED,
     "nic_down": B_QUEUED,
