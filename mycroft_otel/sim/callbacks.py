@@ -59,9 +59,15 @@ def user_rows(inst, t_issue: np.ndarray, model: TimingModel, slots: SlotAllocato
 
 def flow_rows(is_send: bool, mask, rank_pos, peer_pos, member_pos, tm: dict, sizes, pstart_pos,
                coll_slot, ctx_pos, owner_pos, nsteps_pos, chunk: int, slots: SlotAllocator,
-               predict: bool, hang_mask=None) -> tuple[list, list, np.ndarray]:
+               predict: bool, hang_mask=None, retry_ns: float = 0.0,
+               horizon: float = INF) -> tuple[list, list, np.ndarray]:
     """ProxyOp + ProxySteps of one direction for every flow in ``mask`` (C, L). Returns (blocks, predicted
-    flow counters, per-flow op end (C, L))."""
+    flow counters, per-flow op end (C, L)).
+
+    NCCL records SendPeerWait again on every refused isend, i.e. continuously while the receiver has not
+    posted: the oldest ready-but-untransmitted step of a flow repeats it every ``retry_ns`` until it is
+    transmitted (or until ``horizon`` when it never is).
+    """
     S = len(sizes)
     C, L = mask.shape
     if is_send:
@@ -105,6 +111,8 @@ def flow_rows(is_send: bool, mask, rank_pos, peer_pos, member_pos, tm: dict, siz
         sz = size3 if state in (abi.S_SEND_WAIT, abi.S_RECV_FLUSH_WAIT) else 0
         blocks.append(block(st[k + 1], own3, PROXY, op=abi.OP_RECORD, slot=step_slot, state=state, size=sz,
                             step=step_idx, ctx=ctx3, rank=rank3))
+    if is_send and retry_ns > 0:
+        blocks += _peer_wait_retries(st, mask, step_slot, owner_pos, ctx_pos, rank_pos, retry_ns, horizon)
     blocks.append(block(st[4], own3, PROXY, op=abi.OP_STOP, slot=step_slot, ctx=ctx3, rank=rank3))
     if hang_mask is not None and hang_mask.any():
         # A rank that called a bigger collective (coll_mismatch) posts more steps than its peers serve:
@@ -136,3 +144,17 @@ def flow_rows(is_send: bool, mask, rank_pos, peer_pos, member_pos, tm: dict, siz
                 done=int(fin[4][:, c, p].sum()), bytes_done=int(sizes[fin[4][:, c, p]].sum()),
                 end_ns=float(op_end[c, p])))
     return [b for b in blocks if b is not None], flows, op_end
+
+
+def _peer_wait_retries(st, mask, step_slot, owner_pos, ctx_pos, rank_pos, retry_ns: float, horizon: float) -> list:
+    """Repeated SendPeerWait records of the step each flow is retrying (see flow_rows)."""
+    t_peer, t_send = st[2], st[3]
+    waiting = np.isfinite(t_peer) & (np.minimum(t_send, horizon) - t_peer > retry_ns)
+    out = []
+    for c, p in zip(*np.nonzero(mask & waiting.any(axis=0))):
+        s = int(np.nonzero(waiting[:, c, p])[0][0])  # the oldest step: NCCL retries steps in order
+        t = np.arange(t_peer[s, c, p] + retry_ns, min(t_send[s, c, p], horizon), retry_ns)
+        if len(t):
+            out.append(block(t, owner_pos[c, p], PROXY, op=abi.OP_RECORD, slot=step_slot[s, c, p],
+                             state=abi.S_SEND_PEER_WAIT, step=s, ctx=ctx_pos[c, p], rank=rank_pos[c, p]))
+    return [b for b in out if b is not None]

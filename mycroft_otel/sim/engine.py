@@ -89,6 +89,7 @@ class Mods:
     proxy_sleep_t: np.ndarray = None   # proxy thread sleeps proxy_sleep_ns from this time
     proxy_sleep_ns: float = 1e9
     mismatch: dict = field(default_factory=dict)  # comm rank -> (func, count)
+    horizon: float = INF                # end of the run: repeated records of a wait that never ends stop here
 
     def __post_init__(self) -> None:
         n, C = self.n, self.C
@@ -283,6 +284,7 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     m_sbw = cat([md.send_bw_factor[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
     m_deliver = cat([md.deliver_stall_t[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
     sleep_ns = max(md.proxy_sleep_ns for md in mods_list)
+    horizon = min(md.horizon for md in mods_list)
     issue = cat([np.asarray(i.issue, dtype=np.float64) for i in insts]) + m["issue_delay"]
     issue = np.where(m_absent, INF, issue)
     issue = _kill(issue, m["dead_t"])
@@ -337,7 +339,7 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     if tree and tnet.any():
         blocks_t, end, kstop, kst, flows = _tree(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m,
                                                  m_sbw, m_deliver, sleep_ns, ctx, owner, mem, coll_slot, model,
-                                                 slots, rng, predict)
+                                                 slots, rng, predict, horizon)
         blocks += blocks_t
     elif not net_hop.any() or tree:
         # Kernel-only (NVLink/P2P): everyone arrives, then the data moves at NVLink speed.
@@ -385,7 +387,8 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
         peer_send = rank_pos[:, nxt_i]
         peer_recv = rank_pos[:, prv_i]
         bs, fs, send_end = _flow_rows(True, send_mask, rank_pos, peer_send, pos, tm, sizes, pstart[pos],
-                                      cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang)
+                                      cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang,
+                                      nc.peer_wait_retry_ns, horizon)
         br, fr, recv_end = _flow_rows(False, recv_mask, rank_pos, peer_recv, pos, tm, sizes, pstart[pos],
                                       cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang)
         for f, (c, col) in zip(fs, zip(*np.nonzero(send_mask))):

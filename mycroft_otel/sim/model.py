@@ -37,6 +37,7 @@ class NcclModel:
     datatype: str = "ncclBfloat16"
     proto: str = "Simple"
     dp_algo: str = "Ring"          # "Ring" | "Tree"
+    peer_wait_retry_ns: float = 1_000_000  # a refused isend is retried (SendPeerWait recorded again) this often
 
 
 @dataclass(frozen=True)

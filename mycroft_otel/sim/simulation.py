@@ -185,6 +185,10 @@ class Simulation:
     def _apply_state(self, inst: Instance, mods: Mods) -> None:
         comm = inst.comm
         g = comm.ranks
+        # a wait that never ends repeats its records until the end of the run (or 10 s past this call)
+        fin = self.ready[np.isfinite(self.ready)]
+        mods.horizon = self.duration_ns if self.duration_ns is not None else (
+            (float(fin.max()) if len(fin) else 0.0) + 10e9)
         mods.dead_t = np.minimum(mods.dead_t, self.dead_t[g])
         mods.gpu_stall_t = np.minimum(mods.gpu_stall_t, self.gpu_stall_t[g])
         mods.send_stall_t = np.minimum(mods.send_stall_t, self.nic_down_t[g])

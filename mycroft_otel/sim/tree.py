@@ -154,7 +154,7 @@ def tree_parents(insts, nm: int) -> np.ndarray:
 
 
 def tree_batch(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m, m_sbw, m_deliver, sleep_ns, ctx,
-          owner, mem, coll_slot, model, slots, rng, predict):
+               owner, mem, coll_slot, model, slots, rng, predict, m_horizon=INF):
     """Tree AllReduce of a batch: times (tree.py) and the four ProxyOp kinds per link."""
     from mycroft_otel.sim.callbacks import flow_rows as _flow_rows
 
@@ -196,7 +196,8 @@ def tree_batch(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m,
             (False, tm["down"], child_rank, parent_rank, False)):  # child receives it
         who = par if at_parent else np.broadcast_to(np.arange(N), (C, N))
         b, f, e = _flow_rows(is_send, tnet, rank_pos, peer_pos, who, t, sizes, np.take_along_axis(ps, who, axis=1),
-                             coll_slot[who], ctx[who], owner[who], nsteps, nc.chunk_size, slots, predict)
+                             coll_slot[who], ctx[who], owner[who], nsteps, nc.chunk_size, slots, predict,
+                             retry_ns=nc.peer_wait_retry_ns, horizon=m_horizon)
         for fl, (c, col) in zip(f, zip(*np.nonzero(tnet))):
             fl["inst"] = int(who[c, col] // nm)
         blocks += b

@@ -298,3 +298,18 @@ def test_event_dtype_and_name_tables_match_the_native_module():
     assert _native.EVENT_TYPES["ProxyStep"] == abi.PROXY_STEP and _native.STATES["KernelChStop"] == abi.S_KERNEL_CH_STOP
     assert _native.STATES["ProxyStepSendPeerWait"] == abi.S_SEND_PEER_WAIT
     assert _native.STATES["GroupEndApiStart"] == abi.S_GROUP_END_API_START
+
+
+def test_refused_isend_repeats_send_peer_wait_until_the_end_of_the_run():
+    """NCCL records SendPeerWait again on every refused isend: a sender waiting for an absent receiver's
+    credit keeps recording it (every NcclModel.peer_wait_retry_ns) on its oldest step, until the run ends."""
+    sim = make_sim("nodes=4,gpus=1,tp=1,dp=4", "rank_absent:rank=2,step=1", steps=3, duration_s=None)
+    res = collect(sim)
+    rows = rows_of(res)
+    peer = rows[(rows["op"] == abi.OP_RECORD) & (rows["state"] == abi.S_SEND_PEER_WAIT)]
+    slots, counts = np.unique(peer["slot"], return_counts=True)
+    assert counts.max() > 1000  # ~10 s of retries at 1 ms
+    busiest = peer[peer["slot"] == slots[counts.argmax()]]
+    gaps = np.diff(busiest["t_ns"].astype(np.int64))
+    assert np.all(np.abs(gaps - 1_000_000) <= 1)
+    assert len(np.unique(busiest["step"])) == 1  # only the oldest step retries
