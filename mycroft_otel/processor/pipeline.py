@@ -35,7 +35,7 @@ from mycroft_otel.processor.state import TraceStore, proc_key
 log = logging.getLogger("mycroft_otel.processor")
 
 INCIDENT_WINDOW_S = 120.0
-SLOW_CONFIRM = 2       # slow collectives naming the same culprit before a slowdown verdict
+SLOW_CONFIRM = 3       # slow collectives naming the same culprit before a slowdown verdict
 SLOW_WINDOW_S = 30.0   # ... within this window
 
 

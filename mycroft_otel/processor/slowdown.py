@@ -41,7 +41,7 @@ _FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_fl
 GPU_RATIO = 50.0
 NET_RATIO = 50.0
 LATE_RATIO = 50.0  # the last arrival's lateness over the transfer time (healthy skew stays well below)
-STRONG_RATIO = 200.0  # so far beyond any jitter that one collective suffices (confidence 0.95)
+STRONG_RATIO = 500.0  # so far beyond any jitter that one collective suffices (confidence 0.95)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 
 

@@ -98,8 +98,8 @@ def _side(tid: int) -> int:
 def _traffic() -> list:
     """Requests of several independent incidents and healthy collectives, each a separate trace.
 
-    Hangs hit one collective each; slowdowns recur (they are named when they do), here in two
-    collectives routed to each of the two processors.
+    Hangs hit one collective each; slowdowns recur (they are named when they do), here in
+    three collectives routed to each of the two processors.
     """
     reqs = []
     faults = [("gpu_stall", (3,)), ("net_send_stall", (5, None)), ("net_delivery_stall", (1, 0)),
@@ -108,7 +108,7 @@ def _traffic() -> list:
     for i, (name, args) in enumerate(faults):
         rings = []
         seq = 5
-        want = {0: 2, 1: 2} if name in ("late", "slow_flow", "slow_gpu") else {0: 1, 1: 0}
+        want = {0: 3, 1: 3} if name in ("late", "slow_flow", "slow_gpu") else {0: 1, 1: 0}
         while any(want.values()):
             ring = Ring(8, nch=2, comm=0x1000 + i, seq=seq, global_base=100 * i)
             seq += 1
