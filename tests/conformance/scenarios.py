@@ -53,7 +53,7 @@ SCENARIOS = [
              fault={"kind": "gpu_stall", "rank": 6, "at_iter": AT},
              expect={"category": "gpu_stalled", "ranks": [6]}),
     # pipeline-parallel: the Send of rank 2 to rank 3 on the "pp" communicator is slow (both channels)
-    Scenario("pp_slow_transfer", kind="slowdown", iters=AT_SLOW + 16,
+    Scenario("pp_slow_transfer", kind="slowdown", iters=AT_SLOW + 24,
              fault={"kind": "slow_p2p", "rank": 2, "at_iter": AT_SLOW, "factor": 2000},
              expect={"category": ["slow_flow", "slow_nic"], "ranks": [2, 3]}),
 ]
