@@ -13,7 +13,9 @@ verdict -- what, where, evidence, detection time -- is printed at the end::
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import shutil
 import sys
 import tempfile
@@ -33,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="picks the victim and the jitter (default %(default)s)")
     p.add_argument("--at", type=float, default=3.0, help="seconds into the run the fault strikes (default 3)")
+    p.add_argument("--record", metavar="FILE", help="also record the OTLP the processor receives (for replay)")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds the job runs (default: enough for the fault to be detected)")
 
@@ -50,7 +53,6 @@ def _fmt_ns(ns: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from mycroft_otel.sim.faults import CATALOGUE, FaultError, parse_fault
-    from mycroft_otel.sim.runner import Progress
 
     fault = args.fault.strip()
     name = fault.split(":", 1)[0]
@@ -82,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     from mycroft_otel.agent.settings import AgentSettings
     from mycroft_otel.processor import Processor
     from mycroft_otel.processor.receiver import Receiver
-    from mycroft_otel.sim import cli as sim_cli
 
     import logging
     logging.getLogger("mycroft_otel").setLevel(logging.ERROR)  # the verdict is printed below, once
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     verdicts = []
     processor = Processor(env={"MYCROFT_STALL_MS": str(stall_ms)}, exporter=None)
     processor.listeners.append(verdicts.append)
-    receiver = Receiver(processor, bind="127.0.0.1", grpc_port=port, http_port=None)
+    receiver = Receiver(processor, bind="127.0.0.1", grpc_port=port, http_port=None, record=args.record)
     agent = None
     stop = threading.Event()
     result: dict = {}
@@ -104,16 +105,24 @@ def run(args: argparse.Namespace) -> int:
         agent = Agent(AgentSettings.from_env(ring_dir=ring_dir, state_dir=os.path.join(work, "state")))
         agent_thread = threading.Thread(target=agent.run, args=(stop,), name="demo-agent", daemon=True)
         agent_thread.start()
-        sim_args = argparse.Namespace(
-            topology=topo, fault=[] if name == "healthy" else [fault], seed=args.seed, steps=None, realtime=True,
-            duration=duration, multiprocess=False, ring_dir=ring_dir, job_id=f"demo-{args.seed}", abi=None,
-            plugin=None, ring_records=None, slow_steps=True, quantum_us=0.0, no_progress=True)
+        # the training job is its own process, as in production (and off this process's GIL)
+        sim_argv = [sys.executable, "-m", "mycroft_otel", "sim", "--topology", topo, "--seed", str(args.seed),
+                    "--realtime", "--duration", f"{duration:g}", "--ring-dir", ring_dir,
+                    "--job-id", f"demo-{args.seed}", "--no-progress", "--light" if world >= 32 else "--slow-steps"]
+        if name != "healthy":
+            sim_argv += ["--fault", fault]
+        sim_proc = subprocess.Popen(sim_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
         def simulate():
+            out, err = sim_proc.communicate()
+            if sim_proc.returncode != 0:
+                result["error"] = err.strip()[-800:] or f"exit status {sim_proc.returncode}"
+                return
             try:
-                result["out"] = sim_cli.run_args(sim_args, progress=Progress("sim", enabled=False))
-            except Exception as exc:  # noqa: BLE001 - reported below
-                result["error"] = exc
+                result["out"] = json.loads(out)
+            except ValueError as exc:
+                result["error"] = f"unreadable ground truth: {exc}"
 
         sim_thread = threading.Thread(target=simulate, name="demo-sim", daemon=True)
         sim_thread.start()

@@ -241,7 +241,7 @@ class Processor:
                     continue
                 # evidence still arriving (a restart, a late node): wait until the set of ranks is stable
                 settling = (st.heard_from() < st.nranks and mono - st.ranks_changed_mono < self.settle_s)
-                if not settling and detect.is_hung(st, now_ns, self.stall_ms):
+                if not settling and detect.is_hung(st, now_ns, self.stall_ms) and not self.store.queued(st):
                     v = self._analyse_hang(st, now_ns, mono)
                     if v is not None:
                         out.append(v)
@@ -349,8 +349,14 @@ class Processor:
                 if self.metrics is not None:
                     self.metrics.propagated()
                 return True
+        now_ns = self.clock_ns()
+        if any(not detect.is_hung(o, now_ns, self.stall_ms) for o in others):
+            # the culprit is busy in a collective that still moves: it is slow there, not absent here;
+            # that collective either completes (then this trace proceeds) or hangs (then it is the root)
+            self._deferred.pop(st.trace_id, None)
+            return True
         first = self._deferred.setdefault(st.trace_id, mono)
-        # wait for the other trace's verdict, but not forever (a cycle of waits, a trace we never see finish)
+        # the other trace is hung: wait for its verdict, but not forever (a cycle of waits)
         return mono - first < max(2.0 * self.stall_ms / 1000.0, 1.0)
 
     def _analyse_slow(self, st, now_ns: int, mono: float) -> Verdict | None:

@@ -124,6 +124,7 @@ class TraceStore:
         self.proc_of: dict[tuple[str, int], ProcKey] = {}  # (comm, rank) -> process
         self.seq_of: dict[tuple[str, int], int] = {}  # (comm, rank) -> highest collective seq it has evidence in
         self.trace_at: dict[tuple[str, int], bytes] = {}  # (comm, seq) -> trace id (collectives only)
+        self.inflight_seqs: dict[tuple[str, int], set] = {}  # (comm, rank) -> seqs whose latest evidence is in flight
 
     def __len__(self) -> int:
         return len(self.traces)
@@ -145,6 +146,17 @@ class TraceStore:
         st.add(ref, now)
         if ref.kind in (OP, INFLIGHT) and ref.seq >= 0 and ref.comm:
             ck = (ref.comm, ref.rank)
+            seqs = self.inflight_seqs.get(ck)
+            if ref.kind == INFLIGHT and ref.rank not in st.op:
+                if seqs is None:
+                    if len(self.inflight_seqs) > 4 * self.max_traces + 65536:
+                        self.inflight_seqs.clear()
+                    seqs = self.inflight_seqs[ck] = set()
+                seqs.add(ref.seq)
+            elif seqs is not None:
+                seqs.discard(ref.seq)
+                if not seqs:
+                    del self.inflight_seqs[ck]
             if self.seq_of.get(ck, -1) < ref.seq:
                 if len(self.seq_of) > 4 * self.max_traces + 65536:
                     self.seq_of.clear()
@@ -174,6 +186,12 @@ class TraceStore:
             return
         if self.trace_at.get((st.comm, st.seq)) == trace_id:
             del self.trace_at[(st.comm, st.seq)]
+        for r in st.inflight:
+            seqs = self.inflight_seqs.get((st.comm, r))
+            if seqs is not None:
+                seqs.discard(st.seq)
+                if not seqs:
+                    del self.inflight_seqs[(st.comm, r)]
         for ref in st.inflight.values():
             key = proc_key(ref)
             d = self.inflight_by_proc.get(key) if key else None
@@ -194,6 +212,25 @@ class TraceStore:
             n += 1
         self.evicted_ttl += n
         return n
+
+    def queued(self, st: TraceState) -> bool:
+        """A waiting rank of this collective still has an earlier collective of the same communicator in
+        flight: NCCL runs them in order, so this one's lack of progress is the earlier one's."""
+        for r in st.stalled_ranks():
+            seqs = self.inflight_seqs.get((st.comm, r))
+            if not seqs or min(seqs) >= st.seq:
+                continue
+            mine = st.inflight[r].end_ns
+            for s in seqs:
+                if s >= st.seq:
+                    continue
+                o = self.traces.get(self.trace_at.get((st.comm, s), b""))
+                ref = o.inflight.get(r) if o is not None else None
+                # only while the earlier one is still being reported (a completion we never saw leaves a
+                # stale snapshot behind)
+                if ref is not None and r not in o.op and ref.end_ns >= mine - 2_500_000_000:
+                    return True
+        return False
 
     def busy_elsewhere(self, key: ProcKey, trace_id: bytes) -> list[TraceState]:
         """Other traces where process ``key`` is in flight (latest evidence)."""
