@@ -206,6 +206,10 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
     st.since.store(now, std::memory_order_relaxed);
   }
   if (new_level == 3) st.active.store(0, std::memory_order_relaxed);
+  // A re-recorded state that moves no counter is a retry (NCCL records SendPeerWait
+  // before every isend attempt), not progress: leaving last_progress_ns alone is what
+  // lets a stalled flow look stalled.
+  if (same_state && add_bytes == 0 && new_level <= old_level) return;
 
   if (fi < 0 || !StillLive(op)) return;
   // Oldest unfinished step of this ProxyOp (at most kSteps outstanding).

@@ -89,11 +89,6 @@ def test_children_after_parent_stop_complete_the_op(ring_dir):
     c.finalize()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "native/plugin/proxy.cc StepUpdate: for a repeated state (same_state, no counter or byte change) it still "
-    "stores f.last_progress_ns = now and L.op.last_progress_ns = now; NCCL re-records SendPeerWait on every "
-    "refused isend, so a blocked sender looks alive and detect.stall_ns (max last_progress over ranks) never "
-    "reaches MYCROFT_STALL_MS"))
 def test_repeated_send_peer_wait_is_not_progress(ring_dir):
     """NCCL re-records SendPeerWait on every isend the network refuses (net.cc sendProxyProgress: before each
     isend attempt), i.e. continuously while the peer has not posted its receive. A retry moves no counter, so it
