@@ -73,7 +73,7 @@ def run_args(args: argparse.Namespace, progress: Progress | None = None) -> dict
     return {
         "topology": topo.spec(), "world": topo.world, "seed": args.seed, "mode": res["mode"],
         "ring_dir": ring_dir, "job_id": job, "steps": res["steps"], "events": int(res["events"]),
-        "contexts": res["contexts"], "hung": bool(not all(map(lambda x: x < float("inf"), sim.ready))),
+        "contexts": res["contexts"], "hung": bool(not all(map(lambda x: x < float("inf"), sim.gpu))),
         "faults": res["truth"], "stats": {k: v for k, v in res["stats"].items()},
         "epoch_realtime_ns": res.get("epoch_realtime_ns"),
     }

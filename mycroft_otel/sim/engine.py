@@ -113,6 +113,7 @@ class Instance:
     func: str                # "AllReduce", ..., "Send" (p2p: src sends, dst receives)
     count: int
     issue: np.ndarray        # per member: time the rank calls NCCL (inf: never)
+    kready: np.ndarray = None  # per member: earliest kernel start (its GPU stream is free; None: no bound)
     root: int = -1           # Broadcast root (comm rank)
     step: int = 0            # training step
     ordinal: int = 0         # index among this comm kind's instances in the step
@@ -130,6 +131,7 @@ class Result:
     blocks: list             # [Block] in causal order
     flows: list              # predicted per-flow counters (dicts), for tests and ground truth
     kstart: np.ndarray       # per member: kernel start
+    issue: np.ndarray = None  # per member: when the rank actually called (after late/absent faults; inf: never)
 
 
 def _kill(t: np.ndarray, thr: np.ndarray) -> np.ndarray:
@@ -290,6 +292,10 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     issue = _kill(issue, m["dead_t"])
     launch = issue + 9 * gpu.api_gap_ns
     kstart = launch + gpu.kernel_launch_ns
+    if any(i.kready is not None for i in insts):  # the kernel waits for the stream (earlier work on the GPU)
+        kready = cat([np.asarray(i.kready if i.kready is not None else np.zeros(nm), dtype=np.float64)
+                      for i in insts])
+        kstart = np.maximum(kstart, kready)
     pstart = launch + gpu.proxy_post_ns
     funcs = [first.func] * (K * nm)
     counts = np.full(K * nm, first.count, dtype=np.uint64)
@@ -436,6 +442,6 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     for k in range(K):
         sl = slice(k * nm, (k + 1) * nm)
         results.append(Result(end=end[sl], blocks=blocks if k == 0 else [],
-                              flows=[f for f in flows if f["inst"] == k], kstart=kstart[sl]))
+                              flows=[f for f in flows if f["inst"] == k], kstart=kstart[sl], issue=issue[sl]))
     return results
 

@@ -56,6 +56,8 @@ class StepModel:
     tp_mode: str = "allreduce"            # "allreduce" | "sp" (sequence parallel: AllGather + ReduceScatter)
     dp_mode: str = "allreduce"            # "allreduce" | "zero" (ReduceScatter grads, AllGather params)
     initial_broadcast: bool = True        # step 0 starts with a DP Broadcast of the parameters from rank 0
+    max_outstanding: int = 2              # CPU run-ahead: NCCL calls a rank may have launched and not completed
+    cpu_fraction: float = 0.1             # CPU time to issue a compute phase, as a share of its GPU time
     jitter: float = 0.01                  # relative sigma of compute times (lognormal)
     net_jitter: float = 0.02              # relative sigma of per-collective flow bandwidth
 

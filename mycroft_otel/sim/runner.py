@@ -324,7 +324,7 @@ def _run_streaming(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     truths = sim.truths()
     for t in truths:
         t["onset_ns"] = real_epoch + t["onset_sim_ns"]
-    if np.isfinite(sim.ready).all():
+    if np.isfinite(sim.gpu).all():  # a job whose streams all drained ends normally (destroy: finalize)
         for i in range(len(sim.contexts)):
             driver.finalize(int(ctx_map[i]))
     progress.done()

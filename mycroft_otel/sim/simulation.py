@@ -81,7 +81,11 @@ class Simulation:
         self.faults = list(faults)
         for f in self.faults:
             f.resolve(self)
+        # Per rank: the CPU (when it can make its next NCCL call: `ready`), its GPU stream (free from `gpu`),
+        # and the completion times of its last `max_outstanding` calls (the CPU runs at most that far ahead).
         self.ready = np.zeros(w)
+        self.gpu = np.zeros(w)
+        self.outstanding = np.full((w, max(1, self.model.step.max_outstanding)), -INF)
         self.seq: dict[tuple[str, int], int] = {}
         self.p2p_n: dict[tuple[int, int, int], int] = {}
         self.log: list[dict] = []
@@ -148,7 +152,9 @@ class Simulation:
             g = np.arange(self.topo.world)
             if entry.stage >= 0:
                 g = g[[self.stage_of(x) == entry.stage for x in g]]
-            self.ready[g] = self.ready[g] + self._compute(g, entry.compute_ns)
+            c = self._compute(g, entry.compute_ns)
+            self.gpu[g] = self.gpu[g] + c
+            self.ready[g] = self.ready[g] + c * self.model.step.cpu_fraction
             return out
         comms = self.comms[entry.kind]
         k = ordinal.get(entry.kind, 0)
@@ -171,8 +177,13 @@ class Simulation:
                 self.seq[(comm.kind, comm.index, entry.func)] = nseq + 1
                 count = max(1, entry.nbytes // dsz)
             g = comm.ranks[members]
-            issue = self.ready[g] + self._compute(g, entry.compute_ns)
-            out.append(Instance(comm, members, seq, entry.func, int(count), issue, root=0 if entry.func ==
+            c = self._compute(g, entry.compute_ns)
+            # The CPU issues the call after launching the compute before it, but never more than
+            # max_outstanding calls ahead of completion; the kernel waits for the compute on the stream.
+            issue = np.maximum(self.ready[g] + c * self.model.step.cpu_fraction, self.outstanding[g, 0])
+            kready = self.gpu[g] + c
+            out.append(Instance(comm, members, seq, entry.func, int(count), issue, kready=kready,
+                                root=0 if entry.func ==
                                 "Broadcast" else -1, step=step, ordinal=k,
                                 algo=self.model.nccl.dp_algo if (entry.kind == "dp" and entry.func == "AllReduce")
                                 else "Ring",
@@ -259,7 +270,11 @@ class Simulation:
                                                  self.rng, self.predict)
                         for inst, res in zip(insts, results):
                             g = inst.comm.ranks[inst.members]
-                            self.ready[g] = res.end
+                            # the CPU returns from the call at launch; the stream is busy until the end
+                            self.ready[g] = res.issue + 12 * self.model.gpu.api_gap_ns
+                            self.gpu[g] = res.end
+                            self.outstanding[g] = np.concatenate([self.outstanding[g, 1:], res.end[:, None]],
+                                                                 axis=1)
                             self.n_rows += sum(len(b.rows) for b in res.blocks)
                             if self.predict:
                                 self.log.append(dict(kind=inst.comm.kind, comm=inst.comm.index, seq=inst.seq,

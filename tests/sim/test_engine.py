@@ -313,3 +313,24 @@ def test_refused_isend_repeats_send_peer_wait_until_the_end_of_the_run():
     gaps = np.diff(busiest["t_ns"].astype(np.int64))
     assert np.all(np.abs(gaps - 1_000_000) <= 1)
     assert len(np.unique(busiest["step"])) == 1  # only the oldest step retries
+
+
+def test_cpu_runs_ahead_collectives_queue_behind_a_hung_one():
+    """Frameworks launch the next collectives before the previous completed (StepModel.max_outstanding):
+    behind a hung all-reduce the next one is called (Coll events, ProxyOps, recvs posted) but its kernel
+    never starts; the call after that is never made."""
+    sim = make_sim("nodes=4,gpus=1,tp=1,dp=4", "nic_down:rank=1,step=1", steps=3)
+    res = collect(sim)
+    t = sim.truths()[0]
+    dp = [(i, r) for i, r in res if i.comm.kind == "dp"]
+    k = next(n for n, (i, _) in enumerate(dp) if i.seq == t["coll_seq"])
+    hung, queued = dp[k], dp[k + 1]
+    assert not np.isfinite(hung[1].end).any()
+    assert np.isfinite(queued[1].issue).all() and not np.isfinite(queued[1].kstart).any()
+    rows = np.concatenate([b.rows for b in queued[1].blocks])
+    st = rows[rows["op"] == abi.OP_START]
+    assert (st["type"] == abi.COLL).sum() == 4 and (st["type"] == abi.PROXY_OP).sum() > 0
+    recv_posted = rows[(rows["op"] == abi.OP_RECORD) & (rows["state"] == abi.S_RECV_WAIT)]
+    assert len(recv_posted) > 0 and not (rows["state"] == abi.S_SEND_WAIT).any()
+    if k + 2 < len(dp):
+        assert not np.isfinite(dp[k + 2][1].issue).any()
