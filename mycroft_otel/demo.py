@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     kind = CATALOGUE[name][1]
     stall_ms = 3000
-    duration = args.duration or (args.at + stall_ms / 1000 + 5.0 if kind == "hang" else args.at + 12.0)
+    # generous: a loaded machine makes the simulated job lag behind wall-clock time
+    duration = args.duration or (args.at + stall_ms / 1000 + 9.0 if kind == "hang" else args.at + 14.0)
     work = tempfile.mkdtemp(prefix="mycroft-demo-")
     ring_dir = os.path.join(work, "rings")
     os.makedirs(ring_dir, mode=0o700)

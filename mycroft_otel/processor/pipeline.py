@@ -379,6 +379,12 @@ class Processor:
             return None
         if f.category == "coll_mismatch":
             return self._emit(st, f, now_ns, mono, dt)
+        # while a collective of this job is stalling, slow collectives around it are its symptoms
+        for tid in self._hang_cand:
+            o = self.store.get(tid)
+            if o is not None and o.verdict is None and detect.stall_ns(o, now_ns) >= 1_000_000_000:
+                self.counts["slow_candidates"] += 1
+                return None
         # a fault persists, jitter moves around: the same culprit must come back before we name it
         key = (st.comm, f.category, tuple(f.ranks), f.channel)
         seen = [x for x in self._slow_votes.get(key, []) if mono - x[0] <= SLOW_WINDOW_S and x[1] != st.trace_id]
