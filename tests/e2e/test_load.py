@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ DURATION_S = float(os.environ.get("MYCROFT_LOAD_SECONDS", "120"))
 def _bench():
     spec = importlib.util.spec_from_file_location("stack_load_run", REPO / "benchmarks" / "stack_load" / "run.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
