@@ -35,8 +35,9 @@ def traffic(n_colls: int, nranks: int = 64) -> list[bytes]:
     payloads = []
     now = time.time_ns()
     for i in range(n_colls):
-        ring = Ring(nranks, nch=2, comm=0x7000 + i % 8, seq=i, t0=now - 20_000_000_000, global_base=1000 * (i % 8))
         kind = i % 20
+        comm = 0x7000 + (i if kind == 0 else i % 8)  # each hang in its own communicator (one hang stops a comm)
+        ring = Ring(nranks, nch=2, comm=comm, seq=i, t0=now - 20_000_000_000, global_base=1000 * (i % 8) + 100 * i)
         if kind == 0:
             ring.gpu_stall(i % nranks)
         elif kind == 1:
