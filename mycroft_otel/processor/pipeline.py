@@ -35,7 +35,7 @@ from mycroft_otel.processor.state import TraceStore, proc_key
 log = logging.getLogger("mycroft_otel.processor")
 
 INCIDENT_WINDOW_S = 120.0
-SLOW_CONFIRM = 3       # slow collectives naming the same culprit before a slowdown verdict
+SLOW_CONFIRM = 3       # slow collectives naming the same culprit process before a slowdown verdict
 SLOW_WINDOW_S = 30.0   # ... within this window
 
 
@@ -386,7 +386,9 @@ class Processor:
                 self.counts["slow_candidates"] += 1
                 return None
         # a fault persists, jitter moves around: the same culprit must come back before we name it
-        key = (st.comm, f.category, tuple(f.ranks), f.channel)
+        self._fill_identity(st, f)
+        # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
+        key = (f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
         seen = [x for x in self._slow_votes.get(key, []) if mono - x[0] <= SLOW_WINDOW_S and x[1] != st.trace_id]
         seen.append((mono, st.trace_id, f.onset_ns))
         self._slow_votes[key] = seen[-SLOW_CONFIRM * 2:]
