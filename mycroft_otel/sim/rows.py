@@ -35,17 +35,33 @@ def block(t, owner, thread: int, **fields) -> Block | None:
     """Rows for every finite ``t``; other fields broadcast against ``t`` (scalars or arrays)."""
     t = np.asarray(t, dtype=np.float64)
     shape = t.shape
-    keep = np.isfinite(t).ravel()
-    n = int(keep.sum())
+    fin = np.isfinite(t)
+    n = int(fin.sum())
     if n == 0:
         return None
+    if n == fin.size:  # the common case: write every field straight through numpy broadcasting, no copies
+        rows = np.zeros(shape, dtype=EVENT_DTYPE)
+        # In slices of the first axis of ~32k rows, so that all fields of a slice are written while it is in
+        # cache (each field write walks the 96-byte records).
+        per = max(1, n // shape[0]) if len(shape) else n
+        step = max(1, 32768 // per) if len(shape) else 1
+        vals = {k: np.asarray(v) for k, v in fields.items()}
+        for a in range(0, shape[0] if len(shape) else 1, step):
+            sl = slice(a, a + step) if len(shape) else ...
+            r = rows[sl]
+            r["t_ns"] = np.maximum(t[sl], 0).astype(np.uint64) + 1
+            for name, v in vals.items():
+                r[name] = np.broadcast_to(v, shape)[sl] if v.ndim else v
+        own = np.broadcast_to(np.asarray(owner, dtype=np.int64), shape).reshape(-1)
+        return Block(rows.reshape(-1), own, thread, t.reshape(-1))
+    keep = fin.ravel()
     rows = np.zeros(n, dtype=EVENT_DTYPE)
     tk = t.ravel()[keep]
     rows["t_ns"] = np.maximum(tk, 0).astype(np.uint64) + 1
     for name, value in fields.items():
         v = np.asarray(value)
-        rows[name] = np.broadcast_to(v, shape).ravel()[keep] if v.ndim else v
-    own = np.broadcast_to(np.asarray(owner, dtype=np.int64), shape).ravel()[keep]
+        rows[name] = np.broadcast_to(v, shape)[fin] if v.ndim else v
+    own = np.broadcast_to(np.asarray(owner, dtype=np.int64), shape)[fin]
     return Block(rows, own, thread, tk)
 
 
