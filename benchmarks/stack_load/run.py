@@ -40,6 +40,10 @@ from mycroft_otel.stack import LocalStack  # noqa: E402
 from mycroft_otel.stack.runner import free_ports, http_ok  # noqa: E402
 
 TOPOLOGY = "nodes=128,gpus=8,tp=8,pp=16,dp=8"
+# Above this job's pipeline bubble: with 16 stages and no microbatching the first stage's backward Recv waits
+# ~7 s for the gradients (all later stages' forward and backward). With the default 3 s every such wait is
+# named a hang (rank_absent, "sent no span"): the processor does not tell a pipeline bubble from a stall.
+STALL_MS = 10_000
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -189,7 +193,7 @@ def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sampl
     agent_port = free_ports(1)[0]
     stack = LocalStack(processors=processors, processor_command=proc_cmd, run_dir=run_dir / "stack",
                        bin_dir=bin_dir, trace_store="jaeger", agent_metrics_targets=[f"127.0.0.1:{agent_port}"],
-                       ready_timeout_s=120)  # fmt: skip
+                       processor_env={"MYCROFT_STALL_MS": str(STALL_MS)}, ready_timeout_s=120)  # fmt: skip
     result: dict = {"topology": TOPOLOGY, "duration_s": duration_s, "processors": processors,
                     "sample_ratio": sample_ratio}  # fmt: skip
     try:

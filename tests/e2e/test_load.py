@@ -76,8 +76,8 @@ def test_load_collector_and_processor_memory_bounded(load):
     assert gw["rss_max_mib"] < 400, gw  # memory_limiter's hard limit is 1024 MiB
     for name in ("processor-0", "processor-1"):
         p = u[name]
-        # processors hold at most MYCROFT_MAX_TRACES traces for MYCROFT_TRACE_TTL_S (120 s)
-        assert p["rss_max_mib"] < 600, (name, p)
+        # processors hold at most MYCROFT_MAX_TRACES traces for MYCROFT_TRACE_TTL_S (120 s); deploy.md: 1.5-2 GiB
+        assert p["rss_max_mib"] < 1500, (name, p)
     assert u["agent"]["rss_max_mib"] < 600, u["agent"]
 
 
