@@ -64,18 +64,23 @@ bool ClaimSlot(Context* c, uint32_t* slot, uint32_t* odd_gen) {
   return false;
 }
 
-// Op handle -> live slot, checking the generation (stale handles after completion).
-bool OpFromHandle(const void* h, Context** cp, OpRef* r) {
-  Decoded d;
-  Context* c = Resolve(h, &d);
+// Handle of `kind` whose payload is (slot << 20 | ... | generation & gen_mask) -> live
+// slot, checking the generation (stale handles after completion) and the context.
+static bool SlotFromHandle(const void* h, uint32_t kind, uint32_t gen_mask, Context** cp, OpRef* r, Decoded* d) {
+  Context* c = Resolve(h, d);
   *cp = c;
-  if (c == nullptr || d.kind != kHOp || !c->alive.load(std::memory_order_acquire)) return false;
-  uint32_t s = d.payload >> 20;
+  if (c == nullptr || d->kind != kind || !c->alive.load(std::memory_order_acquire)) return false;
+  uint32_t s = d->payload >> 20;
   if (s >= c->live_slots) return false;
   uint32_t g = LdAcq(c->live[s].generation);
-  if ((g & 3) != 2 || (g & 0xfffff) != (d.payload & 0xfffff)) return false;
+  if ((g & 3) != 2 || (g & gen_mask) != (d->payload & gen_mask)) return false;
   *r = OpRef{c, s, g};
   return true;
+}
+
+bool OpFromHandle(const void* h, Context** cp, OpRef* r) {
+  Decoded d;
+  return SlotFromHandle(h, kHOp, 0xfffff, cp, r, &d);
 }
 
 void Complete(Context* c, uint32_t s, uint64_t now) {
@@ -252,14 +257,7 @@ Result StartKernelCh(Context* c, void** handle, const Descr& d, uint64_t now) {
 
 bool KernelChFromHandle(const void* h, Context** cp, OpRef* r, uint32_t* ch) {
   Decoded d;
-  Context* c = Resolve(h, &d);
-  *cp = c;
-  if (c == nullptr || d.kind != kHKernelCh || !c->alive.load(std::memory_order_acquire)) return false;
-  uint32_t s = d.payload >> 20;
-  if (s >= c->live_slots) return false;
-  uint32_t g = LdAcq(c->live[s].generation);
-  if ((g & 3) != 2 || (g & 0xfff) != (d.payload & 0xfff)) return false;
-  *r = OpRef{c, s, g};
+  if (!SlotFromHandle(h, kHKernelCh, 0xfff, cp, r, &d)) return false;
   *ch = (d.payload >> 12) & 0xff;
   return true;
 }
