@@ -44,8 +44,8 @@ uint8_t NameIndex(const char* s, const char* const (&names)[N]) {
 }  // namespace
 
 // ---- live slots ---------------------------------------------------------------------
-// Slot generation modulo 4: 0 free, 1 initialising, 2 active, 3 freeing (odd while
-// the slot header is being written, as shm_layout.h promises readers).
+// Slot generation modulo 4: 0 free, 1 initialising, 2 active (odd while the slot
+// header is being written, as shm_layout.h promises readers).
 bool ClaimSlot(Context* c, uint32_t* slot, uint32_t* odd_gen) {
   uint32_t n = c->live_slots;
   uint32_t hint = c->slot_hint.load(std::memory_order_relaxed);
@@ -218,8 +218,10 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   op.last_progress_ns = now;
   LiveOp& L = c->live[s];
   CopyWords(&L.op, &op, sizeof(op));
-  St(L.state, uint32_t(shm::SlotState::kActive));
-  StRel(L.generation, odd + 1);  // publish: the slot header is complete
+  // Generation first, state last: a reader lists a slot only once it is active, so a
+  // writer preempted between the two stores leaves nothing half-visible (no torn copy).
+  StRel(L.generation, odd + 1);
+  StRel(L.state, uint32_t(shm::SlotState::kActive));  // publish: the slot header is complete
   Add(c->hdr->ops_started, uint64_t{1});
   *handle = MakeHandle(kHOp, c->index, c->inc, (s << 20) | ((odd + 1) & 0xfffff));
   return Result::Success;
@@ -362,8 +364,11 @@ void PublishOp(Context* c, uint32_t s, uint32_t extra_flags, uint64_t end_ns) {
 
 void FreeSlot(Context* c, uint32_t s) {
   LiveOp& L = c->live[s];
+  // State first, then the generation straight to the next free value (never odd here):
+  // the slot's content does not change on free, so a reader copying it meanwhile still
+  // gets a consistent (just-finished) op, and a writer preempted between the stores
+  // cannot make readers spin into a torn copy. The new generation retires old handles.
   uint32_t g = Ld(L.generation);
-  StRel(L.generation, g + 1);
   StRel(L.state, uint32_t(shm::SlotState::kFree));
   StRel(L.generation, g + 2);
 }

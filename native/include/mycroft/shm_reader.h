@@ -222,7 +222,7 @@ class Reader {
       if (__atomic_load_n(&src->generation, __ATOMIC_RELAXED) != g1) continue;
       return true;
     }
-    // Never held still (a writer frozen inside slot initialisation): last copy, torn.
+    // Never held still (recycled under us on every attempt): last copy, marked torn.
     CopyWords(dst, src, sizeof(LiveOp));
     if (dst->state != uint32_t(SlotState::kActive)) return false;
     *torn = true;
