@@ -269,7 +269,7 @@ def valid_flows(op_rows: np.ndarray) -> list[np.ndarray]:
 
 
 def torn_slots(live: np.ndarray) -> np.ndarray:
-    """Mask of live slots that never held still (odd generation: a writer frozen while initialising it)."""
+    """Mask of live slots that never held still within the reader's retry budget (marked with an odd generation)."""
     return (live["generation"] & 1).astype(bool)
 
 

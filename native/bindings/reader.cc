@@ -3,8 +3,8 @@
 // consistency protocol). The file is mapped PROT_READ / MAP_SHARED and never written, so reading is
 // safe against a running, frozen (SIGSTOP) or dead (SIGKILL) writer. Marks visible from Python:
 //   * a flow whose `version` is odd was caught mid-update by a writer that stopped inside it;
-//   * a slot whose `generation` is odd never held still within the retry budget (a writer frozen
-//     while (re)initialising it): its contents are the last copy, possibly torn.
+//   * a slot whose `generation` is odd never held still within the retry budget (recycled under
+//     the reader on every attempt): its contents are the last copy, possibly torn.
 // The GIL is released while the reader copies out of the mapping; then one memcpy into numpy.
 #include <cstdint>
 #include <cstring>
