@@ -31,7 +31,7 @@ from mycroft_otel.agent import spans as sp
 from mycroft_otel.agent.discovery import Discovery
 from mycroft_otel.agent.exporter import ExportQueue, OtlpTransport, Transport
 from mycroft_otel.agent.health import Health, RateLimitedLog
-from mycroft_otel.agent.sampling import Baselines, Summary, sample_bound, sampled
+from mycroft_otel.agent.sampling import Baselines, FlowRule, Summary, sample_bound, sampled
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.agent.source import PROC_EXITED, PROC_STOPPED, RingSource, default_reader_factory
 from mycroft_otel.agent.state import CursorStore
@@ -68,6 +68,7 @@ class _Ctx:
     idle_emits: int = 0           # not_entered emissions in the current idle period
     idle_next: int = 0            # monotonic ns of the next not_entered emission
     exit_emits: int = 0
+    flow_rule: FlowRule = field(default_factory=FlowRule)  # slow by the flows' own waits (skew-proof)
     exit_next: int = 0
     done: bool = False            # process exited and reported: nothing more to read
     marked: tuple = ()            # (cursor, last_seq, last_end) last handed to the exporter
@@ -260,6 +261,9 @@ class Agent:
             if stalled and an is None:
                 an = (stalled, None, None)
             coll = kinds[i] == sp.KIND_COLL
+            nf = int(ops["n_flows"][i])
+            if nf and ctx.flow_rule.classify(funcs[i], nbytes[i], recs["flows"][i][:nf]) and an is None:
+                an = (sc.ANOMALY_SLOW, None, None)
             if an is not None and coll and self.s.peer_export:
                 self._flag((ctx.src.comm_hash, seqs[i]))
             exported = (an is not None or sampled(traces[i], self.bound)

@@ -169,3 +169,81 @@ class Summary:
             (sc.SUMMARY_FUNC_DURATION_MEAN, [self.funcs[f][1] // max(self.funcs[f][0], 1) for f in funcs]),
             (sc.SUMMARY_DROPPED_RING, self.dropped_ring),
         ]
+
+
+class FlowRule:
+    """The local rule on a collective's own flow counters, which arrival skew does not dominate.
+
+    The duration rule (:class:`Baselines`) measures arrival → end, mostly the wait for the last rank
+    to arrive, so a rank whose GPU, NIC or one flow got slower is seldom flagged. Each flow carries the
+    time its steps waited on the GPU and on the network; per step:
+
+    * one send flow's network wait ≥ ``factor`` × its own history (per channel and peer, after the
+      warm-up) and ≥ ``sib_factor`` / 2 × the median of the rank's other send flows → slow flow;
+    * the rank's receive-side GPU wait per step ≥ ``factor`` × its own history → slow GPU;
+    * the network wait per step of the rank's least-waiting send flow ≥ ``factor`` × its own history
+      (every flow slower: its NIC, or congestion) → slow NIC.
+
+    A flag only makes the agent export the span (and its local peers'); the processor decides.
+    """
+
+    def __init__(self, factor: float = 3.0, sib_factor: float = 8.0, warmup: int = 8,
+                 min_step_ns: int = 20_000, alpha: float = 0.1, max_keys: int = 4096):
+        self.factor = factor
+        self.sib_factor = sib_factor
+        self.warmup = warmup
+        self.min_step_ns = min_step_ns
+        self.alpha = alpha
+        self.max_keys = max_keys
+        self._gpu: dict[tuple, _Ewma] = {}
+        self._net: dict[tuple, _Ewma] = {}
+        self._flow: dict[tuple, _Ewma] = {}
+
+    def _get(self, d: dict, key: tuple) -> _Ewma:
+        e = d.get(key)
+        if e is None:
+            if len(d) >= self.max_keys:
+                d.clear()
+            e = d[key] = _Ewma(self.warmup)
+        return e
+
+    def _check(self, d: dict, key: tuple, x: float) -> bool:
+        e = self._get(d, key)
+        hit = (e.n >= self.warmup and x >= self.factor * e.value
+               and x - e.value >= max(self.min_step_ns, 4 * e.dev))
+        # clipped update: a sustained slowdown stays visible for a while, a new regime is absorbed slowly
+        e.add(min(x, 2 * self.factor * e.value) if e.n >= self.warmup else x, self.alpha / 4 if hit else self.alpha)
+        return hit
+
+    def classify(self, func: int, nbytes: int, flows: Any) -> bool:
+        """``flows``: the op's valid flow records (FLOW_DTYPE). True when the op looks slow by its flows."""
+        if len(flows) == 0:
+            return False
+        key = (func, int(nbytes).bit_length())
+        steps = flows["n_steps"].astype("float64")
+        steps[steps < 1] = 1
+        send = (flows["dir"] & 1) == 0
+        net = flows["net_wait_ns"] / steps
+        peers = flows["peer"]
+        hit = False
+        # one send flow far above its own history and above the rank's other send flows (the flow's own
+        # history is the skew-free reference: in a ring the channels may lead to different peers)
+        idx = [i for i in range(len(flows)) if send[i]]
+        if len(idx) >= 2:
+            vals = [float(net[i]) for i in idx]
+            for j, i in enumerate(idx):
+                k = (key, int(flows["channel"][i]), int(peers[i]))
+                others = sorted(vals[:j] + vals[j + 1:])
+                med = others[len(others) // 2]
+                above = self._check(self._flow, k, vals[j])
+                if above and vals[j] >= self.sib_factor / 2 * max(med, 1.0):
+                    hit = True
+        # the rank's GPU (receive side) against its own history
+        recv = ~send
+        if recv.any():
+            g = float(flows["gpu_wait_ns"][recv].sum()) / float(steps[recv].sum())
+            hit = self._check(self._gpu, key, g) or hit
+        # every send flow slower than before: the least-waiting one against its history
+        if send.any():
+            hit = self._check(self._net, key, float(net[send].min())) or hit
+        return hit

@@ -36,6 +36,8 @@ log = logging.getLogger("mycroft_otel.processor")
 
 INCIDENT_WINDOW_S = 120.0
 SLOW_CONFIRM = 3       # slow collectives naming the same culprit process before a slowdown verdict
+SOFT_CONFIRM = 5       # ... when they are milder outliers (slowdown.SOFT_RATIO), flagged by the culprit's agent
+SOFT_WINDOW_S = 5.0    # ... within this window
 SLOW_WINDOW_S = 30.0   # ... within this window
 
 
@@ -120,6 +122,8 @@ class Processor:
         self._hang_cand: dict[bytes, None] = {}
         self._slow_cand: dict[bytes, float] = {}
         self._deferred: dict[bytes, float] = {}
+        self._slow_hosts: list[tuple] = []  # (mono, trace id, culprit hosts) of slowdown verdicts
+        self._waits_on: dict[bytes, set] = {}  # deferred hang trace -> the hung traces it waits for
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._slow_votes: dict[tuple, list] = {}
@@ -355,6 +359,15 @@ class Processor:
             # that collective either completes (then this trace proceeds) or hangs (then it is the root)
             self._deferred.pop(st.trace_id, None)
             return True
+        self._waits_on[st.trace_id] = {o.trace_id for o in others}
+        if len(self._waits_on) > 4096:
+            self._waits_on.pop(next(iter(self._waits_on)))
+        if all(st.trace_id in self._waits_on.get(o.trace_id, ()) for o in others):
+            # a cycle: every hung trace we would wait for waits for this one (ranks sharing a process
+            # see each other busy); waiting breaks no tie, so this one is named now and the others then
+            # find its verdict (propagation or same-culprit dedupe)
+            self._deferred.pop(st.trace_id, None)
+            return False
         first = self._deferred.setdefault(st.trace_id, mono)
         # the other trace is hung: wait for its verdict, but not forever (a cycle of waits)
         return mono - first < max(2.0 * self.stall_ms / 1000.0, 1.0)
@@ -390,12 +403,16 @@ class Processor:
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
         key = (f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
         seen = [x for x in self._slow_votes.get(key, []) if mono - x[0] <= SLOW_WINDOW_S and x[1] != st.trace_id]
-        seen.append((mono, st.trace_id, f.onset_ns))
-        self._slow_votes[key] = seen[-SLOW_CONFIRM * 2:]
+        seen.append((mono, st.trace_id, f.onset_ns, f.reason != "soft"))
+        self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
         if len(self._slow_votes) > 4096:
             for k in [k for k, v in self._slow_votes.items() if mono - v[-1][0] > SLOW_WINDOW_S]:
                 del self._slow_votes[k]
-        if len(seen) < SLOW_CONFIRM and f.confidence < 0.95:
+        # milder outliers (flagged by the culprit's own agent, below the bars) must persist longer
+        # (and close together: a fault slows every collective, jitter comes back now and then)
+        soft = [x for x in seen if mono - x[0] <= SOFT_WINDOW_S]
+        enough = sum(x[3] for x in seen) >= SLOW_CONFIRM or len(soft) >= SOFT_CONFIRM
+        if not enough and f.confidence < 0.95:
             self.counts["slow_candidates"] += 1
             return None
         f.onset_ns = min(x[2] for x in seen if x[2] > 0) if any(x[2] > 0 for x in seen) else f.onset_ns
@@ -436,7 +453,20 @@ class Processor:
             st.explained_by = same
             self.counts["deduped"] += 1
             return None
-        key = (f.kind, f.category, st.comm, tuple(f.ranks), f.channel)
+        if f.kind == sc.KIND_SLOWDOWN and f.category != "coll_mismatch":
+            # one slowdown incident per culprit process, whatever communicator, category or channel
+            # shows it next (a slow GPU slows all its communicators; a slow flow shows on sibling channels)
+            key = (f.kind, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)))
+            # ... and, for milder outliers, per host: its other ranks wait for it in their intra-node (TP)
+            # collectives, so their next collectives start late and read as a slow GPU or flow of their
+            # own -- symptoms (a strong outlier on the same host is a fault of its own)
+            for (t, tid, hosts) in self._slow_hosts if f.reason == "soft" else ():
+                if mono - t <= INCIDENT_WINDOW_S and hosts & set(f.hosts):
+                    st.explained_by = tid
+                    self.counts["deduped"] += 1
+                    return None
+        else:
+            key = (f.kind, f.category, st.comm, tuple(f.ranks), f.channel)
         prev = self._incidents.get(key)
         if prev is not None and mono - prev[0] <= INCIDENT_WINDOW_S:
             self._incidents[key] = (mono, prev[1])
@@ -453,6 +483,9 @@ class Processor:
         if f.kind == sc.KIND_HANG:
             self._hang_culprits.append((mono, st.trace_id, _identity(f)))
             del self._hang_culprits[:-256]
+        elif f.category != "coll_mismatch" and f.hosts:
+            self._slow_hosts.append((mono, st.trace_id, set(f.hosts)))
+            del self._slow_hosts[:-256]
         self.verdicts.append(v)
         return v
 

@@ -18,6 +18,10 @@ In order:
    - effective arrival (first step posted, i.e. the kernel really started) of the last
      rank >= LATE_RATIO x the transfer time and >= 30% of the whole collective -> ``late_rank``.
 
+Below the bars, a milder outlier (>= SOFT_RATIO) is a candidate only when the culprit's own
+agent flagged the collective slow (its flows or GPU far above their own history); it ranks
+below every other candidate and needs more recurrences (pipeline.SOFT_CONFIRM).
+
 Each verdict here is a *candidate*: the pipeline emits it only when the same culprit
 and category recur (a fault persists; jitter moves around).
 """
@@ -41,6 +45,9 @@ _FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_fl
 GPU_RATIO = 50.0
 NET_RATIO = 50.0
 LATE_RATIO = 50.0  # the last arrival's lateness over the transfer time (healthy skew stays well below)
+SOFT_RATIO = 12.0  # a milder outlier, when the culprit's own local rule flagged the collective (needs SOFT_CONFIRM)
+SOFT_GPU_RATIO = 20.0  # the GPU's (healthy GPU waits per step reach ~14x the median on a loaded machine)
+SOFT_HISTORY = 8  # ... and only once the communicator's own history holds this many earlier collectives' values
 STRONG_RATIO = 500.0  # so far beyond any jitter that one collective suffices (confidence 0.95)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 
@@ -157,11 +164,23 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         w = [(f.gpu_wait_ns, max(f.steps, 1)) for f in v.flows if not f.send]
         if w:
             gpu[r] = sum(x for x, _ in w) / sum(n for _, n in w)
+    def flagged(r: int) -> bool:  # the rank's own local rule found this collective slow
+        return r in done and done[r].ref.anomaly == sc.ANOMALY_SLOW
+
+    def known(name: str, n: int) -> bool:  # milder outliers only once the communicator has a history of its own
+        return len(history.get(name, ())) >= min(SOFT_HISTORY * n, 200)
+
+    soft = False
     o = _outlier(gpu, GPU_RATIO, STEP_FLOOR_NS, _reference(history, "gpu"))
+    if o is None and known("gpu", len(gpu)):  # a milder outlier counts when the rank itself flagged it (it needs more recurrences)
+        o = _outlier(gpu, SOFT_GPU_RATIO, STEP_FLOOR_NS, _reference(history, "gpu"))
+        if o is not None and not flagged(o[0]):
+            o = None
+        soft = o is not None
     if o is not None:
         r, val, ratio = o
-        cands.append((3.0 + min(ratio, 20) / 10, Finding(
-            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r],
+        cands.append((3.0 + min(ratio, 20) / 10 - 4.0 * soft, Finding(
+            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r], reason="soft" if soft else "",
             confidence=0.95 if ratio >= STRONG_RATIO else round(min(0.9, 0.5 + 0.01 * ratio), 3),
             evidence=(f"rank {r}'s GPU took {val / 1e3:.0f} us per step to consume received data, {ratio:.0f}x "
                       f"the other ranks, in {st.func} {st.seq}"), onset_ns=arrival[r])))
@@ -180,11 +199,18 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
             net[key] = adj / max(f.steps, 1)
             out_of.setdefault(s, set()).add(key)
             into.setdefault(f.peer, set()).add(key)
+    bar = NET_RATIO
     o = _outlier(net, NET_RATIO, STEP_FLOOR_NS, _reference(history, "net"))
+    soft = False
+    if o is None and known("net", len(net)):  # a milder outlier counts when its sender or receiver flagged it (more recurrences)
+        o = _outlier(net, SOFT_RATIO, STEP_FLOOR_NS, _reference(history, "net"))
+        if o is not None and not (flagged(o[0][0]) or flagged(o[0][1])):
+            o = None
+        soft, bar = o is not None, SOFT_RATIO
     if o is not None:
         (s, d, ch), val, ratio = o
         med = statistics.median(net.values())
-        slow = {k for k, x in net.items() if x >= max(val / 3, NET_RATIO / 2 * max(med, STEP_FLOOR_NS))}
+        slow = {k for k, x in net.items() if x >= max(val / 3, bar / 2 * max(med, STEP_FLOOR_NS))}
         if len(out_of.get(s, ())) > 1 and out_of[s] <= slow:
             cat, who, chan, peer = "slow_nic", s, None, None
             ev = f"all {len(out_of[s])} flows sent by rank {s} wait {ratio:.0f}x longer per step on the network"
@@ -194,12 +220,20 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         else:
             cat, who, chan, peer = "slow_flow", s, ch, d
             ev = f"flow rank {s} -> rank {d} on channel {ch} waits {ratio:.0f}x longer per step than its siblings"
-        cands.append((2.0 + min(ratio, 20) / 10, Finding(
-            kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
+        cands.append((2.0 + min(ratio, 20) / 10 - 4.0 * soft, Finding(
+            kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer, reason="soft" if soft else "",
             confidence=0.95 if ratio >= STRONG_RATIO else round(min(0.9, 0.5 + 0.01 * ratio), 3),
             evidence=ev + f" in {st.func} {st.seq}",
             onset_ns=arrival[s])))
 
+    # a flow far slower than its siblings that leads into (or out of) the GPU outlier explains it: the
+    # receiver's kernel queues behind the collective that flow delayed, so its other channels show GPU
+    # waits -- queueing, not a slow GPU
+    # (a slow GPU itself slows every flow into it alike: that reads slow_nic, never one slow_flow)
+    if len(cands) == 2 and cands[0][1].category == "slow_gpu" and cands[1][1].category == "slow_flow":
+        g, n = cands[0][1], cands[1][1]
+        if g.ranks[0] in (n.ranks[0], n.peer):
+            cands.pop(0)
     for name, vals in (("gpu", list(gpu.values())), ("net", list(net.values()))):
         for h in (history.get(name), history.get("job", {}).get(name)):
             if h is not None:
@@ -221,7 +255,11 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         sf = [f for f in v.flows if f.send and f.steps > 0]
         if sf:
             acc[r] = sum(f.gpu_wait_ns + f.net_wait_ns for f in sf) / sum(f.steps for f in sf)
-    if len(acc) >= 3 and not cands:
+    # (only in a collective that is slow as a whole: a late proxy delays the transfer itself, while in a
+    # healthy one some rank always waits least)
+    durs = sorted(v.ref.duration_ns for v in done.values())
+    slow_whole = baseline_ns is not None and durs[len(durs) // 2] >= factor * baseline_ns
+    if len(acc) >= 3 and slow_whole and all(c[1].reason == "soft" for c in cands):
         low = min(acc, key=lambda r: acc[r])
         rest = [x for r, x in acc.items() if r != low]
         med = statistics.median(rest)
@@ -233,10 +271,9 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
                           f"between GPU-ready and transmission (its proxy posted late)"), onset_ns=arrival[low])))
     # the late rank's own collective was short, so the agent did not export it: everybody else waited
     if not cands and len(missing) == 1 and len(done) >= 2:
-        durs = [v.ref.duration_ns for v in done.values()]
         bases = [v.ref.baseline_ns for v in done.values() if v.ref.baseline_ns > 0]
-        flagged = all(v.ref.anomaly in ("slow", "stalled") for v in done.values())
-        if flagged and bases and min(durs) >= 4 * max(factor, 2.0) / 2 * statistics.median(bases):
+        all_flagged = all(v.ref.anomaly in ("slow", "stalled") for v in done.values())
+        if all_flagged and bases and min(durs) >= 4 * max(factor, 2.0) / 2 * statistics.median(bases):
             r = missing[0]
             cands.append((0.5, Finding(
                 kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[r], confidence=0.6,
