@@ -92,10 +92,10 @@ class Verdict:
 
 
 def _identity(f: rca.Finding) -> set:
-    """The processes a hang verdict blames: (host, global rank); a dead process blames its whole host."""
-    out = {(h, g) for g in f.global_ranks for h in (f.hosts or [""])}
+    """The processes a hang verdict blames: (job, host, global rank); a dead process blames its whole host."""
+    out = {(f.job, h, g) for g in f.global_ranks for h in (f.hosts or [""])}
     if f.category == "process_exited" or f.reason == "stopped":
-        out |= {(h, "*") for h in f.hosts}
+        out |= {(f.job, h, "*") for h in f.hosts}
     return out
 
 
@@ -122,13 +122,13 @@ class Processor:
         self._hang_cand: dict[bytes, None] = {}
         self._slow_cand: dict[bytes, float] = {}
         self._deferred: dict[bytes, float] = {}
-        self._slow_hosts: list[tuple] = []  # (mono, trace id, culprit hosts) of slowdown verdicts
+        self._slow_hosts: list[tuple] = []  # (mono, trace id, job, culprit hosts) of slowdown verdicts
         self._waits_on: dict[bytes, set] = {}  # deferred hang trace -> the hung traces it waits for
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._slow_votes: dict[tuple, list] = {}
         self._history: dict[str, dict] = {}
-        self._job_history = {"gpu": deque(maxlen=1024), "net": deque(maxlen=1024)}
+        self._job_history: dict[str, dict] = {}  # job -> its recent per-step values, all communicators
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0, "slow_candidates": 0}
@@ -381,7 +381,13 @@ class Processor:
                 if len(self._history) > 4096:
                     self._history.pop(next(iter(self._history)))
                 hist = self._history[st.comm] = {"gpu": deque(maxlen=256), "net": deque(maxlen=256)}
-            hist["job"] = self._job_history  # the reference while this communicator's own is thin
+            job = st.job
+            jh = self._job_history.get(job)
+            if jh is None:
+                if len(self._job_history) > 256:
+                    self._job_history.pop(next(iter(self._job_history)))
+                jh = self._job_history[job] = {"gpu": deque(maxlen=1024), "net": deque(maxlen=1024)}
+            hist["job"] = jh  # the reference while this communicator's own is thin
             f = slowdown.analyse_slowdown(st, base, self.slow_factor, history=hist)
         except Exception:
             log.exception("slowdown analysis failed for trace %s", st.trace_id.hex())
@@ -401,7 +407,7 @@ class Processor:
         # a fault persists, jitter moves around: the same culprit must come back before we name it
         self._fill_identity(st, f)
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
-        key = (f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
+        key = (f.job, f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
         seen = [x for x in self._slow_votes.get(key, []) if mono - x[0] <= SLOW_WINDOW_S and x[1] != st.trace_id]
         seen.append((mono, st.trace_id, f.onset_ns, f.reason != "soft"))
         self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
@@ -420,7 +426,9 @@ class Processor:
         return self._emit(st, f, now_ns, mono, dt)
 
     def _fill_identity(self, st, f: rca.Finding) -> None:
-        """Global ranks and hosts of culprits that sent nothing in this trace, from other traces of the comm."""
+        """The job, and global ranks and hosts of culprits that sent nothing in this trace (from other
+        traces of the comm)."""
+        f.job = f.job or st.job
         if len(f.global_ranks) == len(f.ranks) and f.hosts:
             return
         g, hosts = [], list(f.hosts)
@@ -442,7 +450,7 @@ class Processor:
             return None
         mine = _identity(f)
         for (t, tid, procs) in self._hang_culprits:
-            if mono - t <= INCIDENT_WINDOW_S and (mine & procs or any((h, "*") in procs for h, _ in mine)):
+            if mono - t <= INCIDENT_WINDOW_S and (mine & procs or any((j, h, "*") in procs for j, h, _ in mine)):
                 return tid
         return None
 
@@ -456,12 +464,12 @@ class Processor:
         if f.kind == sc.KIND_SLOWDOWN and f.category != "coll_mismatch":
             # one slowdown incident per culprit process, whatever communicator, category or channel
             # shows it next (a slow GPU slows all its communicators; a slow flow shows on sibling channels)
-            key = (f.kind, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)))
+            key = (f.kind, f.job, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)))
             # ... and, for milder outliers, per host: its other ranks wait for it in their intra-node (TP)
             # collectives, so their next collectives start late and read as a slow GPU or flow of their
             # own -- symptoms (a strong outlier on the same host is a fault of its own)
-            for (t, tid, hosts) in self._slow_hosts if f.reason == "soft" else ():
-                if mono - t <= INCIDENT_WINDOW_S and hosts & set(f.hosts):
+            for (t, tid, job, hosts) in self._slow_hosts if f.reason == "soft" else ():
+                if mono - t <= INCIDENT_WINDOW_S and job == f.job and hosts & set(f.hosts):
                     st.explained_by = tid
                     self.counts["deduped"] += 1
                     return None
@@ -484,7 +492,7 @@ class Processor:
             self._hang_culprits.append((mono, st.trace_id, _identity(f)))
             del self._hang_culprits[:-256]
         elif f.category != "coll_mismatch" and f.hosts:
-            self._slow_hosts.append((mono, st.trace_id, set(f.hosts)))
+            self._slow_hosts.append((mono, st.trace_id, f.job, set(f.hosts)))
             del self._slow_hosts[:-256]
         self.verdicts.append(v)
         return v

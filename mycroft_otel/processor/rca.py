@@ -52,6 +52,7 @@ class Finding:
     global_ranks: list[int] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     reason: str = ""               # how the walk ended: silent, not_entered, stopped, exited, gpu, flow, ...
+    job: str = ""                  # the job's MYCROFT_JOB_ID: incidents never merge across jobs
     waiting: list[int] = field(default_factory=list)  # ranks in flight that wait (the walk's start points)
 
 

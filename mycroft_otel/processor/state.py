@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from mycroft_otel.processor.spans import INFLIGHT, OP, STATUS, SpanRef
 from mycroft_otel import semconv as sc
 
-ProcKey = tuple  # (host, "g", global_rank) or (host, "p", pid)
+ProcKey = tuple  # (host, "g", global_rank, job) or (host, "p", pid, job)
 
 
 def proc_key(ref: SpanRef) -> ProcKey | None:
+    """The GPU/process a span speaks for; the job keeps two jobs sharing a host apart."""
     host = ref.resource.host
     if ref.global_rank >= 0:
-        return (host, "g", ref.global_rank)
+        return (host, "g", ref.global_rank, ref.resource.job)
     if ref.resource.pid >= 0:
-        return (host, "p", ref.resource.pid)
+        return (host, "p", ref.resource.pid, ref.resource.job)
     return None
 
 
@@ -53,6 +54,14 @@ class TraceState:
     ranks_changed_mono: float = 0.0  # when a rank was last heard from for the first time in this trace
 
     # -- views -----------------------------------------------------------------------------
+
+    @property
+    def job(self) -> str:
+        """The job (resource ``mycroft.job.id``) whose spans this trace holds."""
+        for refs in (self.op, self.inflight, self.status):
+            for ref in refs.values():
+                return ref.resource.job
+        return ""
     def stalled_ranks(self) -> list[int]:
         """Ranks whose latest evidence is in flight (no completed span yet)."""
         return [r for r in self.inflight if r not in self.op]

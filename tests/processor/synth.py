@@ -78,6 +78,7 @@ class R:
     host: str = ""
     global_rank: int = -1
     pid: int = 1000
+    job: str = JOB
 
 
 def comm_hex(comm: int) -> str:
@@ -151,7 +152,7 @@ def request(items: list[tuple[R, trace_pb2.Span]]) -> trace_service_pb2.ExportTr
     for r, span in items:
         res = resource_pb2.Resource(attributes=kvs({
             sc.SERVICE_NAME: "mycroft-otel-agent", sc.HOST_NAME: r.host or f"node-{r.rank // 8}",
-            sc.PROCESS_PID: r.pid + r.rank, sc.JOB_ID: JOB}))
+            sc.PROCESS_PID: r.pid + r.rank, sc.JOB_ID: r.job}))
         rs = req.resource_spans.add(resource=res)
         rs.scope_spans.add().spans.append(span)
     return req
@@ -161,11 +162,12 @@ class Ring:
     """A ring collective's spans; mutate ``ranks`` to inject a fault, then :meth:`request`."""
 
     def __init__(self, n: int, nch: int = 2, comm: int = 0x5F3A9C0E12AB44D1, seq: int = 17,
-                 t0: int | None = None, steps: int = 16, dur_ns: int = 5_000_000, global_base: int = 0):
+                 t0: int | None = None, steps: int = 16, dur_ns: int = 5_000_000, global_base: int = 0,
+                 job: str = JOB):
         self.n, self.nch, self.comm, self.seq, self.steps = n, nch, comm, seq, steps
         self.t0 = t0 if t0 is not None else time.time_ns() - 10_000_000_000
         self.dur = dur_ns
-        self.tid = ids.coll_trace_id(JOB, comm, seq)
+        self.tid = ids.coll_trace_id(job, comm, seq)
         self.ranks: dict[int, R] = {}
         for r in range(n):
             flows = []
@@ -175,7 +177,7 @@ class Ring:
                 flows.append(F(c, False, (r - 1) % n, steps, start=self.t0, end=self.t0 + dur_ns,
                                last=self.t0 + dur_ns, gpu_wait=steps * 20_000, net_wait=steps * 100_000))
             self.ranks[r] = R(r, "op", flows, start=self.t0, end=self.t0 + dur_ns, last_progress=self.t0 + dur_ns,
-                              global_rank=global_base + r)
+                              global_rank=global_base + r, job=job)
 
     # -- faults -------------------------------------------------------------------------------------
     def hang_all(self, k: int = 5, when: int | None = None, snap_time: int | None = None) -> None:

@@ -207,3 +207,17 @@ def test_two_faults_two_comms_two_verdicts():
     proc.ingest_request(b.request())
     vs = sorted(proc.tick(), key=lambda v: v.comm)
     assert [(v.category, v.finding.ranks) for v in vs] == [("gpu_stalled", [2]), ("net_send_stalled", [6])]
+
+
+def test_two_jobs_on_the_same_hosts_are_two_incidents():
+    """Jobs share hosts and global rank numbers; a dead process of one job explains nothing of the other."""
+    a = Ring(8, comm=0xA1, job="job-a")
+    a.absent(3, "process_exited")
+    b = Ring(8, comm=0xB2, job="job-b")
+    b.gpu_stall(3)
+    proc = Processor(env={})
+    proc.ingest_request(a.request())
+    proc.ingest_request(b.request())
+    vs = sorted(proc.tick() + proc.tick(), key=lambda v: v.comm)
+    assert [(v.category, v.finding.ranks, v.finding.job) for v in vs] == [
+        ("process_exited", [3], "job-a"), ("gpu_stalled", [3], "job-b")]
