@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_isolated
+from native_support import ROOT, run_isolated
 from mycroft_otel import native
 from mycroft_otel.config import VARS
 from mycroft_otel.native import Driver

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import build_recorder
+from native_support import build_recorder
 from events import Seq, p2p, ring_allreduce
 from mycroft_otel import native
 from mycroft_otel.native import NO_SLOT, Driver, EventType as T, State

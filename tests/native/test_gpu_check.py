@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, run_isolated
+from native_support import ROOT, run_isolated
 
 
 def test_gpu_check_dry_run(plugin_so, tmp_path):

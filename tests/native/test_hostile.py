@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import HERE, run_isolated
+from native_support import HERE, run_isolated
 
 CASES = ["null_handles", "after_stop", "after_finalize", "foreign_pxn", "garbage_parents", "cross_context",
          "out_of_range", "null_comm_name"]

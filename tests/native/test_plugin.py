@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import HERE, ROOT
+from native_support import HERE, ROOT
 from events import Seq, p2p, ring_allreduce, tree_allreduce
 from mycroft_otel import native
 from mycroft_otel.native import Driver, OpKind, WaitState
