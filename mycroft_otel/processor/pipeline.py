@@ -36,6 +36,8 @@ log = logging.getLogger("mycroft_otel.processor")
 
 INCIDENT_WINDOW_S = 120.0
 SLOW_CONFIRM = 3       # slow collectives naming the same culprit process before a slowdown verdict
+STRONG_CONFIRM = 2     # ... when they are far beyond any jitter (slowdown.STRONG_RATIO); never one alone:
+                       #     a descheduled proxy thread can hold one flow for tens of ms once
 SOFT_CONFIRM = 5       # ... when they are milder outliers (slowdown.SOFT_RATIO), flagged by the culprit's agent
 SOFT_WINDOW_S = 5.0    # ... within this window
 SLOW_WINDOW_S = 30.0   # ... within this window
@@ -398,10 +400,13 @@ class Processor:
             return None
         if f.category == "coll_mismatch":
             return self._emit(st, f, now_ns, mono, dt)
-        # while a collective of this job is stalling, slow collectives around it are its symptoms
+        # while a collective of this job is stalling, slow collectives around it are its symptoms -- once it
+        # has stalled for longer than this one took (under a heavy slowdown every collective stalls a while)
+        took = max((r.end_ns for r in st.op.values()), default=0) - min((r.start_ns for r in st.op.values()), default=0)
         for tid in self._hang_cand:
             o = self.store.get(tid)
-            if o is not None and o.verdict is None and detect.stall_ns(o, now_ns) >= 1_000_000_000:
+            if (o is not None and o.verdict is None and o.job == st.job
+                    and detect.stall_ns(o, now_ns) >= max(1_000_000_000, took)):
                 self.counts["slow_candidates"] += 1
                 return None
         # a fault persists, jitter moves around: the same culprit must come back before we name it
@@ -409,7 +414,8 @@ class Processor:
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
         key = (f.job, f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
         seen = [x for x in self._slow_votes.get(key, []) if mono - x[0] <= SLOW_WINDOW_S and x[1] != st.trace_id]
-        seen.append((mono, st.trace_id, f.onset_ns, f.reason != "soft"))
+        strength = 0 if f.reason == "soft" else 2 if f.confidence >= 0.95 else 1
+        seen.append((mono, st.trace_id, f.onset_ns, strength))
         self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
         if len(self._slow_votes) > 4096:
             for k in [k for k, v in self._slow_votes.items() if mono - v[-1][0] > SLOW_WINDOW_S]:
@@ -417,8 +423,9 @@ class Processor:
         # milder outliers (flagged by the culprit's own agent, below the bars) must persist longer
         # (and close together: a fault slows every collective, jitter comes back now and then)
         soft = [x for x in seen if mono - x[0] <= SOFT_WINDOW_S]
-        enough = sum(x[3] for x in seen) >= SLOW_CONFIRM or len(soft) >= SOFT_CONFIRM
-        if not enough and f.confidence < 0.95:
+        enough = (sum(x[3] >= 1 for x in seen) >= SLOW_CONFIRM or sum(x[3] == 2 for x in seen) >= STRONG_CONFIRM
+                  or len(soft) >= SOFT_CONFIRM)
+        if not enough:
             self.counts["slow_candidates"] += 1
             return None
         f.onset_ns = min(x[2] for x in seen if x[2] > 0) if any(x[2] > 0 for x in seen) else f.onset_ns

@@ -48,7 +48,7 @@ LATE_RATIO = 50.0  # the last arrival's lateness over the transfer time (healthy
 SOFT_RATIO = 12.0  # a milder outlier, when the culprit's own local rule flagged the collective (needs SOFT_CONFIRM)
 SOFT_GPU_RATIO = 20.0  # the GPU's (healthy GPU waits per step reach ~14x the median on a loaded machine)
 SOFT_HISTORY = 8  # ... and only once the communicator's own history holds this many earlier collectives' values
-STRONG_RATIO = 500.0  # so far beyond any jitter that one collective suffices (confidence 0.95)
+STRONG_RATIO = 500.0  # so far beyond any jitter that two collectives suffice (confidence 0.95, pipeline.STRONG_CONFIRM)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 
 
@@ -142,12 +142,12 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
     if mm is not None:
         rca._decorate(st, views, mm)
         return mm
-    if st.inflight:
-        f = _recovered_stall(st, views)
-        if f is not None:
-            return f
+    # stalled, then recovered: what the in-flight snapshots show -- unless the completed counters name a
+    # clear outlier themselves (a slow GPU stalls every collective, and snapshots of waits in a ring of
+    # waiting ranks often read as a cycle at a bystander)
+    recovered = _recovered_stall(st, views) if st.inflight else None
     if not done:
-        return None
+        return recovered
     history = history if history is not None else {}
     missing = [r for r in range(st.nranks) if r not in views] if st.nranks <= 4096 else []
     arrival = {r: _arrival(v) for r, v in done.items()}
@@ -280,9 +280,11 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
                 evidence=(f"all {len(done)} other ranks waited {statistics.median(durs) / 1e6:.1f} ms in {st.func} "
                           f"{st.seq} (>= {min(durs) / statistics.median(bases):.0f}x their baseline) while rank {r} "
                           f"was not slow at all: it arrived late"), onset_ns=first)))
+    cands.sort(key=lambda c: -c[0])
+    if recovered is not None and (not cands or cands[0][1].reason == "soft"):
+        return recovered
     if not cands:
         return None
-    cands.sort(key=lambda c: -c[0])
     f = cands[0][1]
     rca._decorate(st, views, f)
     return f
