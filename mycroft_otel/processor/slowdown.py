@@ -209,7 +209,7 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         soft, bar = o is not None, SOFT_RATIO
     if o is not None:
         (s, d, ch), val, ratio = o
-        med = statistics.median(net.values())
+        med = val / ratio  # the reference: the other flows and the history (in a p2p all flows may be slow)
         slow = {k for k, x in net.items() if x >= max(val / 3, bar / 2 * max(med, STEP_FLOOR_NS))}
         if len(out_of.get(s, ())) > 1 and out_of[s] <= slow:
             cat, who, chan, peer = "slow_nic", s, None, None
@@ -219,7 +219,7 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
             ev = f"all {len(into[d])} flows into rank {d} wait {ratio:.0f}x longer per step on the network"
         else:
             cat, who, chan, peer = "slow_flow", s, ch, d
-            ev = f"flow rank {s} -> rank {d} on channel {ch} waits {ratio:.0f}x longer per step than its siblings"
+            ev = f"flow rank {s} -> rank {d} on channel {ch} waits {ratio:.0f}x the typical wait per step"
         cands.append((2.0 + min(ratio, 20) / 10 - 4.0 * soft, Finding(
             kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer, reason="soft" if soft else "",
             confidence=0.95 if ratio >= STRONG_RATIO else round(min(0.9, 0.5 + 0.01 * ratio), 3),
@@ -234,7 +234,12 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
         g, n = cands[0][1], cands[1][1]
         if g.ranks[0] in (n.ranks[0], n.peer):
             cands.pop(0)
+    # the history learns what is normal: not from a collective where it just found an outlier of that kind
+    # (a p2p trace brings 2 values: two slow ones would soon make slow the norm)
+    found = {"gpu" if c[1].category == "slow_gpu" else "net" for c in cands if c[1].reason != "soft"}
     for name, vals in (("gpu", list(gpu.values())), ("net", list(net.values()))):
+        if name in found:
+            continue
         for h in (history.get(name), history.get("job", {}).get(name)):
             if h is not None:
                 h.extend(vals)
