@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default="builtin", help="builtin, or a YAML/JSON file of scenarios")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these scenarios")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
-    p.add_argument("--keep", action="store_true", help="keep each scenario's rings and component logs")
+    p.add_argument("--keep", action="store_true", help="keep each scenario's rings, component logs and the processor's input (otlp.rec, for processor.replay)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
 
 

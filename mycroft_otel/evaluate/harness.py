@@ -106,7 +106,9 @@ def run_scenario(sc: Scenario, sink: Sink, stall_ms: int, keep_dir: bool = False
     proc_env = dict(base_env, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{sink.port}",
                     OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_SERVICE_NAME="mycroft-eval-processor")
     processor = _start("processor", py + ["processor", "--bind", "127.0.0.1", "--grpc-port", str(grpc_port),
-                                          "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
+                                          "--http-port", str(http_port), "--metrics-port", str(metrics_port)]
+                       # --keep: the processor's input too, for `python -m mycroft_otel.processor.replay`
+                       + (["--record", os.path.join(work, "otlp.rec")] if keep_dir else []),
                        proc_env, work)
     deadline = time.monotonic() + 15
     while processor.alive() and not _port_open(grpc_port) and time.monotonic() < deadline:
