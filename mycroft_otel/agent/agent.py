@@ -43,6 +43,7 @@ MAX_READS_PER_POLL = 8
 MAX_STATUS_BACKOFF_NS = 60_000_000_000
 HISTORY = 64  # unexported completions kept per ring, for when a local peer flags the same collective
 FLAGGED = 4096  # (comm, seq) flagged anomalous by some local rank, remembered
+RECENT_ON_STALL = 4  # unexported completions of the communicator exported with a rank's first stalled snapshot
 VECTOR_MIN = 24  # batches of at least this many spans go through the vectorised encoder
 STALE_RING_NS = 600_000_000_000  # a crashed writer's ring older than this at discovery is history, not evidence
 
@@ -67,6 +68,7 @@ class _Ctx:
     busy: bool = False            # something in flight at the last poll
     idle_emits: int = 0           # not_entered emissions in the current idle period
     idle_next: int = 0            # monotonic ns of the next not_entered emission
+    recent_sent: bool = False     # recent completions already exported in this idle period
     exit_emits: int = 0
     flow_rule: FlowRule = field(default_factory=FlowRule)  # slow by the flows' own waits (skew-proof)
     exit_next: int = 0
@@ -216,6 +218,7 @@ class Agent:
         if ctx.busy:
             ctx.idle_emits = 0
             ctx.idle_next = 0
+            ctx.recent_sent = False
         if st != PROC_EXITED:
             self._snapshots(ctx, live, out, now, st == PROC_STOPPED)
         # summary window
@@ -347,10 +350,20 @@ class Agent:
         op = slot["op"]
         last = max(int(op["last_progress_ns"]), int(op["start_ns"]))
         anomaly = sc.ANOMALY_STALLED if now - last >= self.s.inflight_after_ns else sc.ANOMALY_SLOW
+        if anomaly == sc.ANOMALY_STALLED and inf.anomaly != sc.ANOMALY_STALLED:
+            self._recent(ctx, out)
         inf.anomaly = anomaly
         out.append(ctx.builder.inflight_span(slot, k, ctx.src.to_real(now), anomaly, stopped))
         ctx.had_inflight[int(op["op_id"])] = anomaly
         inf.k = k
+
+    def _recent(self, ctx: _Ctx, out: list[bytes]) -> None:
+        """Export the rank's last unexported completions on the communicator, once a wait begins (its op
+        stalls, or it sits idle while a local peer waits). A mismatched collective rarely hangs where it was
+        called (NCCL's steps run on as one stream per connection): its culprit is stuck, or idle, collectives
+        later, and the processor needs the culprit's own record of the mismatched one to compare signatures."""
+        for _ in range(min(RECENT_ON_STALL, len(ctx.history))):
+            out.append(ctx.builder.op_span_generic(ctx.history.pop()[1]))
 
     # --- status evidence ------------------------------------------------------------------------
     def _status(self, now: int, pending: dict[str, list[bytes]], pstate: dict[int, str]) -> None:
@@ -390,6 +403,9 @@ class Agent:
             out.append(ctx.builder.status_span(sc.STATUS_NOT_ENTERED, trace, nxt, ctx.last_seq,
                                                src.to_real(idle_since), src.to_real(now), text,
                                                st == PROC_STOPPED))
+            if not ctx.recent_sent and ctx.baselines.unusual_idle(idle_for):
+                self._recent(ctx, out)
+                ctx.recent_sent = True
             ctx.idle_emits += 1
             backoff = min(self.s.idle_after_ns * (2 ** ctx.idle_emits), MAX_STATUS_BACKOFF_NS)
             ctx.idle_next = idle_since + backoff if ctx.idle_emits < 6 else now + MAX_STATUS_BACKOFF_NS

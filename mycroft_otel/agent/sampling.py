@@ -100,6 +100,12 @@ class Baselines:
             e = d[key] = _Ewma(self.warmup)
         return e
 
+    def unusual_idle(self, idle_ns: int) -> bool:
+        """An idle time longer than factor x the longest usual gap before an operation (any function and
+        size), once the gaps are learnt: this rank is not merely between steps."""
+        usual = [e.value + self.k_dev * e.dev for e in self._gap.values() if e.n >= self.warmup]
+        return bool(usual) and idle_ns >= self.factor * max(max(usual), self.min_excess_ns)
+
     def classify(self, func: int, nbytes: int, arrive_ns: int, end_ns: int) -> tuple[str, int, int | None] | None:
         """Update with one completed op; (anomaly, baseline_ns, gap_ns or None) when anomalous."""
         key = (func, int(nbytes).bit_length())

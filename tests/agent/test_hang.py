@@ -176,3 +176,26 @@ def test_snapshot_numbers_continue_across_agent_restart(tmp_path, otel_env):
     run.close()
     again = min(s["attrs"][sc.SNAPSHOT_SEQ] for s in otel_env.sink.named(sc.INFLIGHT_SPAN))
     assert again >= first >= 1  # continues (same period: same k, later end), no second "snapshot 0"
+
+
+def test_a_wait_exports_the_recent_completions(tmp_path, otel_env):
+    """A mismatched collective hangs collectives later: when rank 0 stalls and rank 1 sits unusually idle, each
+    exports its last 4 unexported completions (sampling is off), so the processor can compare what they called."""
+    r0 = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    r1 = FakeRing(tmp_path / "r1", rank=1, nranks=2)
+    t = time.monotonic_ns() - 40_000_000
+    for i in range(12):  # regular 3 ms cadence: no op is anomalous by itself
+        r0.complete(r0.make_op(start_ns=t, end_ns=t + 1_000_000))
+        # rank 1 called collective 10 with another count
+        r1.complete(r1.make_op(start_ns=t, end_ns=t + 1_000_000, count=(2 << 20) if i == 10 else 1 << 20))
+        t += 3_000_000
+    r0.begin(r0.make_op(done=3, wait_state=(1, 6)))
+    run = Running(make_agent(tmp_path, **FAST))
+    sink = otel_env.sink
+    ops = lambda s: [x for x in s if x["name"] == "nccl.AllReduce"]  # noqa: E731
+    assert sink.wait_for(lambda s: len(ops(s)) >= 8, timeout=5)
+    run.close()
+    got = {(x["attrs"][sc.RANK], x["attrs"][sc.COLL_SEQ]): x["attrs"] for x in ops(sink.spans)}
+    assert sorted(got) == [(r, q) for r in (0, 1) for q in (8, 9, 10, 11)]
+    assert got[(1, 10)][sc.COLL_COUNT] == 2 << 20 and got[(0, 10)][sc.COLL_COUNT] == 1 << 20
+    assert all(sc.ANOMALY not in a for a in got.values())
