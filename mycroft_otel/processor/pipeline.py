@@ -336,6 +336,10 @@ class Processor:
             key = key or self.store.proc_of.get((st.comm, r))
             if key is None:
                 continue
+            if key[1] == "p" and any(proc_key(x) == key for x in st.inflight.values()):
+                # known only by its process, which holds another rank waiting right here: that process is
+                # not stuck elsewhere, this rank of it is missing (several GPUs per process)
+                continue
             others += [o for o in self.store.busy_elsewhere(key, st.trace_id)
                        if (o.comm != st.comm or o.seq < st.seq) and o.has_hang_evidence()]
         if not others:
