@@ -157,6 +157,10 @@ ANOMALY_SLOW = "slow"        # duration >= MYCROFT_SLOW_FACTOR x the running bas
 ANOMALY_LATE = "late"        # the rank started late: gap since its previous op >= factor x baseline gap
 ANOMALY_STALLED = "stalled"  # in flight past MYCROFT_INFLIGHT_AFTER_MS without progress for that long
 GAP_NS = "mycroft.gap_ns"    # time since the rank's previous op on this communicator ended (late starts)
+# How many of the rank's last 8 collectives on this communicator its local rules flagged slow (this one included):
+# the persistence of a slowdown, carried inside each trace so that a processor needs no other trace to see it
+ANOMALY_RECENT = "mycroft.anomaly.recent"
+RECENT_WINDOW = 8
 HOST = "host.name"           # also set on rank spans (copy of the resource's host.name) for span-only readers
 OP_STATE_COMPLETED = "completed"
 OP_STATE_IN_FLIGHT = "in_flight"

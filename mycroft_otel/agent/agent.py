@@ -69,6 +69,7 @@ class _Ctx:
     idle_emits: int = 0           # not_entered emissions in the current idle period
     idle_next: int = 0            # monotonic ns of the next not_entered emission
     recent_sent: bool = False     # recent completions already exported in this idle period
+    slow_marks: deque = field(default_factory=lambda: deque(maxlen=sc.RECENT_WINDOW))  # last collectives flagged slow?
     exit_emits: int = 0
     flow_rule: FlowRule = field(default_factory=FlowRule)  # slow by the flows' own waits (skew-proof)
     exit_next: int = 0
@@ -267,6 +268,10 @@ class Agent:
             nf = int(ops["n_flows"][i])
             if nf and ctx.flow_rule.classify(funcs[i], nbytes[i], recs["flows"][i][:nf]) and an is None:
                 an = (sc.ANOMALY_SLOW, None, None)
+            if coll:
+                ctx.slow_marks.append(an is not None and an[0] == sc.ANOMALY_SLOW)
+                if ctx.slow_marks[-1]:
+                    an = (*an[:3], sum(ctx.slow_marks))
             if an is not None and coll and self.s.peer_export:
                 self._flag((ctx.src.comm_hash, seqs[i]))
             exported = (an is not None or sampled(traces[i], self.bound)
@@ -290,7 +295,7 @@ class Agent:
             out.extend(b.op_spans(sel, [traces[i] for i in keep], anomalies))
         else:  # a few spans: the generic writer is cheaper than the vectorised setup (same bytes)
             for i, an in zip(keep, anomalies):
-                out.append(b.op_span_generic(recs[i], *(an or (None, None, None))))
+                out.append(b.op_span_generic(recs[i], *(an or (None, None, None, None))))
 
     def _flag(self, key: tuple[int, int]) -> None:
         if key not in self.flagged:

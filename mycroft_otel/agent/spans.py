@@ -200,7 +200,7 @@ class SpanBuilder:
     # --- attributes (generic, readable reference) -----------------------------------------
     def op_attributes(self, op: Any, flows: np.ndarray, state: str, *, anomaly: str | None = None,
                       baseline: int | None = None, gap: int | None = None, snapshot: int | None = None,
-                      stopped: bool | None = None) -> list[tuple[str, Any]]:
+                      stopped: bool | None = None, recent: int | None = None) -> list[tuple[str, Any]]:
         s = self.src
         r = s.to_real
         kind, func = int(op["kind"]), int(op["func"])
@@ -239,6 +239,8 @@ class SpanBuilder:
                 a.append((sc.BASELINE_NS, int(baseline)))
             if gap is not None:
                 a.append((sc.GAP_NS, int(gap)))
+            if recent:
+                a.append((sc.ANOMALY_RECENT, int(recent)))
         if stopped is not None:
             a.append((sc.PROCESS_STOPPED, bool(stopped)))
         n = min(int(op["n_flows"]), len(flows))
@@ -284,7 +286,7 @@ class SpanBuilder:
         return self.src.to_real(api or start), self.src.to_real(int(op["end_ns"]))
 
     def op_span_generic(self, rec: Any, anomaly: str | None = None, baseline: int | None = None,
-                        gap: int | None = None) -> bytes:
+                        gap: int | None = None, recent: int | None = None) -> bytes:
         """A completed op span, slow and readable (reference for :meth:`op_spans`)."""
         op, flows = rec["op"], rec["flows"]
         kind, peer = int(op["kind"]), int(op["root_or_peer"])
@@ -293,7 +295,8 @@ class SpanBuilder:
         n = int(op["n_flows"])
         f = flows[:n]
         links = self.links(trace, kind, peer, f["channel"].tolist(), f["dir"].tolist(), f["peer"].tolist())
-        attrs = self.op_attributes(op, flows, sc.OP_STATE_COMPLETED, anomaly=anomaly, baseline=baseline, gap=gap)
+        attrs = self.op_attributes(op, flows, sc.OP_STATE_COMPLETED, anomaly=anomaly, baseline=baseline, gap=gap,
+                                   recent=recent)
         events = self.flow_events(op, flows) if self.detail_chunk else []
         return otlp.span(trace.to_bytes(16, "big"), ids.span_id(trace, self.src.rank, sc.ROLE_OP).to_bytes(8, "big"),
                          sc.op_span_name(func_name(int(op["func"]))), start, end, attrs, links, events)
@@ -302,7 +305,7 @@ class SpanBuilder:
     def op_spans(self, recs: np.ndarray, traces: Sequence[int], anomalies: Sequence[tuple | None]) -> list[bytes]:
         """Completed op spans of ``recs`` (RING_RECORD_DTYPE), vectorised; byte-identical to the generic path.
 
-        ``traces``: trace id per record; ``anomalies``: (kind, baseline, gap) or None per record.
+        ``traces``: trace id per record; ``anomalies``: (kind, baseline, gap[, recent]) or None per record.
         """
         R = len(recs)
         if R == 0:
@@ -413,6 +416,8 @@ class SpanBuilder:
                     parts.append(_attr(sc.BASELINE_NS, int(an[1])))
                 if an[2] is not None:
                     parts.append(_attr(sc.GAP_NS, int(an[2])))
+                if len(an) > 3 and an[3]:
+                    parts.append(_attr(sc.ANOMALY_RECENT, int(an[3])))
             parts.append(flow_bodies[i])
             n = nfl[i]
             if self.detail_chunk:

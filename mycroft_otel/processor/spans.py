@@ -85,7 +85,7 @@ _FLOW_AT = " flow_at"  # not an attribute key: where the flow arrays start
 _KEY_ATTRS = frozenset({
     sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE, sc.SNAPSHOT_SEQ,
     sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK, sc.COLL_BYTES, sc.TIME_LAST_PROGRESS,
-    sc.OP_KIND, sc.PROCESS_STOPPED, sc.COLL_COUNT, sc.COLL_DATATYPE,
+    sc.OP_KIND, sc.PROCESS_STOPPED, sc.COLL_COUNT, sc.COLL_DATATYPE, sc.ANOMALY_RECENT,
 })
 _RES_ATTRS = frozenset({sc.HOST_NAME, sc.PROCESS_PID, sc.SERVICE_NAME, sc.JOB_ID})
 
@@ -131,6 +131,7 @@ class SpanRef:
     flow_at: int = -1       # index of the first flow attribute (-1: none seen before the end)
     count: int = -1
     datatype: str = ""
+    recent: int = 0         # ANOMALY_RECENT: of the rank's last 8 collectives here, how many its rules flagged slow
     span: Any = field(repr=False, default=None)  # the protobuf Span
 
     @property
@@ -192,6 +193,7 @@ def span_ref(span: Any, resource: Resource) -> SpanRef | None:
         last_progress_ns=_int(a, sc.TIME_LAST_PROGRESS, 0), resource=resource, span=span,
         stopped=a.get(sc.PROCESS_STOPPED) is True, flow_at=a.get(_FLOW_AT, -1), count=_int(a, sc.COLL_COUNT),
         datatype=a.get(sc.COLL_DATATYPE) if isinstance(a.get(sc.COLL_DATATYPE), str) else "",
+        recent=max(0, min(_int(a, sc.ANOMALY_RECENT, 0), sc.RECENT_WINDOW)),
     )
 
 

@@ -73,6 +73,7 @@ class R:
     datatype: str = "ncclFloat32"
     anomaly: str = ""
     baseline: int = 0
+    recent: int = 0
     snapshot: int = 0
     stopped: bool = False
     host: str = ""
@@ -122,6 +123,8 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
             a[sc.ANOMALY] = r.anomaly
         if r.baseline:
             a[sc.BASELINE_NS] = r.baseline
+        if r.recent:
+            a[sc.ANOMALY_RECENT] = r.recent
     if r.kind == "op":
         name, sid, start, end = sc.op_span_name(r.func), ids.span_id(tid, r.rank, sc.ROLE_OP), r.start, r.end
     elif r.kind == "inflight":

@@ -164,6 +164,18 @@ def test_slowdowns(fault, cat, chan):
     assert (v.kind, v.category, v.finding.ranks, v.finding.channel) == ("slowdown", cat, [3], chan)
 
 
+@pytest.mark.parametrize("recent,named", [(0, False), (2, False), (3, True)])
+def test_one_trace_suffices_when_the_culprit_says_it_persists(recent, named):
+    """Behind trace-ID routing a processor sees one slow collective of the culprit; its span's
+    mycroft.anomaly.recent (its agent flagged it slow in that many of its last 8) stands for the recurrence."""
+    ring = Ring(8, nch=2, seq=40)
+    ring.slow_gpu(3)
+    ring.ranks[3].recent = recent
+    proc, vs = _run(ring)
+    vs += _settle(proc)
+    assert [(v.category, v.finding.ranks) for v in vs] == ([("slow_gpu", [3])] if named else [])
+
+
 def test_slow_but_no_clear_culprit_is_silent():
     ring = Ring(8)
     ring.slow()  # everybody uniformly slow: no culprit worth naming
