@@ -234,7 +234,9 @@ def test_cli_runs_serves_metrics_and_stops_on_sigterm(tmp_path, otel_env):
     ring = FakeRing(tmp_path / "r0.mycroft", rank=0, nranks=2)
     _feed(ring, 4)
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO), MYCROFT_SAMPLE_RATIO="1", MYCROFT_POLL_MS="50")
+    # the 4 ops and nothing else: no idle status span however slowly this box runs the test
+    env = dict(os.environ, PYTHONPATH=str(REPO), MYCROFT_SAMPLE_RATIO="1", MYCROFT_POLL_MS="50",
+               MYCROFT_IDLE_AFTER_MS="600000")
     p = subprocess.Popen([sys.executable, "-m", "mycroft_otel", "agent", "--ring-dir", str(tmp_path),
                           "--metrics-port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
     try:
