@@ -429,7 +429,8 @@ class Processor:
         soft = [x for x in seen if mono - x[0] <= SOFT_WINDOW_S]
         # ... or the culprit's own agent has flagged it slow that often lately (carried in this trace, so one
         # processor of several, seeing only its share of the collectives, needs no other trace)
-        local = max((st.op[r].recent for r in [*f.ranks, f.peer] if r in st.op), default=0)
+        # (not for a stall that recovered: on an overloaded host healthy collectives stall now and then)
+        local = 0 if f.recovered else max((st.op[r].recent for r in [*f.ranks, f.peer] if r in st.op), default=0)
         enough = (sum(x[3] >= 1 for x in seen) >= SLOW_CONFIRM or sum(x[3] == 2 for x in seen) >= STRONG_CONFIRM
                   or len(soft) >= SOFT_CONFIRM or local >= (SLOW_CONFIRM if strength else SOFT_CONFIRM))
         if not enough:

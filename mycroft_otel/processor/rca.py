@@ -53,6 +53,7 @@ class Finding:
     hosts: list[str] = field(default_factory=list)
     reason: str = ""               # how the walk ended: silent, not_entered, stopped, exited, gpu, flow, ...
     job: str = ""                  # the job's MYCROFT_JOB_ID: incidents never merge across jobs
+    recovered: bool = False        # a slowdown read from a stall that recovered (in-flight snapshots)
     waiting: list[int] = field(default_factory=list)  # ranks in flight that wait (the walk's start points)
 
 

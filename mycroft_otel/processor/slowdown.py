@@ -114,7 +114,7 @@ def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | No
                         evidence=(f"stalled, then recovered: rank{'s' if len(waiters) > 1 else ''} "
                                   f"{', '.join(map(str, waiters[:8]))} waited {stall_s:.1f} s in {st.func} {st.seq} "
                                   f"on {n} flow{'s' if n > 1 else ''} of rank {y}, which {why}"),
-                        onset_ns=min(ref.start_ns for ref in st.inflight.values()))
+                        onset_ns=min(ref.start_ns for ref in st.inflight.values()), recovered=True)
             rca._decorate(st, views, f)
             return f
     f = rca.analyse_hang(st, sviews)
@@ -122,6 +122,7 @@ def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | No
         return None  # a rank we did not hear from in a collective that completed was simply not slow
     cat = _FROM_HANG[f.category]
     f.kind = sc.KIND_SLOWDOWN
+    f.recovered = True
     if cat == "slow_proxy":
         f.channel = f.peer = None
         f.evidence = "stalled, then recovered: " + f.evidence.replace("stalled:", "waited:") + \
