@@ -125,6 +125,7 @@ class Processor:
         self._slow_cand: dict[bytes, float] = {}
         self._deferred: dict[bytes, float] = {}
         self._slow_hosts: list[tuple] = []  # (mono, trace id, job, culprit hosts) of slowdown verdicts
+        self._slow_comms: dict[tuple, tuple[float, bytes]] = {}  # (job, comm) -> (mono, trace id) of its slowdown verdict
         self._waits_on: dict[bytes, set] = {}  # deferred hang trace -> the hung traces it waits for
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._hang_culprits: list[tuple[float, bytes, set]] = []
@@ -472,6 +473,12 @@ class Processor:
     def _emit(self, st, f: rca.Finding, now_ns: int, mono: float, dt: float) -> Verdict | None:
         self._fill_identity(st, f)
         same = self._same_hang_incident(f, mono)
+        slow = self._slow_comms.get((f.job, st.comm))
+        if (same is None and f.kind == sc.KIND_HANG and f.confidence < 0.5 and slow is not None
+                and mono - slow[0] <= INCIDENT_WINDOW_S):
+            # a weak hang reading (a cycle of waits nobody explains) in a communicator a named culprit is
+            # slowing down right now: that culprit's incident, not a new one
+            same = slow[1]
         if same is not None:
             st.explained_by = same
             self.counts["deduped"] += 1
@@ -506,9 +513,13 @@ class Processor:
         if f.kind == sc.KIND_HANG:
             self._hang_culprits.append((mono, st.trace_id, _identity(f)))
             del self._hang_culprits[:-256]
-        elif f.category != "coll_mismatch" and f.hosts:
-            self._slow_hosts.append((mono, st.trace_id, f.job, set(f.hosts)))
-            del self._slow_hosts[:-256]
+        elif f.category != "coll_mismatch":
+            if f.hosts:
+                self._slow_hosts.append((mono, st.trace_id, f.job, set(f.hosts)))
+                del self._slow_hosts[:-256]
+            if len(self._slow_comms) > 4096:
+                self._slow_comms.pop(next(iter(self._slow_comms)))
+            self._slow_comms[(f.job, st.comm)] = (mono, st.trace_id)
         self.verdicts.append(v)
         return v
 
