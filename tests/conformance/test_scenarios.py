@@ -16,29 +16,24 @@ import pytest
 from harness import check, check_secondary
 from scenarios import SCENARIOS
 
-C_SHARED_PROC = ("processor pipeline._propagated: the absent rank shares its process with a rank stuck in another "
-                 "communicator's trace (several ranks per process); busy_elsewhere(process) defers the verdict "
-                 "for 2 x MYCROFT_STALL_MS waiting for a verdict that never comes")
-M_MISMATCH = ("mismatch: NCCL's steps are one continuous stream per connection, so the mismatched collective "
-              "does not hang by itself (the culprit's next collective feeds the others' current one); the hang "
-              "surfaces collectives later, where the culprit already completed and looks absent. The culprit's "
-              "span of the mismatched collective reaches the processor only if sampled (1%) or anomalous, so "
-              "rca.check_mismatch rarely sees both signatures and pipeline._mismatch_from_progress needs the "
-              "culprit's evidence in a later trace: the verdict is rank_absent (sometimes another rank of the "
-              "culprit's process) unless the timing happens to expose the 'moved on' shape")
-# Fixed since they were first recorded here (each was an xfail with its root cause until two full runs passed it):
+M_COUNT = ("mismatch_count: this harness keeps the culprit's reported count and only gives it more steps per "
+           "flow (real NCCL reports the other count, which rca.check_mismatch compares, with the culprit's record "
+           "exported once it waits); steps alone are not compared (they differ by position in a tree), so the "
+           "hang reads as rank_absent at a rank that moved on")
+# Fixed since they were first recorded here (each was an xfail with its root cause until full runs passed it):
 # the plugin counting repeated SendPeerWait as progress (0991636); collectives queued behind a stuck one of the
 # same communicator (d0e5894) or of another one on the same GPU analysed on their own; queueing scored as a slow
 # GPU and secondary slowdown verdicts at neighbours (the completed counters' outlier first, one incident per
-# culprit process); p2p slowdowns unnamed (the history learnt the slow values); Send compared with Recv (867874d).
-
-# Failing in the last runs (9.5 s instead of <= 6 s): xfail with the root cause, non-strict as the deferral
-# sometimes ends in time.
-XFAIL_VERDICT = {"rank_never_enters": C_SHARED_PROC}
+# culprit process); p2p slowdowns unnamed (the history learnt the slow values); Send compared with Recv (867874d);
+# an absent rank deferred while its process-mate waited in the same collective (C); the mismatched collective's
+# culprit record never exported (M: the agent now exports a waiting rank's last completions).
+# Deterministic failures: strict xfail (a fix turns them into a failing XPASS: then remove the entry). None now.
+XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
 # Timing-dependent ones (the wrong verdict wins a race in some runs): non-strict xfail, same precise cause.
-FLAKY = {"mismatch_func": M_MISMATCH, "mismatch_count": M_MISMATCH}
-FLAKY_SECONDARY = {"mismatch_func": M_MISMATCH, "mismatch_count": M_MISMATCH}
+# mismatch_count is named right in some runs (the culprit's progress into later collectives shows in time).
+FLAKY = {"mismatch_count": M_COUNT}
+FLAKY_SECONDARY: dict = {}
 
 
 def _params(table, faults_only=False):
@@ -48,7 +43,7 @@ def _params(table, faults_only=False):
             continue
         marks = [pytest.mark.slow]
         if sc.name in table:
-            marks.append(pytest.mark.xfail(strict=False, reason=table[sc.name]))
+            marks.append(pytest.mark.xfail(strict=True, reason=table[sc.name]))
         else:
             flaky = FLAKY if table is XFAIL_VERDICT else FLAKY_SECONDARY
             if sc.name in flaky:
