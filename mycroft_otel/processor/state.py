@@ -129,7 +129,7 @@ class TraceStore:
         self.evicted_ttl = 0
         self.evicted_size = 0
         # process -> {trace_id: None} where its latest evidence is in flight / not entered
-        self.inflight_by_proc: dict[ProcKey, dict[bytes, SpanRef]] = {}  # -> that process' in-flight evidence
+        self.inflight_by_proc: dict[ProcKey, dict[bytes, None]] = {}
         self.proc_of: dict[tuple[str, int], ProcKey] = {}  # (comm, rank) -> process
         self.seq_of: dict[tuple[str, int], int] = {}  # (comm, rank) -> highest collective seq it has evidence in
         self.trace_at: dict[tuple[str, int], bytes] = {}  # (comm, seq) -> trace id (collectives only)
@@ -180,7 +180,7 @@ class TraceStore:
                     self.proc_of.clear()
                 self.proc_of[ck] = key
             if ref.kind == INFLIGHT and ref.rank not in st.op:
-                self.inflight_by_proc.setdefault(key, {})[ref.trace_id] = ref
+                self.inflight_by_proc.setdefault(key, {})[ref.trace_id] = None
             elif ref.kind == OP:
                 d = self.inflight_by_proc.get(key)
                 if d is not None:
@@ -223,26 +223,26 @@ class TraceStore:
         return n
 
     def queued(self, st: TraceState) -> bool:
-        """A waiting rank of this collective still has an earlier collective in flight, of the same
-        communicator (NCCL runs them in order) or of another one launched before on the same GPU (one
-        stream runs its kernels in launch order: a DP hang stalls the TP collective behind it). This
-        one's lack of progress is then the earlier one's."""
+        """A waiting rank of this collective still has an earlier collective of the same communicator in
+        flight: NCCL runs them in order, so this one's lack of progress is the earlier one's.
+
+        (Not across communicators, although one GPU stream runs its kernels in launch order too: two traces
+        whose ranks each have an older op in the other -- a killed rank's ring and pipeline peers -- would
+        wait for each other forever. A TP collective behind a stuck DP one is named on its own, as the stuck
+        rank, or explained by propagation.)"""
         for r in st.stalled_ranks():
-            mine = st.inflight[r]
-            earlier: list[tuple[TraceState | None, SpanRef | None]] = []
-            for s in self.inflight_seqs.get((st.comm, r), ()):
-                if s < st.seq:
-                    o = self.traces.get(self.trace_at.get((st.comm, s), b""))
-                    earlier.append((o, o.inflight.get(r) if o is not None else None))
-            key = proc_key(mine)
-            for tid, ref in self.inflight_by_proc.get(key, {}).items() if key else ():
-                o = self.traces.get(tid)
-                if o is not None and o.comm != st.comm and ref.start_ns < mine.start_ns:
-                    earlier.append((o, ref))
-            for o, ref in earlier:
+            seqs = self.inflight_seqs.get((st.comm, r))
+            if not seqs or min(seqs) >= st.seq:
+                continue
+            mine = st.inflight[r].end_ns
+            for s in seqs:
+                if s >= st.seq:
+                    continue
+                o = self.traces.get(self.trace_at.get((st.comm, s), b""))
+                ref = o.inflight.get(r) if o is not None else None
                 # only while the earlier one is still being reported (a completion we never saw leaves a
                 # stale snapshot behind)
-                if ref is not None and ref.rank not in o.op and ref.end_ns >= mine.end_ns - 2_500_000_000:
+                if ref is not None and r not in o.op and ref.end_ns >= mine - 2_500_000_000:
                     return True
         return False
 
