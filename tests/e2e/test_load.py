@@ -59,7 +59,11 @@ def test_load_spans_sent_equal_spans_received(load):
     assert c["gateway_accepted"] == c["agent_spans_exported"], c
     assert c["gateway_refused"] == 0 and c["gateway_send_failed"] == 0, c
     assert c["gateway_sent_processors"] == c["gateway_accepted"], c
-    assert c["processors_received"] == c["agent_spans_exported"], c
+    # OTLP export is at-least-once: a batch the gateway retried after a processor answered too late (timeout
+    # 5 s, retry_on_failure) arrives twice -- harmless, span ids are deterministic and verdicts idempotent.
+    # Nothing may be lost; a few retried batches may repeat.
+    dup = c["processors_received"] - c["agent_spans_exported"]
+    assert 0 <= dup <= 0.01 * c["agent_spans_exported"], c
     # the trace store gets every agent span plus the processors' root-cause spans (through the gateway's
     # second receiver), nothing else
     assert c["store_accepted"] == c["agent_spans_exported"] + c["verdicts"], c
