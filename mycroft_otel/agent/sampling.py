@@ -67,6 +67,16 @@ class _Ewma:
         return self.fast >= factor * self.value and self.fast - self.value >= min_excess
 
 
+def _baseline(d: dict, key: tuple, warmup: int, max_keys: int) -> _Ewma:
+    """The running baseline of ``key`` in ``d``, created on first use; a full table starts over (bounded memory)."""
+    e = d.get(key)
+    if e is None:
+        if len(d) >= max_keys:
+            d.clear()
+        e = d[key] = _Ewma(warmup)
+    return e
+
+
 class Baselines:
     """The local slow / late rule for one rank context."""
 
@@ -93,12 +103,7 @@ class Baselines:
             e.add(x, self.alpha)
 
     def _get(self, d: dict, key: tuple) -> _Ewma:
-        e = d.get(key)
-        if e is None:
-            if len(d) >= self.max_keys:
-                d.clear()
-            e = d[key] = _Ewma(self.warmup)
-        return e
+        return _baseline(d, key, self.warmup, self.max_keys)
 
     def unusual_idle(self, idle_ns: int) -> bool:
         """An idle time longer than factor x the longest usual gap before an operation (any function and
@@ -206,12 +211,7 @@ class FlowRule:
         self._flow: dict[tuple, _Ewma] = {}
 
     def _get(self, d: dict, key: tuple) -> _Ewma:
-        e = d.get(key)
-        if e is None:
-            if len(d) >= self.max_keys:
-                d.clear()
-            e = d[key] = _Ewma(self.warmup)
-        return e
+        return _baseline(d, key, self.warmup, self.max_keys)
 
     def _check(self, d: dict, key: tuple, x: float) -> bool:
         e = self._get(d, key)
