@@ -20,6 +20,9 @@ M_COUNT = ("mismatch_count: this harness keeps the culprit's reported count and 
            "flow (real NCCL reports the other count, which rca.check_mismatch compares, with the culprit's record "
            "exported once it waits); steps alone are not compared (they differ by position in a tree), so the "
            "hang reads as rank_absent at a rank that moved on")
+P_P2P = ("pp_slow_transfer: a p2p trace holds only 2 values, so slowdown._outlier needs 8 values of the pp "
+         "communicator's own history first, and that history grows only from analysed p2p traces; in about 1 run "
+         "of 5 (2 of the last 10 full runs) the slow transfers are not named within 25 s")
 # Fixed since they were first recorded here (each was an xfail with its root cause until full runs passed it):
 # the plugin counting repeated SendPeerWait as progress (0991636); collectives queued behind a stuck one of the
 # same communicator (d0e5894) or of another one on the same GPU analysed on their own; queueing scored as a slow
@@ -32,7 +35,7 @@ XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
 # Timing-dependent ones (the wrong verdict wins a race in some runs): non-strict xfail, same precise cause.
 # mismatch_count is named right in some runs (the culprit's progress into later collectives shows in time).
-FLAKY = {"mismatch_count": M_COUNT}
+FLAKY = {"mismatch_count": M_COUNT, "pp_slow_transfer": P_P2P}
 FLAKY_SECONDARY: dict = {}
 
 
