@@ -20,4 +20,4 @@ nice "$CXX" -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -I"$root/native/inc
   "$here/noop_plugin.cc" -o "$out/libnoop-profiler.so"
 nice "$CXX" -std=c++17 -O2 -I"$root/native/include" "$here/bench.cc" -o "$out/plugin_hot_path" -ldl -lpthread
 echo "plugin: $plugin"
-"$out/plugin_hot_path" "$plugin" "$out/libnoop-profiler.so" "${2:-20000}" "${3:-7}"
+"$out/plugin_hot_path" "$plugin" "$out/libnoop-profiler.so" "${2:-20000}" "${3:-15}"

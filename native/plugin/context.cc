@@ -280,7 +280,7 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
     FreeContext(c);
     return Result::SystemError;
   }
-  c->n_proxy = cfg.live_slots * 16u;
+  c->n_proxy = cfg.live_slots * 16u;  // 16 per slot: StartProxyOp scans from the op's band
   if (c->n_proxy < 256) c->n_proxy = 256;
   if (c->n_proxy > kMaxProxyEntries) c->n_proxy = kMaxProxyEntries;
   c->slots = NewArray<SlotCtl>(c->live_slots);

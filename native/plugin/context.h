@@ -77,6 +77,7 @@ struct alignas(64) ProxyEntry {
   std::atomic<uint32_t> slot_gen{0};
   std::atomic<int32_t> flow{-1};  // index into the op's flows, -1 = not recorded (truncated)
   std::atomic<uint8_t> is_send{0};
+  std::atomic<uint32_t> oldest{UINT32_MAX};  // oldest unfinished step (UINT32_MAX: none)
   StepRec steps[kSteps];
 };
 
@@ -127,13 +128,13 @@ struct Context {
   ApiEntry* api = nullptr;
   std::atomic<uint64_t>* p2p_counts = nullptr;  // [peer * 2 + dir]
 
-  // Written per operation: kept off the lines the per-step path reads.
-  alignas(64) std::atomic<uint32_t> slot_hint{0};
-  std::atomic<uint32_t> proxy_hint{0};
-  std::atomic<uint64_t> api_cursor{0};
+  // Written per operation: kept off the lines the per-step path reads. Each is a
+  // counter NCCL's ordering needs; nothing else shared is written per op here (slot
+  // and ProxyEntry scans start from values the caller owns, op ids come from the
+  // header's ops_started), because every such word bounces between NCCL's threads.
+  alignas(64) std::atomic<uint64_t> api_cursor{0};
   std::atomic<uint64_t> coll_seq{0};
   std::atomic<uint32_t> group_seq{0};
-  std::atomic<uint64_t> next_op_id{1};
 
   // Last heartbeat written to the header; private so the per-callback check reads a line
   // that changes once per millisecond, not the header line the per-op counters share.

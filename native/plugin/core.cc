@@ -45,17 +45,18 @@ uint8_t NameIndex(const char* s, const char* const (&names)[N]) {
 
 // ---- live slots ---------------------------------------------------------------------
 // Slot generation modulo 4: 0 free, 1 initialising, 2 active (odd while the slot
-// header is being written, as shm_layout.h promises readers).
-bool ClaimSlot(Context* c, uint32_t* slot, uint32_t* odd_gen) {
+// header is being written, as shm_layout.h promises readers). The scan starts at
+// `hint`, a value the caller already owns (the op's sequence number): consecutive ops
+// land on consecutive slots, which their predecessors usually freed, and no shared
+// "next slot" word is written per op (it would bounce between NCCL's threads).
+bool ClaimSlot(Context* c, uint64_t hint, uint32_t* slot, uint32_t* odd_gen) {
   uint32_t n = c->live_slots;
-  uint32_t hint = c->slot_hint.load(std::memory_order_relaxed);
   for (uint32_t i = 0; i < n; ++i) {
-    uint32_t s = (hint + i) % n;
+    uint32_t s = uint32_t((hint + i) % n);
     LiveOp& L = c->live[s];
     uint32_t g = Ld(L.generation);
     if ((g & 3) != 0) continue;
     if (__atomic_compare_exchange_n(&L.generation, &g, g + 1, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-      c->slot_hint.store(s + 1, std::memory_order_relaxed);
       *slot = s;
       *odd_gen = g + 1;
       return true;
@@ -64,23 +65,24 @@ bool ClaimSlot(Context* c, uint32_t* slot, uint32_t* odd_gen) {
   return false;
 }
 
-// Handle of `kind` whose payload is (slot << 20 | ... | generation & gen_mask) -> live
-// slot, checking the generation (stale handles after completion) and the context.
-static bool SlotFromHandle(const void* h, uint32_t kind, uint32_t gen_mask, Context** cp, OpRef* r, Decoded* d) {
-  Context* c = Resolve(h, d);
-  *cp = c;
-  if (c == nullptr || d->kind != kind || !c->alive.load(std::memory_order_acquire)) return false;
-  uint32_t s = d->payload >> 20;
+// Decoded handle of `kind` whose payload is (slot << 20 | ... | generation & gen_mask)
+// -> live slot, checking the generation (stale handles after completion) and that the
+// context `c` it resolved to is alive. Callers resolve a handle once and pass it on.
+static bool SlotFromHandle(Context* c, const Decoded& d, uint32_t kind, uint32_t gen_mask, OpRef* r) {
+  if (c == nullptr || d.kind != kind || !c->alive.load(std::memory_order_acquire)) return false;
+  uint32_t s = d.payload >> 20;
   if (s >= c->live_slots) return false;
   uint32_t g = LdAcq(c->live[s].generation);
-  if ((g & 3) != 2 || (g & gen_mask) != (d->payload & gen_mask)) return false;
+  if ((g & 3) != 2 || (g & gen_mask) != (d.payload & gen_mask)) return false;
   *r = OpRef{c, s, g};
   return true;
 }
 
-bool OpFromHandle(const void* h, Context** cp, OpRef* r) {
-  Decoded d;
-  return SlotFromHandle(h, kHOp, 0xfffff, cp, r, &d);
+bool OpFromHandle(Context* c, const Decoded& d, OpRef* r) { return SlotFromHandle(c, d, kHOp, 0xfffff, r); }
+
+bool ParentOp(Context* c, const void* parent, OpRef* r) {
+  Decoded pd;
+  return Resolve(parent, &pd) == c && OpFromHandle(c, pd, r);
 }
 
 void Complete(Context* c, uint32_t s, uint64_t now) {
@@ -130,7 +132,7 @@ void MaxStore(uint64_t& f, uint64_t v) {
 Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   const bool p2p = (d.type == kEvP2p);
   uint8_t kind = uint8_t(shm::OpKind::kColl);
-  uint64_t seq;
+  uint64_t seq, slot_hint;
   uint8_t func = NameIndex(d.func, shm::kFuncNames);
   if (p2p) {
     int dir;
@@ -151,11 +153,13 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
     // Transfer number n per (peer, direction): the sender's n-th Send to a peer and
     // that peer's n-th Recv from the sender name the same transfer (design §2).
     seq = c->p2p_counts[size_t(d.peer) * 2 + dir].fetch_add(1, std::memory_order_relaxed);
+    slot_hint = seq * 2 * uint64_t(c->nranks) + uint64_t(d.peer) * 2 + uint64_t(dir);
     Add(dir == 0 ? c->hdr->p2p_send_count_total : c->hdr->p2p_recv_count_total, uint64_t{1});
   } else {
     // Per-context collective number: every rank calls the collectives of a
     // communicator in the same order, so this agrees across ranks.
     seq = c->coll_seq.fetch_add(1, std::memory_order_relaxed);
+    slot_hint = seq;
   }
 
   // API start time (v5+: parent is the CollApi/P2pApi handle).
@@ -174,7 +178,7 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   if (gh != nullptr && Resolve(gh, &gd) == c && gd.kind == kHGroup) group = gd.payload;
 
   uint32_t s, odd;
-  if (!ClaimSlot(c, &s, &odd)) {
+  if (!ClaimSlot(c, slot_hint, &s, &odd)) {
     Add(c->hdr->dropped_live_full, uint64_t{1});
     return Result::Success;
   }
@@ -191,7 +195,8 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
 
   OpInfo op;
   memset(&op, 0, sizeof(op));
-  op.op_id = c->next_op_id.fetch_add(1, std::memory_order_relaxed);
+  // The header's started count doubles as the op id (one shared RMW per op, not two).
+  op.op_id = Add(c->hdr->ops_started, uint64_t{1}) + 1;
   op.seq = seq;
   op.nccl_seq = p2p ? 0 : d.seq_number;
   op.count = d.count;
@@ -222,7 +227,6 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   // writer preempted between the two stores leaves nothing half-visible (no torn copy).
   StRel(L.generation, odd + 1);
   StRel(L.state, uint32_t(shm::SlotState::kActive));  // publish: the slot header is complete
-  Add(c->hdr->ops_started, uint64_t{1});
   *handle = MakeHandle(kHOp, c->index, c->inc, (s << 20) | ((odd + 1) & 0xfffff));
   return Result::Success;
 }
@@ -234,9 +238,8 @@ void StopOp(const OpRef& r, uint64_t now) {
 
 // ---- KernelCh -------------------------------------------------------------------------
 Result StartKernelCh(Context* c, void** handle, const Descr& d, uint64_t now) {
-  Context* pc;
   OpRef r;
-  if (!OpFromHandle(d.parent, &pc, &r) || pc != c) {
+  if (!ParentOp(c, d.parent, &r)) {
     CountBadHandle(c);
     return Result::Success;
   }
@@ -257,9 +260,8 @@ Result StartKernelCh(Context* c, void** handle, const Descr& d, uint64_t now) {
   return Result::Success;
 }
 
-bool KernelChFromHandle(const void* h, Context** cp, OpRef* r, uint32_t* ch) {
-  Decoded d;
-  if (!SlotFromHandle(h, kHKernelCh, 0xfff, cp, r, &d)) return false;
+static bool KernelChFromHandle(Context* c, const Decoded& d, OpRef* r, uint32_t* ch) {
+  if (!SlotFromHandle(c, d, kHKernelCh, 0xfff, r)) return false;
   *ch = (d.payload >> 12) & 0xff;
   return true;
 }
@@ -455,11 +457,10 @@ Result CoreStop(void* handle) {
   Context* c = Resolve(handle, &d);
   if (c == nullptr) return Result::Success;  // not ours (or a long-gone context)
   uint64_t now = NowNs();
-  Context* hc;
   switch (d.kind) {
     case kHOp: {
       OpRef r;
-      if (OpFromHandle(handle, &hc, &r)) {
+      if (OpFromHandle(c, d, &r)) {
         Beat(c, now);
         StopOp(r, now);
         return Result::Success;
@@ -469,7 +470,7 @@ Result CoreStop(void* handle) {
     case kHKernelCh: {
       OpRef r;
       uint32_t ch;
-      if (KernelChFromHandle(handle, &hc, &r, &ch)) {
+      if (KernelChFromHandle(c, d, &r, &ch)) {
         Beat(c, now);
         StopKernelCh(r, ch, now);
         return Result::Success;
@@ -478,7 +479,7 @@ Result CoreStop(void* handle) {
     }
     case kHProxyOp: {
       ProxyRef r;
-      if (ProxyFromHandle(handle, false, &hc, &r)) {
+      if (ProxyFromHandle(c, d, false, &r)) {
         Beat(c, now);
         StopProxyOp(r, now);
         return Result::Success;
@@ -487,7 +488,7 @@ Result CoreStop(void* handle) {
     }
     case kHProxyStep: {
       ProxyRef r;
-      if (ProxyFromHandle(handle, true, &hc, &r)) {
+      if (ProxyFromHandle(c, d, true, &r)) {
         StepRec& st = r.pe->steps[r.step_slot];
         if (st.active.load(std::memory_order_relaxed)) {
           Beat(c, now);
@@ -523,7 +524,6 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
     return Result::Success;
   }
   uint64_t now = NowNs();
-  Context* hc;
   switch (d.kind) {
     case kHProxyStep: {
       ProxyRef r;
@@ -532,7 +532,7 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
         CountBadDescr(c);
         return Result::Success;
       }
-      if (ProxyFromHandle(handle, true, &hc, &r)) {
+      if (ProxyFromHandle(c, d, true, &r)) {
         StepRec& st = r.pe->steps[r.step_slot];
         if (st.active.load(std::memory_order_relaxed)) {
           Beat(c, now);
@@ -548,7 +548,7 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
       OpRef r;
       uint32_t ch;
       if (state != kStKernelChStop) return Result::Success;
-      if (KernelChFromHandle(handle, &hc, &r, &ch)) {
+      if (KernelChFromHandle(c, d, &r, &ch)) {
         if (has_args && arg_ptimer != 0) MaxStore(r.c->live[r.slot].op.kernel_end_ns, arg_ptimer);
         return Result::Success;
       }
@@ -556,12 +556,12 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
     }
     case kHProxyOp: {
       ProxyRef r;
-      if (ProxyFromHandle(handle, false, &hc, &r)) return Result::Success;  // ProxyOpInProgress: nothing to count
+      if (ProxyFromHandle(c, d, false, &r)) return Result::Success;  // ProxyOpInProgress: nothing to count
       break;
     }
     case kHOp: {
       OpRef r;
-      if (OpFromHandle(handle, &hc, &r)) return Result::Success;
+      if (OpFromHandle(c, d, &r)) return Result::Success;
       break;
     }
     case kHApi:

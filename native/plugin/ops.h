@@ -46,7 +46,8 @@ struct OpRef {
 inline bool StillLive(const OpRef& r) { return LdAcq(r.c->live[r.slot].generation) == r.gen; }
 
 // core.cc
-bool OpFromHandle(const void* h, Context** cp, OpRef* r);
+bool OpFromHandle(Context* c, const Decoded& d, OpRef* r);  // d: the handle as Resolve() decoded it into c
+bool ParentOp(Context* c, const void* parent, OpRef* r);     // live Coll/P2p handle of context c
 void Complete(Context* c, uint32_t s, uint64_t now);
 void Release(Context* c, uint32_t s, uint64_t now);
 bool AcquireRef(const OpRef& r, uint64_t now);
@@ -61,7 +62,7 @@ struct ProxyRef {
 };
 Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now);
 Result StartProxyStep(Context* c, void** handle, const Descr& d, uint64_t now);
-bool ProxyFromHandle(const void* h, bool step, Context** cp, ProxyRef* r);
+bool ProxyFromHandle(Context* c, const Decoded& d, bool step, ProxyRef* r);
 void StopProxyOp(const ProxyRef& r, uint64_t now);
 bool StepStateInfo(int state, uint8_t* wait, uint8_t* level);
 void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_t new_level, uint64_t bytes,

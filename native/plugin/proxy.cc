@@ -71,15 +71,16 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
     CountBadDescr(c);
     return Result::Success;
   }
-  Context* pc;
   OpRef r;
-  if (!OpFromHandle(d.parent, &pc, &r) || pc != c) {
+  if (!ParentOp(c, d.parent, &r)) {
     CountBadHandle(c);
     return Result::Success;
   }
-  // Claim a ProxyEntry.
+  // Claim a ProxyEntry. The pool holds 16 entries per live slot; the scan starts in the
+  // op's own band, at its flow, so concurrent ProxyOps start apart without a shared hint
+  // written per claim (an op with more flows spills into the next band: still correct).
   uint32_t n = c->n_proxy, idx = n;
-  uint32_t hint = c->proxy_hint.load(std::memory_order_relaxed);
+  uint32_t hint = r.slot * 16u + ((uint32_t(d.channel) * 2u + (d.is_send ? 1u : 0u)) & 15u);
   for (uint32_t i = 0; i < n; ++i) {
     uint32_t e = (hint + i) % n;
     uint32_t z = 0;
@@ -93,7 +94,6 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
     Add(c->hdr->dropped_flows, uint64_t{1});
     return Result::Success;
   }
-  c->proxy_hint.store(idx + 1, std::memory_order_relaxed);
   ProxyEntry& pe = c->proxy[idx];
   if (!AcquireRef(r, now)) {
     pe.busy.store(0, std::memory_order_release);
@@ -108,6 +108,7 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   pe.flow.store(fi, std::memory_order_relaxed);
   pe.is_send.store(d.is_send ? 1 : 0, std::memory_order_relaxed);
   for (uint32_t k = 0; k < kSteps; ++k) pe.steps[k].active.store(0, std::memory_order_relaxed);
+  pe.oldest.store(UINT32_MAX, std::memory_order_relaxed);
   LiveOp& L = c->live[r.slot];
   if (fi >= 0) {
     Flow& f = L.flows[fi];
@@ -123,11 +124,9 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   return Result::Success;
 }
 
-// Valid ProxyOp (or, with step=true, ProxyStep) handle of a live context.
-bool ProxyFromHandle(const void* h, bool step, Context** cp, ProxyRef* r) {
-  Decoded d;
-  Context* c = Resolve(h, &d);
-  *cp = c;
+// Valid ProxyOp (or, with step=true, ProxyStep) handle of the live context `c` it
+// resolved to.
+bool ProxyFromHandle(Context* c, const Decoded& d, bool step, ProxyRef* r) {
   if (c == nullptr || d.kind != (step ? kHProxyStep : kHProxyOp) || !c->alive.load(std::memory_order_acquire))
     return false;
   uint32_t idx = d.payload >> 18;
@@ -142,13 +141,16 @@ bool ProxyFromHandle(const void* h, bool step, Context** cp, ProxyRef* r) {
 
 void StopProxyOp(const ProxyRef& r, uint64_t now) {
   ProxyEntry& pe = *r.pe;
+  // Read which op the entry serves before freeing it: once busy is 0 another thread
+  // may claim the entry and overwrite slot/slot_gen, and we would release a reference
+  // of its op (completing it early) instead of ours.
+  uint32_t s = pe.slot.load(std::memory_order_relaxed);
+  OpRef op{r.c, s, pe.slot_gen.load(std::memory_order_relaxed)};
   uint32_t one = 1;
   if (!pe.busy.compare_exchange_strong(one, 0, std::memory_order_acq_rel)) {
     CountBadHandle(r.c);
     return;
   }
-  uint32_t s = pe.slot.load(std::memory_order_relaxed);
-  OpRef op{r.c, s, pe.slot_gen.load(std::memory_order_relaxed)};
   if (!StillLive(op)) {
     CountBadHandle(r.c);
     return;
@@ -172,6 +174,18 @@ bool StepStateInfo(int state, uint8_t* wait, uint8_t* level) {
 }
 
 // One step transition: start (new_level 0, wait kNone), a state, or stop (level 3).
+namespace {
+uint32_t OldestActiveStep(const ProxyEntry& pe) {
+  uint32_t best = UINT32_MAX;
+  for (uint32_t k = 0; k < kSteps; ++k) {
+    const StepRec& o = pe.steps[k];
+    uint32_t sn = o.step.load(std::memory_order_relaxed);
+    if (o.active.load(std::memory_order_relaxed) && sn < best) best = sn;
+  }
+  return best;
+}
+}  // namespace
+
 void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_t new_level, uint64_t bytes,
                 uint64_t now) {
   ProxyEntry& pe = *r.pe;
@@ -212,18 +226,28 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
   if (same_state && add_bytes == 0 && new_level <= old_level) return;
 
   if (fi < 0 || !StillLive(op)) return;
-  // Oldest unfinished step of this ProxyOp (at most kSteps outstanding).
-  uint32_t best_step = UINT32_MAX;
+  // The step the flow waits on: the oldest unfinished step of this ProxyOp. It changes
+  // only when an older step starts or the oldest one finishes (NCCL finishes steps in
+  // order), so the scan over the kSteps outstanding runs once per step, not per state.
+  uint32_t sn = st.step.load(std::memory_order_relaxed);
+  uint32_t best_step = pe.oldest.load(std::memory_order_relaxed);
+  if (new_level == 3 ? sn == best_step : sn < best_step) {
+    best_step = new_level == 3 ? OldestActiveStep(pe) : sn;
+    pe.oldest.store(best_step, std::memory_order_relaxed);
+  }
   uint8_t best_state = 0;
   uint64_t best_since = 0;
-  for (uint32_t k = 0; k < kSteps; ++k) {
-    StepRec& o = pe.steps[k];
-    if (!o.active.load(std::memory_order_relaxed)) continue;
-    uint32_t sn = o.step.load(std::memory_order_relaxed);
-    if (sn < best_step) {
-      best_step = sn;
-      best_state = o.state.load(std::memory_order_relaxed);
-      best_since = o.since.load(std::memory_order_relaxed);
+  if (best_step != UINT32_MAX) {
+    StepRec* o = &pe.steps[best_step % kSteps];
+    if (!o->active.load(std::memory_order_relaxed) || o->step.load(std::memory_order_relaxed) != best_step) {
+      // NCCL reused the oldest step's record out of order: fall back to the scan.
+      best_step = OldestActiveStep(pe);
+      pe.oldest.store(best_step, std::memory_order_relaxed);
+      o = best_step == UINT32_MAX ? nullptr : &pe.steps[best_step % kSteps];
+    }
+    if (o != nullptr) {
+      best_state = o->state.load(std::memory_order_relaxed);
+      best_since = o->since.load(std::memory_order_relaxed);
     }
   }
   LiveOp& L = r.c->live[s];
@@ -262,9 +286,9 @@ Result StartProxyStep(Context* c, void** handle, const Descr& d, uint64_t now) {
     CountBadDescr(c);
     return Result::Success;
   }
-  Context* pc;
+  Decoded pd;
   ProxyRef r;
-  if (!ProxyFromHandle(d.parent, false, &pc, &r) || pc != c) {
+  if (Resolve(d.parent, &pd) != c || !ProxyFromHandle(c, pd, false, &r)) {
     CountBadHandle(c);
     return Result::Success;
   }

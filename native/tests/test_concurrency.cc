@@ -164,6 +164,101 @@ TEST(Concurrency, UserProxyProfilerThreadsAndAReader) {
   p.Finalize(ctx);
 }
 
+// Two proxy threads on one context (NCCL may progress one communicator's ProxyOps from
+// more than one thread, e.g. a shared proxy state), each op with more flows than its band
+// of the ProxyEntry pool holds, so entries freed by one thread are claimed by the other.
+// Every op must complete exactly once with all its flows: a ProxyOp stop that released
+// the op of the entry's next owner (it read the entry after freeing it) completed that
+// op early and left the owner's own stop rejected as a bad handle.
+TEST(Concurrency, TwoProxyThreadsShareTheProxyEntries) {
+  ClearKnobs();
+  TempDir dir;
+  setenv("MYCROFT_LIVE_SLOTS", "8", 1);
+  setenv("MYCROFT_RING_RECORDS", "64", 1);
+  Prof p(7);
+  void* ctx = nullptr;
+  ASSERT_EQ(p.Init(&ctx, "proxies", 0x7777, 4, 2), nabi::Result::Success);
+  ClearKnobs();
+  const int kOps = 1000;
+  const uint8_t kCh = 12;  // 24 ProxyOps per op: past its band of 16 entries
+  Queue<int> to_proxy;
+  std::vector<void*> colls(kOps);
+  std::vector<std::atomic<int>> started(kOps);
+  std::atomic<int> launched{0}, kerneled{0};
+  std::thread user([&] {
+    for (int i = 0; i < kOps; ++i) {
+      while (launched.load() - kerneled.load() > 4) std::this_thread::yield();  // live slots: 8
+      colls[i] = p.CollLaunch(ctx, "AllReduce", uint64_t(i), 1);
+      launched++;
+      to_proxy.Push(i);
+    }
+  });
+  // Kernels run in launch order, each once its ProxyOps are posted (NCCL's constraint).
+  std::thread kernel([&] {
+    for (int i = 0; i < kOps; ++i) {
+      while (!started[i].load()) std::this_thread::yield();
+      p.KernelCh(ctx, colls[i], 0);
+      kerneled++;
+    }
+  });
+  std::atomic<int> taken{0};
+  auto proxy = [&] {
+    while (taken.load() < kOps) {
+      int i;
+      if (!to_proxy.Pop(&i)) {
+        std::this_thread::yield();
+        continue;
+      }
+      taken++;
+      void* c = colls[i];
+      // Start them all first, as the proxy thread does with the ops of one launch.
+      void* ops[2 * kCh];
+      for (int k = 0; k < 2 * kCh; ++k) {
+        Prof::E o;
+        o.type = kProxyOp;
+        o.parent = c;
+        o.channel = uint8_t(k / 2);
+        o.peer = k % 2 ? 1 : 3;
+        o.is_send = k % 2;
+        o.n_steps = 1;
+        o.chunk_size = 64;
+        ops[k] = p.Start(ctx, o);
+      }
+      started[i] = 1;
+      for (int k = 0; k < 2 * kCh; ++k) {
+        Prof::E st;
+        st.type = kProxyStep;
+        st.parent = ops[k];
+        void* h = p.Start(ctx, st);
+        p.Record(h, k % 2 ? kSendWait : kRecvFlushWait, 64);
+        p.Stop(h);
+        p.Stop(ops[k]);
+      }
+    }
+  };
+  std::thread proxy_a(proxy), proxy_b(proxy);
+  user.join();
+  kernel.join();
+  proxy_a.join();
+  proxy_b.join();
+
+  View v(dir.Files().at(0));
+  auto h = v.H();
+  EXPECT_EQ(h.ops_started, uint64_t(kOps));
+  EXPECT_EQ(h.ops_completed, uint64_t(kOps));
+  EXPECT_EQ(h.dropped_bad_handle, 0u);
+  EXPECT_EQ(h.dropped_flows, 0u);
+  EXPECT_EQ(v.Live().size(), 0u);
+  std::vector<shm::RingRecord> recs;
+  v.r.Read(0, 1000, &recs);
+  ASSERT_EQ(recs.size(), 64u);
+  for (auto& r : recs) {
+    EXPECT_EQ(r.op.proxy_ops_stopped, uint32_t(2 * kCh));
+    EXPECT_EQ(r.op.n_flows, 2 * kCh);
+  }
+  p.Finalize(ctx);
+}
+
 // Several communicators (contexts) driven from several threads at once, with
 // inits and finalizes racing the traffic of the others.
 TEST(Concurrency, ManyContextsInitFinalizeUnderTraffic) {
