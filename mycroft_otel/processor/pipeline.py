@@ -23,13 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
 from mycroft_otel import config, ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
-from mycroft_otel.processor.spans import OP, ROOT_CAUSE, STATUS, SUMMARY, INFLIGHT, attributes, classify, \
-    resource_of, span_ref
+from mycroft_otel.processor.spans import OP, STATUS, SUMMARY, INFLIGHT, decode, span_attributes
 from mycroft_otel.processor.state import TraceStore, proc_key
 
 log = logging.getLogger("mycroft_otel.processor")
@@ -41,6 +38,11 @@ STRONG_CONFIRM = 2     # ... when they are far beyond any jitter (slowdown.STRON
 SOFT_CONFIRM = 5       # ... when they are milder outliers (slowdown.SOFT_RATIO), flagged by the culprit's agent
 SOFT_WINDOW_S = 5.0    # ... within this window
 SLOW_WINDOW_S = 30.0   # ... within this window
+LOCAL_CONFIRM = 5      # ... or, in one trace, when the culprit's agent flagged this many of its last
+LOCAL_CONFIRM_SOFT = 7 #     RECENT_WINDOW (8) collectives slow (mycroft.anomaly.recent): strict / milder outlier
+
+_SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
+                           sc.SUMMARY_OPS})
 
 
 @dataclass
@@ -138,40 +140,22 @@ class Processor:
 
     # -- ingest ---------------------------------------------------------------------------------
     def ingest_payload(self, data: bytes) -> int:
-        """Parse one ExportTraceServiceRequest (raises google.protobuf DecodeError) and ingest it."""
-        req = trace_service_pb2.ExportTraceServiceRequest()
-        req.ParseFromString(data)
-        return self.ingest_request(req)
+        """Ingest one ExportTraceServiceRequest payload (protobuf bytes); returns the number of spans rejected
+        (unknown shape). Raises ValueError when the payload is malformed (nothing of it is ingested)."""
+        d = decode(data)
+        with self.lock:
+            for ref in d.refs:
+                self._add(ref)
+            self.counts["spans"] += d.seen
+            self.counts["unknown"] += d.rejected
+            self.counts["ignored"] += d.ignored
+        if self.metrics is not None:
+            self.metrics.spans_received(d.seen, d.rejected)
+        return d.rejected
 
     def ingest_request(self, req) -> int:
-        """Ingest every span of a request; returns the number of spans rejected (unknown shape)."""
-        rejected = 0
-        seen = 0
-        refs = []
-        for rs in req.resource_spans:
-            res = resource_of(rs.resource)
-            for ss in rs.scope_spans:
-                for span in ss.spans:
-                    seen += 1
-                    try:
-                        ref = span_ref(span, res)
-                    except Exception:  # hostile values of a valid protobuf: never let one span fail the batch
-                        ref = None
-                    if ref is None:
-                        if classify(span.name) == ROOT_CAUSE:
-                            self.counts["ignored"] += 1
-                        else:
-                            rejected += 1
-                        continue
-                    refs.append(ref)
-        with self.lock:
-            for ref in refs:
-                self._add(ref)
-            self.counts["spans"] += seen
-            self.counts["unknown"] += rejected
-        if self.metrics is not None:
-            self.metrics.spans_received(seen, rejected)
-        return rejected
+        """Ingest an ExportTraceServiceRequest message (tests, replays, OTLP/JSON)."""
+        return self.ingest_payload(req.SerializeToString())
 
     def _add(self, ref) -> None:
         if ref.kind == SUMMARY:
@@ -194,9 +178,7 @@ class Processor:
                 self._slow_cand.setdefault(st.trace_id, self.mono())
 
     def _add_summary(self, ref) -> None:
-        a = attributes(ref.span.attributes, frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS,
-                                                       sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
-                                                       sc.SUMMARY_OPS}))
+        a = span_attributes(ref, _SUMMARY_KEYS)
         funcs, ops, means = a.get(sc.SUMMARY_FUNCS), a.get(sc.SUMMARY_FUNC_OPS), a.get(sc.SUMMARY_FUNC_DURATION_MEAN)
         total_ops, total_bytes = a.get(sc.SUMMARY_OPS), a.get(sc.SUMMARY_BYTES)
         if not (isinstance(funcs, list) and isinstance(means, list) and isinstance(total_ops, int) and total_ops > 0
@@ -428,12 +410,14 @@ class Processor:
         # milder outliers (flagged by the culprit's own agent, below the bars) must persist longer
         # (and close together: a fault slows every collective, jitter comes back now and then)
         soft = [x for x in seen if mono - x[0] <= SOFT_WINDOW_S]
-        # ... or the culprit's own agent has flagged it slow that often lately (carried in this trace, so one
-        # processor of several, seeing only its share of the collectives, needs no other trace)
+        # ... or the culprit's own agent has flagged most of its recent collectives slow (carried in this trace,
+        # so one processor of several, seeing only its share of the collectives, needs no other trace). Most,
+        # not a few: on a loaded host a healthy rank's agent flags 3 of 8 now and then, and one 50x outlier
+        # in such a stretch named a healthy rank (conformance slow_flow, before the fault). A fault flags all.
         # (not for a stall that recovered: on an overloaded host healthy collectives stall now and then)
         local = 0 if f.recovered else max((st.op[r].recent for r in [*f.ranks, f.peer] if r in st.op), default=0)
         enough = (sum(x[3] >= 1 for x in seen) >= SLOW_CONFIRM or sum(x[3] == 2 for x in seen) >= STRONG_CONFIRM
-                  or len(soft) >= SOFT_CONFIRM or local >= (SLOW_CONFIRM if strength else SOFT_CONFIRM))
+                  or len(soft) >= SOFT_CONFIRM or local >= (LOCAL_CONFIRM if strength else LOCAL_CONFIRM_SOFT))
         if not enough:
             self.counts["slow_candidates"] += 1
             return None

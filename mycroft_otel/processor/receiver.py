@@ -99,10 +99,11 @@ class Receiver:
             with self._record_lock:
                 write_record(self._record, data, content_type)
         try:
-            req = _decode(data, content_type)
+            if content_type.startswith("application/json"):
+                data = _decode(data, content_type).SerializeToString()
+            self.processor.ingest_payload(data)
         except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError, ValueError) as exc:
-            raise ValueError(f"malformed ExportTraceServiceRequest: {type(exc).__name__}") from None
-        self.processor.ingest_request(req)
+            raise ValueError(f"malformed ExportTraceServiceRequest: {exc}") from None
 
     # -- gRPC -----------------------------------------------------------------------------------
     def _grpc_export(self, data: bytes, context: grpc.ServicerContext) -> bytes:

@@ -1,10 +1,12 @@
 """OTLP protobuf spans -> what the analysis needs, decoded as lazily as possible.
 
-Ingest reads only a handful of key attributes per span (:class:`SpanRef`); the
-flow arrays and the rest are decoded by :func:`rank_evidence` when a trace is
-actually analysed, and then only for the latest evidence of each rank. That keeps
-ingest close to the cost of protobuf parsing itself (benchmarks/processor).
-Spans that do not have our shape are classified ``unknown`` and counted.
+Ingest walks the payload's wire bytes natively (``_native.decode_export``) and reads only a
+handful of key attributes per span (:class:`SpanRef`), stopping at the flow arrays (the agent
+writes them last). Each SpanRef keeps the payload and its span's byte range: the flow arrays
+and the rest are decoded by :func:`evidence_attributes` when a trace is actually analysed,
+and then only for the latest evidence of each rank. That keeps ingest at the cost of
+protobuf parsing itself (benchmarks/processor). Spans that do not have our shape are
+classified ``unknown`` and counted.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mycroft_otel import _native
 from mycroft_otel import semconv as sc
 
 # Span kinds as the processor sees them.
@@ -56,30 +59,7 @@ def attributes(kvs: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
     return out
 
 
-_SCALARS = ("int_value", "string_value", "double_value", "bool_value")
-
-
 _FLOW_PREFIX = "mycroft.flow."
-
-
-def scalar_attributes(kvs: Any, keys: frozenset[str], stop_at_flows: bool = False) -> dict[str, Any]:
-    """Only the scalar attributes among ``keys`` (the ingest path: arrays are never needed there).
-    ``stop_at_flows``: stop at the first flow array (the agent writes them last)."""
-    out: dict[str, Any] = {}
-    for i, kv in enumerate(kvs):
-        k = kv.key
-        if stop_at_flows and k.startswith(_FLOW_PREFIX):
-            out[_FLOW_AT] = i
-            break
-        if k in keys:
-            v = kv.value
-            w = v.WhichOneof("value")
-            if w in _SCALARS:
-                out[k] = getattr(v, w)
-    return out
-
-
-_FLOW_AT = " flow_at"  # not an attribute key: where the flow arrays start
 
 
 _KEY_ATTRS = frozenset({
@@ -97,16 +77,9 @@ class Resource:
     job: str = ""
 
 
-def resource_of(resource: Any) -> Resource:
-    a = scalar_attributes(resource.attributes, _RES_ATTRS)
-    pid = a.get(sc.PROCESS_PID, -1)
-    return Resource(host=str(a.get(sc.HOST_NAME, "")), pid=pid if isinstance(pid, int) else -1,
-                    job=str(a.get(sc.JOB_ID, "")))
-
-
 @dataclass(slots=True)
 class SpanRef:
-    """One received span, with the key attributes decoded and the protobuf kept for later."""
+    """One received span, with the key attributes decoded and its wire bytes kept for later."""
 
     kind: str
     trace_id: bytes
@@ -128,11 +101,11 @@ class SpanRef:
     last_progress_ns: int
     resource: Resource
     stopped: bool = False   # PROCESS_STOPPED: the writer is SIGSTOPped
-    flow_at: int = -1       # index of the first flow attribute (-1: none seen before the end)
+    flow_at: int = -1       # byte offset in the span of its first flow attribute (-1: none)
     count: int = -1
     datatype: str = ""
     recent: int = 0         # ANOMALY_RECENT: of the rank's last 8 collectives here, how many its rules flagged slow
-    span: Any = field(repr=False, default=None)  # the protobuf Span
+    raw: tuple[bytes, int, int] | None = field(repr=False, default=None)  # (payload, offset, length) of the span
 
     @property
     def duration_ns(self) -> int:
@@ -158,42 +131,81 @@ def classify(name: str) -> str:
     return UNKNOWN
 
 
-def span_ref(span: Any, resource: Resource) -> SpanRef | None:
-    """The SpanRef of an OTLP span, or None when the span does not have our shape."""
-    kind = classify(span.name)
-    if kind in (UNKNOWN, ROOT_CAUSE):
+_KEYS = tuple(sorted(_KEY_ATTRS))  # decode_export returns the values in this order
+_RES_KEYS = (sc.HOST_NAME, sc.PROCESS_PID, sc.JOB_ID)
+(_I_RANK, _I_NRANKS, _I_COMM, _I_SEQ, _I_FUNC, _I_STATE, _I_SNAPSHOT, _I_STATUS, _I_ANOMALY, _I_BASELINE, _I_GRANK,
+ _I_BYTES, _I_PROGRESS, _I_STOPPED, _I_COUNT, _I_DTYPE, _I_RECENT) = (
+    _KEYS.index(k) for k in (sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE,
+                             sc.SNAPSHOT_SEQ, sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK,
+                             sc.COLL_BYTES, sc.TIME_LAST_PROGRESS, sc.PROCESS_STOPPED, sc.COLL_COUNT,
+                             sc.COLL_DATATYPE, sc.ANOMALY_RECENT))
+
+
+def _iv(v: Any, default: int = -1) -> int:
+    return v if type(v) is int else default
+
+
+def _sv(v: Any) -> str:
+    return v if type(v) is str else ""
+
+
+@dataclass(slots=True)
+class Decoded:
+    """One ExportTraceServiceRequest as ingest sees it."""
+
+    seen: int                   # spans in the payload
+    refs: list[SpanRef]         # those with our shape
+    ignored: int                # root-cause spans (ours, written back by a processor)
+    rejected: int               # spans of unknown shape
+
+
+def decode(data: bytes) -> Decoded:
+    """Spans of one ExportTraceServiceRequest payload; raises ValueError when it is malformed."""
+    seen, resources, spans = _native.decode_export(data, _KEYS, _RES_KEYS, _FLOW_PREFIX)
+    res = []
+    for host, pid, job in resources:
+        res.append(Resource(host=str(host) if host is not None else "", pid=_iv(pid), job=str(job) if job is not None else ""))
+    refs: list[SpanRef] = []
+    ignored = rejected = 0
+    for ri, tid, sid, name, start, end, a, flow_at, off, length in spans:
+        ref = _span_ref(res[ri], tid, sid, name, start, end, a, flow_at, (data, off, length))
+        if ref is not None:
+            refs.append(ref)
+        elif classify(name) == ROOT_CAUSE:
+            ignored += 1
+        else:
+            rejected += 1
+    return Decoded(seen=seen, refs=refs, ignored=ignored, rejected=rejected)
+
+
+def _span_ref(resource: Resource, tid: bytes, sid: bytes, name: str, start: int, end: int, a: tuple, flow_at: int,
+              raw: tuple[bytes, int, int]) -> SpanRef | None:
+    """The SpanRef of one decoded span, or None when the span does not have our shape."""
+    kind = classify(name)
+    if kind in (UNKNOWN, ROOT_CAUSE) or len(tid) != 16 or len(sid) != 8:
         return None
-    tid, sid = span.trace_id, span.span_id
-    if len(tid) != 16 or len(sid) != 8:
-        return None
-    a = scalar_attributes(span.attributes, _KEY_ATTRS, stop_at_flows=True)
-    rank, nranks = _int(a, sc.RANK), _int(a, sc.COMM_NRANKS)
-    comm = a.get(sc.COMM_HASH, "")
-    if not isinstance(comm, str):
+    rank, nranks, comm = _iv(a[_I_RANK]), _iv(a[_I_NRANKS]), a[_I_COMM]
+    if comm is None:
+        comm = ""
+    if type(comm) is not str:
         return None
     if kind != SUMMARY and (rank < 0 or nranks <= 0 or rank >= nranks or nranks > 1 << 20):
         return None
-    state = a.get(sc.OP_STATE, "")
-    if kind == OP and state == "in_flight":
+    if kind == OP and a[_I_STATE] == "in_flight":
         kind = INFLIGHT  # tolerate an op-named in-flight view
-    status = a.get(sc.STATUS_KIND, "")
+    status = _sv(a[_I_STATUS])
     if kind == STATUS and status not in sc.STATUS_KINDS:
         return None
-    func = a.get(sc.COLL_FUNC, "")
+    func = _sv(a[_I_FUNC])
     if not func and kind == OP:
-        func = span.name[len(sc.OP_SPAN_PREFIX):]
-    anomaly = a.get(sc.ANOMALY, "")
+        func = name[len(sc.OP_SPAN_PREFIX):]
     return SpanRef(
-        kind=kind, trace_id=bytes(tid), span_id=bytes(sid), name=span.name,
-        start_ns=int(span.start_time_unix_nano), end_ns=int(span.end_time_unix_nano),
-        rank=rank, nranks=nranks, comm=comm, seq=_int(a, sc.COLL_SEQ), func=func if isinstance(func, str) else "",
-        snapshot=_int(a, sc.SNAPSHOT_SEQ), status=status if isinstance(status, str) else "",
-        anomaly=anomaly if isinstance(anomaly, str) else "", baseline_ns=_int(a, sc.BASELINE_NS, 0),
-        global_rank=_int(a, sc.GLOBAL_RANK), nbytes=_int(a, sc.COLL_BYTES, 0),
-        last_progress_ns=_int(a, sc.TIME_LAST_PROGRESS, 0), resource=resource, span=span,
-        stopped=a.get(sc.PROCESS_STOPPED) is True, flow_at=a.get(_FLOW_AT, -1), count=_int(a, sc.COLL_COUNT),
-        datatype=a.get(sc.COLL_DATATYPE) if isinstance(a.get(sc.COLL_DATATYPE), str) else "",
-        recent=max(0, min(_int(a, sc.ANOMALY_RECENT, 0), sc.RECENT_WINDOW)),
+        kind=kind, trace_id=tid, span_id=sid, name=name, start_ns=start, end_ns=end,
+        rank=rank, nranks=nranks, comm=comm, seq=_iv(a[_I_SEQ]), func=func, snapshot=_iv(a[_I_SNAPSHOT]),
+        status=status, anomaly=_sv(a[_I_ANOMALY]), baseline_ns=_iv(a[_I_BASELINE], 0), global_rank=_iv(a[_I_GRANK]),
+        nbytes=_iv(a[_I_BYTES], 0), last_progress_ns=_iv(a[_I_PROGRESS], 0), resource=resource,
+        stopped=a[_I_STOPPED] is True, flow_at=flow_at, count=_iv(a[_I_COUNT]), datatype=_sv(a[_I_DTYPE]),
+        recent=max(0, min(_iv(a[_I_RECENT], 0), sc.RECENT_WINDOW)), raw=raw,
     )
 
 
@@ -237,27 +249,24 @@ class Flow:
         return self.steps > 0 and self.done >= self.steps and not self.wait_state
 
 
-def _col(a: dict, key: str, n: int, default: Any) -> list:
-    v = a.get(key)
-    if not isinstance(v, list):
-        return [default] * n
-    if len(v) >= n:
-        return v[:n] if len(v) > n else v
-    return v + [default] * (n - len(v))
+_FLOW_DEFAULTS = tuple("" if k in (sc.FLOW_WAIT_STATE, sc.FLOW_DIRECTION, sc.FLOW_NIC) else 0 for k in _FLOW_KEYS)
 
 
 def flows_of(a: dict) -> list[Flow]:
     ch = a.get(sc.FLOW_CHANNEL)
-    if not isinstance(ch, list) or not ch:
+    if type(ch) is not list or not ch:
         return []
     n = len(ch)
-    zeros = [0] * n
-    blanks = [""] * n
-    c = [_col(a, k, n, "" if k in (sc.FLOW_WAIT_STATE, sc.FLOW_DIRECTION, sc.FLOW_NIC) else 0) if k in a
-         else (blanks if k in (sc.FLOW_WAIT_STATE, sc.FLOW_DIRECTION, sc.FLOW_NIC) else zeros) for k in _FLOW_KEYS]
-    return [Flow(ch_, d == "send", pe, st, po, rd, tx, dn, by, s0, e0, lp, ws if isinstance(ws, str) else "", wsn,
-                 gw, nw, str(nic))
-            for (ch_, d, pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, _wstep, wsn, gw, nw, nic) in zip(*c)]
+    cols = []
+    for k, default in zip(_FLOW_KEYS, _FLOW_DEFAULTS):
+        v = a.get(k)
+        if type(v) is not list:
+            v = [default] * n
+        elif len(v) != n:  # a hostile or truncated column: pad or cut to the channel column's length
+            v = (v + [default] * n)[:n]
+        cols.append(v)
+    return [Flow(ch_, d == "send", pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, wsn, gw, nw, str(nic))
+            for (ch_, d, pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, _wstep, wsn, gw, nw, nic) in zip(*cols)]
 
 
 _STR_ARRAYS = frozenset({sc.FLOW_DIRECTION, sc.FLOW_WAIT_STATE, sc.FLOW_NIC})
@@ -270,35 +279,35 @@ HANG_KEYS = frozenset({
     sc.STATUS_LAST_STATE, sc.STATUS_LAST_SEQ, sc.TIME_LAST_PROGRESS})
 
 
+_decoders: dict[tuple[frozenset[str], bool], Any] = {}
+
+
+def _decoder(keys: frozenset[str], typed: bool) -> Any:
+    d = _decoders.get((keys, typed))
+    if d is None:
+        d = _decoders[(keys, typed)] = _native.AttrDecoder(keys, _STR_ARRAYS if typed else None)
+    return d
+
+
 def evidence_attributes(ref: SpanRef, keys: frozenset[str] = _EVIDENCE_KEYS) -> dict[str, Any]:
-    """The attributes the analysis reads, decoded from the kept protobuf span (typed arrays: an element
-    of the wrong type reads as 0 / "")."""
-    if ref.span is None:
+    """The attributes the analysis reads, decoded from the span's kept wire bytes (typed arrays: an
+    element of the wrong type reads as 0 / "")."""
+    if ref.raw is None:
         return {}
-    out: dict[str, Any] = {}
-    kvs = ref.span.attributes
-    if keys is HANG_KEYS:
+    data, off, length = ref.raw
+    if keys is HANG_KEYS and ref.kind != STATUS:
         # the scalars the walk needs were read at ingest; only the flow arrays are left to decode
         if ref.flow_at < 0:
-            if ref.kind not in ("status",):
-                return {sc.COLL_COUNT: ref.count, sc.COLL_DATATYPE: ref.datatype}
-        else:
-            out[sc.COLL_COUNT], out[sc.COLL_DATATYPE] = ref.count, ref.datatype
-            kvs = kvs[ref.flow_at:]
-    for kv in kvs:
-        k = kv.key
-        if k not in keys:
-            continue
-        v = kv.value
-        w = v.WhichOneof("value")
-        if w == "array_value":
-            vals = v.array_value.values
-            if len(vals) > _MAX_ARRAY:
-                vals = vals[:_MAX_ARRAY]
-            if k in _STR_ARRAYS:
-                out[k] = [x.string_value for x in vals]
-            else:
-                out[k] = [x.int_value for x in vals]
-        elif w in _SCALARS:
-            out[k] = getattr(v, w)
-    return out
+            return {sc.COLL_COUNT: ref.count, sc.COLL_DATATYPE: ref.datatype}
+        out = _decoder(keys, True)(data, off, length, ref.flow_at)
+        out[sc.COLL_COUNT], out[sc.COLL_DATATYPE] = ref.count, ref.datatype
+        return out
+    return _decoder(keys, True)(data, off, length)
+
+
+def span_attributes(ref: SpanRef, keys: frozenset[str]) -> dict[str, Any]:
+    """Attributes among ``keys`` of a span, values as :func:`any_value` gives them."""
+    if ref.raw is None:
+        return {}
+    data, off, length = ref.raw
+    return _decoder(keys, False)(data, off, length)

@@ -1,0 +1,444 @@
+// OTLP trace payloads (ExportTraceServiceRequest, protobuf wire format) -> what the
+// processor's ingest reads, without building a protobuf object tree.
+//
+// The processor needs a handful of scalar attributes per span at ingest and the flow
+// arrays of a few spans later, when a trace is analysed. Going through protobuf objects
+// costs a Python call per field read; this walks the wire format once, picks the keys it
+// was given, and leaves the rest where it is: each span comes back with its byte range in
+// the payload, so an AttrDecoder can decode the rest later from the same bytes.
+//
+// Messages and field numbers (opentelemetry-proto, trace/v1 and common/v1):
+//   ExportTraceServiceRequest { 1: repeated ResourceSpans }
+//   ResourceSpans { 1: Resource, 2: repeated ScopeSpans }     Resource { 1: repeated KeyValue }
+//   ScopeSpans { 2: repeated Span }
+//   Span { 1: trace_id, 2: span_id, 5: name, 7: start (fixed64), 8: end (fixed64), 9: repeated KeyValue }
+//   KeyValue { 1: key, 2: AnyValue }
+//   AnyValue { 1: string, 2: bool, 3: int64, 4: double, 5: ArrayValue, 6: KeyValueList, 7: bytes }
+//   ArrayValue { 1: repeated AnyValue }
+// Unknown fields are skipped, as protobuf does; a field whose wire type does not match its
+// declaration is treated as unknown (protobuf's rule too). Anything truncated, an invalid
+// wire type or varint, or a string we decode that is not UTF-8 raises ValueError.
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "bindings.h"
+
+namespace mycroft::bindings {
+namespace {
+
+constexpr size_t kMaxArray = 4096;  // longer attribute arrays are truncated (hostile input)
+
+enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLen = 2, kStartGroup = 3, kEndGroup = 4, kFixed32 = 5 };
+
+[[noreturn]] void Malformed(const char* what) { throw py::value_error(std::string("malformed OTLP payload: ") + what); }
+
+// A bounds-checked cursor over one message's bytes.
+struct Wire {
+  const uint8_t* p;
+  const uint8_t* end;
+
+  bool More() const { return p < end; }
+  uint64_t Varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (p >= end) Malformed("truncated varint");
+      uint8_t b = *p++;
+      v |= uint64_t(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return v;
+    }
+    Malformed("varint longer than 10 bytes");
+  }
+  uint64_t Fixed64() {
+    if (end - p < 8) Malformed("truncated fixed64");
+    uint64_t v;
+    memcpy(&v, p, 8);
+    p += 8;
+    return v;
+  }
+  Wire Sub() {  // a length-delimited field's bytes
+    uint64_t n = Varint();
+    if (n > uint64_t(end - p)) Malformed("length past the end of its message");
+    Wire w{p, p + n};
+    p += n;
+    return w;
+  }
+  void Tag(uint32_t* field, uint32_t* wt) {
+    uint64_t t = Varint();
+    *field = uint32_t(t >> 3);
+    *wt = uint32_t(t & 7);
+    if (*field == 0 || t >> 32) Malformed("invalid field number");
+  }
+  void Skip(uint32_t wt, int depth = 0) {
+    switch (wt) {
+      case kVarint: Varint(); return;
+      case kFixed64: Fixed64(); return;
+      case kLen: Sub(); return;
+      case kFixed32:
+        if (end - p < 4) Malformed("truncated fixed32");
+        p += 4;
+        return;
+      case kStartGroup: {  // a deprecated group among unknown fields: skip to its end tag
+        if (depth > 32) Malformed("groups nested too deep");
+        for (;;) {
+          uint32_t f, w;
+          Tag(&f, &w);
+          if (w == kEndGroup) return;
+          Skip(w, depth + 1);
+        }
+      }
+      default: Malformed("invalid wire type");
+    }
+  }
+  std::string_view View() const { return {reinterpret_cast<const char*>(p), size_t(end - p)}; }
+};
+
+py::str Utf8(const Wire& w) {
+  PyObject* s = PyUnicode_DecodeUTF8(reinterpret_cast<const char*>(w.p), Py_ssize_t(w.end - w.p), "strict");
+  if (s == nullptr) {
+    PyErr_Clear();
+    Malformed("string field is not UTF-8");
+  }
+  return py::reinterpret_steal<py::str>(s);
+}
+
+// The bytes object's own buffer (no copy; it lives as long as the caller's reference).
+std::string_view BytesView(const py::bytes& b) {
+  char* p = nullptr;
+  Py_ssize_t n = 0;
+  if (PyBytes_AsStringAndSize(b.ptr(), &p, &n) != 0) throw py::error_already_set();
+  return {p, size_t(n)};
+}
+
+// Reads one AnyValue field whose tag was just read: a scalar (1 string, 2 bool, 3 int64,
+// 4 double) sets *out and returns true; anything else is left unread (false).
+bool ScalarField(Wire& v, uint32_t f, uint32_t wt, py::object* out) {
+  if (f == 1 && wt == kLen) *out = Utf8(v.Sub());
+  else if (f == 2 && wt == kVarint) *out = py::bool_(v.Varint() != 0);
+  else if (f == 3 && wt == kVarint) *out = py::int_(int64_t(v.Varint()));
+  else if (f == 4 && wt == kFixed64) {
+    uint64_t bits = v.Fixed64();
+    double d;
+    memcpy(&d, &bits, 8);
+    *out = py::float_(d);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// One AnyValue's scalar, or None (arrays, kvlists, bytes, absent). The last value field on
+// the wire wins (protobuf's oneof rule).
+py::object Scalar(Wire v) {
+  py::object out = py::none();
+  while (v.More()) {
+    uint32_t f, wt;
+    v.Tag(&f, &wt);
+    if (ScalarField(v, f, wt, &out)) continue;
+    v.Skip(wt);
+    if (f >= 5 && f <= 7 && wt == kLen) out = py::none();
+  }
+  return out;
+}
+
+enum class ArrayAs { kAny, kInt, kStr };
+
+// An AnyValue as Python: scalars as themselves; an array as a list (elements typed per `as`:
+// kInt -> int, 0 for any other type; kStr -> str, "" otherwise; kAny -> scalar or None);
+// a kvlist as {key: None}; bytes as bytes.
+py::object Value(Wire v, ArrayAs as) {
+  py::object out = py::none();
+  while (v.More()) {
+    uint32_t f, wt;
+    v.Tag(&f, &wt);
+    if (f == 5 && wt == kLen) {
+      Wire arr = v.Sub();
+      py::list items;
+      while (arr.More()) {
+        uint32_t af, awt;
+        arr.Tag(&af, &awt);
+        if (af != 1 || awt != kLen) {
+          arr.Skip(awt);
+          continue;
+        }
+        Wire el = arr.Sub();
+        if (size_t(py::len(items)) >= kMaxArray) continue;
+        py::object x = Scalar(el);
+        if (as == ArrayAs::kInt) {
+          if (!py::isinstance<py::int_>(x) || py::isinstance<py::bool_>(x)) x = py::int_(0);
+        } else if (as == ArrayAs::kStr) {
+          if (!py::isinstance<py::str>(x)) x = py::str("");
+        }
+        items.append(x);
+      }
+      out = items;
+    } else if (f == 6 && wt == kLen) {
+      Wire kvl = v.Sub();
+      py::dict d;
+      while (kvl.More()) {
+        uint32_t kf, kwt;
+        kvl.Tag(&kf, &kwt);
+        if (kf != 1 || kwt != kLen) {
+          kvl.Skip(kwt);
+          continue;
+        }
+        Wire kv = kvl.Sub();
+        while (kv.More()) {
+          uint32_t ef, ewt;
+          kv.Tag(&ef, &ewt);
+          if (ef == 1 && ewt == kLen) d[Utf8(kv.Sub())] = py::none();
+          else kv.Skip(ewt);
+        }
+      }
+      out = d;
+    } else if (f == 7 && wt == kLen) {
+      Wire b = v.Sub();
+      out = py::bytes(reinterpret_cast<const char*>(b.p), size_t(b.end - b.p));
+    } else if (ScalarField(v, f, wt, &out)) {
+    } else {
+      v.Skip(wt);
+    }
+  }
+  return out;
+}
+
+// Key -> index into the caller's key tuple.
+using KeyIndex = std::unordered_map<std::string_view, int>;
+
+KeyIndex IndexOf(const py::tuple& keys, std::vector<std::string>* store) {
+  store->clear();
+  store->reserve(keys.size());
+  for (auto k : keys) store->push_back(k.cast<std::string>());
+  KeyIndex idx;
+  for (size_t i = 0; i < store->size(); ++i) idx.emplace((*store)[i], int(i));
+  return idx;
+}
+
+// KeyValue -> (key bytes, value bytes); false when it has no key.
+bool SplitKeyValue(Wire kv, Wire* key, Wire* value) {
+  bool has_key = false;
+  *value = Wire{kv.p, kv.p};  // an absent value reads as an empty AnyValue
+  while (kv.More()) {
+    uint32_t f, wt;
+    kv.Tag(&f, &wt);
+    if (f == 1 && wt == kLen) {
+      *key = kv.Sub();
+      has_key = true;
+    } else if (f == 2 && wt == kLen) {
+      *value = kv.Sub();
+    } else {
+      kv.Skip(wt);
+    }
+  }
+  return has_key;
+}
+
+// Picks the scalar attributes among `idx` from a run of KeyValue fields (field `kv_field`
+// of message `m`) into `out`; returns the offset (from `base`) of the first attribute whose
+// key starts with `stop_prefix` (-1: none), where it stops.
+int64_t PickScalars(Wire m, uint32_t kv_field, const KeyIndex& idx, py::tuple& out, std::string_view stop_prefix,
+                    const uint8_t* base) {
+  while (m.More()) {
+    const uint8_t* field_start = m.p;
+    uint32_t f, wt;
+    m.Tag(&f, &wt);
+    if (f != kv_field || wt != kLen) {
+      m.Skip(wt);
+      continue;
+    }
+    Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+    if (!SplitKeyValue(m.Sub(), &key, &value)) continue;
+    std::string_view k = key.View();
+    if (!stop_prefix.empty() && k.substr(0, stop_prefix.size()) == stop_prefix) return field_start - base;
+    auto it = idx.find(k);
+    if (it != idx.end()) {
+      Utf8(key);  // protobuf rejects a key that is not UTF-8; so do we
+      out[it->second] = Scalar(value);
+    }
+  }
+  return -1;
+}
+
+// decode_export(data, span_keys, resource_keys, stop_prefix)
+//   -> (spans_seen, resources, spans)
+// resources: one tuple of resource attribute values (resource_keys order, None if absent) per
+// ResourceSpans; spans: (resource index, trace_id, span_id, name, start_ns, end_ns, values,
+// flows_at, span_offset, span_length) per span, values in span_keys order; flows_at is the
+// offset, within the span, of its first attribute whose key starts with stop_prefix (-1 if
+// none): decoding stops there at ingest, AttrDecoder starts there later.
+py::tuple DecodeExport(py::bytes data, const py::tuple& span_keys, const py::tuple& resource_keys,
+                       const std::string& stop_prefix) {
+  std::string_view buf = BytesView(data);
+  const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data());
+  std::vector<std::string> skey_store, rkey_store;
+  KeyIndex sidx = IndexOf(span_keys, &skey_store), ridx = IndexOf(resource_keys, &rkey_store);
+  py::list resources, spans;
+  size_t seen = 0;
+  Wire req{base, base + buf.size()};
+  while (req.More()) {
+    uint32_t f, wt;
+    req.Tag(&f, &wt);
+    if (f != 1 || wt != kLen) {
+      req.Skip(wt);
+      continue;
+    }
+    Wire rs = req.Sub();
+    py::tuple rvals(resource_keys.size());
+    for (size_t i = 0; i < rvals.size(); ++i) rvals[i] = py::none();
+    int res_index = int(py::len(resources));
+    // The resource may come after the spans on the wire: read it first.
+    for (Wire scan = rs; scan.More();) {
+      uint32_t rf, rwt;
+      scan.Tag(&rf, &rwt);
+      if (rf == 1 && rwt == kLen) PickScalars(scan.Sub(), 1, ridx, rvals, {}, base);
+      else scan.Skip(rwt);
+    }
+    resources.append(rvals);
+    while (rs.More()) {
+      uint32_t rf, rwt;
+      rs.Tag(&rf, &rwt);
+      if (rf != 2 || rwt != kLen) {
+        rs.Skip(rwt);
+        continue;
+      }
+      Wire ss = rs.Sub();
+      while (ss.More()) {
+        uint32_t sf, swt;
+        ss.Tag(&sf, &swt);
+        if (sf != 2 || swt != kLen) {
+          ss.Skip(swt);
+          continue;
+        }
+        Wire sp = ss.Sub();
+        ++seen;
+        const uint8_t* span_start = sp.p;
+        size_t span_len = size_t(sp.end - sp.p);
+        py::bytes tid(""), sid("");
+        py::str name("");
+        uint64_t start = 0, end = 0;
+        py::tuple vals(span_keys.size());
+        for (size_t i = 0; i < vals.size(); ++i) vals[i] = py::none();
+        int64_t flows_at = -1;
+        bool attrs_done = false;
+        while (sp.More()) {
+          const uint8_t* field_start = sp.p;
+          uint32_t pf, pwt;
+          sp.Tag(&pf, &pwt);
+          if (pf == 1 && pwt == kLen) {
+            Wire b = sp.Sub();
+            tid = py::bytes(reinterpret_cast<const char*>(b.p), size_t(b.end - b.p));
+          } else if (pf == 2 && pwt == kLen) {
+            Wire b = sp.Sub();
+            sid = py::bytes(reinterpret_cast<const char*>(b.p), size_t(b.end - b.p));
+          } else if (pf == 5 && pwt == kLen) {
+            name = Utf8(sp.Sub());
+          } else if (pf == 7 && pwt == kFixed64) {
+            start = sp.Fixed64();
+          } else if (pf == 8 && pwt == kFixed64) {
+            end = sp.Fixed64();
+          } else if (pf == 9 && pwt == kLen && !attrs_done) {
+            // One KeyValue per field 9. Stop picking at the first flow attribute; the
+            // remaining attributes are decoded on demand (AttrDecoder).
+            Wire kvw = sp.Sub();
+            Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+            if (!SplitKeyValue(kvw, &key, &value)) continue;
+            std::string_view k = key.View();
+            if (!stop_prefix.empty() && k.substr(0, stop_prefix.size()) == stop_prefix) {
+              flows_at = field_start - span_start;
+              attrs_done = true;
+              continue;
+            }
+            auto it = sidx.find(k);
+            if (it != sidx.end()) {
+              Utf8(key);
+              vals[it->second] = Scalar(value);
+            }
+          } else {
+            sp.Skip(pwt);
+          }
+        }
+        spans.append(py::make_tuple(res_index, tid, sid, name, py::int_(start), py::int_(end), vals,
+                                    py::int_(flows_at), py::int_(span_start - base), py::int_(span_len)));
+      }
+    }
+  }
+  return py::make_tuple(seen, resources, spans);
+}
+
+// Decodes chosen attributes of spans that decode_export walked, on demand. Built once per
+// key set: selection happens on the key bytes, so attributes not asked for cost no Python
+// object, and the keys handed back are the caller's own str objects.
+//
+// Arrays are typed: keys in str_keys hold strings (other elements read ""), other arrays
+// ints (other elements read 0) -- unless the decoder is untyped (str_keys None): then
+// elements keep their own scalar type (None for anything else). keys None: every attribute.
+class AttrDecoder {
+ public:
+  AttrDecoder(const py::object& keys, const py::object& str_keys) : all_(keys.is_none()), typed_(!str_keys.is_none()) {
+    if (!all_) {
+      for (auto k : keys) {
+        py::str key = py::reinterpret_borrow<py::str>(k);
+        bool is_str = typed_ && str_keys.contains(key);
+        names_.push_back(key);
+        as_.push_back(typed_ ? (is_str ? ArrayAs::kStr : ArrayAs::kInt) : ArrayAs::kAny);
+      }
+      key_bytes_.reserve(names_.size());  // stable storage for the map's string_views
+      for (auto& n : names_) key_bytes_.push_back(n.cast<std::string>());
+      for (size_t i = 0; i < key_bytes_.size(); ++i) index_.emplace(key_bytes_[i], i);
+    }
+  }
+
+  // The attributes of the span at data[offset:offset+length], from byte `start` of the span on
+  // (0: all; a decode_export flows_at to skip what ingest already read).
+  py::dict Decode(py::bytes data, size_t offset, size_t length, size_t start) const {
+    std::string_view buf = BytesView(data);
+    if (offset > buf.size() || length > buf.size() - offset || start > length)
+      throw py::value_error("span range outside the payload");
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data()) + offset;
+    Wire sp{base + start, base + length};
+    py::dict out;
+    while (sp.More()) {
+      uint32_t f, wt;
+      sp.Tag(&f, &wt);
+      if (f != 9 || wt != kLen) {
+        sp.Skip(wt);
+        continue;
+      }
+      Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+      if (!SplitKeyValue(sp.Sub(), &key, &value)) continue;
+      if (all_) {
+        out[Utf8(key)] = Value(value, ArrayAs::kAny);
+        continue;
+      }
+      auto it = index_.find(key.View());
+      if (it == index_.end()) continue;
+      out[names_[it->second]] = Value(value, as_[it->second]);
+    }
+    return out;
+  }
+
+ private:
+  bool all_, typed_;
+  std::vector<py::str> names_;
+  std::vector<ArrayAs> as_;
+  std::vector<std::string> key_bytes_;
+  std::unordered_map<std::string_view, size_t> index_;
+};
+
+}  // namespace
+
+void RegisterOtlp(py::module_& m) {
+  m.def("decode_export", &DecodeExport, py::arg("data"), py::arg("span_keys"), py::arg("resource_keys"),
+        py::arg("stop_prefix"),
+        "Walk an ExportTraceServiceRequest's wire bytes: (spans seen, resource attribute tuples, span tuples). "
+        "Raises ValueError on a malformed payload.");
+  py::class_<AttrDecoder>(m, "AttrDecoder",
+                          "Chosen attributes of spans decode_export walked, decoded on demand from the payload.")
+      .def(py::init<const py::object&, const py::object&>(), py::arg("keys"), py::arg("str_keys"))
+      .def("__call__", &AttrDecoder::Decode, py::arg("data"), py::arg("offset"), py::arg("length"),
+           py::arg("start") = 0);
+}
+
+}  // namespace mycroft::bindings
