@@ -92,6 +92,20 @@ struct Wire {
       default: Malformed("invalid wire type");
     }
   }
+  // Advances to the next length-delimited field `field`, skipping everything else;
+  // false at the end of the message.
+  bool Next(uint32_t field, Wire* out) {
+    while (More()) {
+      uint32_t f, wt;
+      Tag(&f, &wt);
+      if (f == field && wt == kLen) {
+        *out = Sub();
+        return true;
+      }
+      Skip(wt);
+    }
+    return false;
+  }
   std::string_view View() const { return {reinterpret_cast<const char*>(p), size_t(end - p)}; }
 };
 
@@ -156,14 +170,7 @@ py::object Value(Wire v, ArrayAs as) {
     if (f == 5 && wt == kLen) {
       Wire arr = v.Sub();
       py::list items;
-      while (arr.More()) {
-        uint32_t af, awt;
-        arr.Tag(&af, &awt);
-        if (af != 1 || awt != kLen) {
-          arr.Skip(awt);
-          continue;
-        }
-        Wire el = arr.Sub();
+      for (Wire el; arr.Next(1, &el);) {
         if (size_t(py::len(items)) >= kMaxArray) continue;
         py::object x = Scalar(el);
         if (as == ArrayAs::kInt) {
@@ -177,21 +184,8 @@ py::object Value(Wire v, ArrayAs as) {
     } else if (f == 6 && wt == kLen) {
       Wire kvl = v.Sub();
       py::dict d;
-      while (kvl.More()) {
-        uint32_t kf, kwt;
-        kvl.Tag(&kf, &kwt);
-        if (kf != 1 || kwt != kLen) {
-          kvl.Skip(kwt);
-          continue;
-        }
-        Wire kv = kvl.Sub();
-        while (kv.More()) {
-          uint32_t ef, ewt;
-          kv.Tag(&ef, &ewt);
-          if (ef == 1 && ewt == kLen) d[Utf8(kv.Sub())] = py::none();
-          else kv.Skip(ewt);
-        }
-      }
+      for (Wire kv; kvl.Next(1, &kv);)
+        for (Wire key; kv.Next(1, &key);) d[Utf8(key)] = py::none();
       out = d;
     } else if (f == 7 && wt == kLen) {
       Wire b = v.Sub();
@@ -235,30 +229,16 @@ bool SplitKeyValue(Wire kv, Wire* key, Wire* value) {
   return has_key;
 }
 
-// Picks the scalar attributes among `idx` from a run of KeyValue fields (field `kv_field`
-// of message `m`) into `out`; returns the offset (from `base`) of the first attribute whose
-// key starts with `stop_prefix` (-1: none), where it stops.
-int64_t PickScalars(Wire m, uint32_t kv_field, const KeyIndex& idx, py::tuple& out, std::string_view stop_prefix,
-                    const uint8_t* base) {
-  while (m.More()) {
-    const uint8_t* field_start = m.p;
-    uint32_t f, wt;
-    m.Tag(&f, &wt);
-    if (f != kv_field || wt != kLen) {
-      m.Skip(wt);
-      continue;
-    }
-    Wire key{nullptr, nullptr}, value{nullptr, nullptr};
-    if (!SplitKeyValue(m.Sub(), &key, &value)) continue;
-    std::string_view k = key.View();
-    if (!stop_prefix.empty() && k.substr(0, stop_prefix.size()) == stop_prefix) return field_start - base;
-    auto it = idx.find(k);
-    if (it != idx.end()) {
-      Utf8(key);  // protobuf rejects a key that is not UTF-8; so do we
-      out[it->second] = Scalar(value);
-    }
+// One KeyValue: if its key is among `idx`, its scalar value goes to out[index]. Returns the key.
+std::string_view PickScalar(Wire kv, const KeyIndex& idx, py::tuple& out) {
+  Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+  if (!SplitKeyValue(kv, &key, &value)) return {};
+  auto it = idx.find(key.View());
+  if (it != idx.end()) {
+    Utf8(key);  // protobuf rejects a key that is not UTF-8; so do we
+    out[it->second] = Scalar(value);
   }
-  return -1;
+  return key.View();
 }
 
 // decode_export(data, span_keys, resource_keys, stop_prefix)
@@ -277,41 +257,16 @@ py::tuple DecodeExport(py::bytes data, const py::tuple& span_keys, const py::tup
   py::list resources, spans;
   size_t seen = 0;
   Wire req{base, base + buf.size()};
-  while (req.More()) {
-    uint32_t f, wt;
-    req.Tag(&f, &wt);
-    if (f != 1 || wt != kLen) {
-      req.Skip(wt);
-      continue;
-    }
-    Wire rs = req.Sub();
+  for (Wire rs; req.Next(1, &rs);) {
     py::tuple rvals(resource_keys.size());
     for (size_t i = 0; i < rvals.size(); ++i) rvals[i] = py::none();
     int res_index = int(py::len(resources));
     // The resource may come after the spans on the wire: read it first.
-    for (Wire scan = rs; scan.More();) {
-      uint32_t rf, rwt;
-      scan.Tag(&rf, &rwt);
-      if (rf == 1 && rwt == kLen) PickScalars(scan.Sub(), 1, ridx, rvals, {}, base);
-      else scan.Skip(rwt);
-    }
+    for (Wire scan = rs, res; scan.Next(1, &res);)
+      for (Wire kv; res.Next(1, &kv);) PickScalar(kv, ridx, rvals);
     resources.append(rvals);
-    while (rs.More()) {
-      uint32_t rf, rwt;
-      rs.Tag(&rf, &rwt);
-      if (rf != 2 || rwt != kLen) {
-        rs.Skip(rwt);
-        continue;
-      }
-      Wire ss = rs.Sub();
-      while (ss.More()) {
-        uint32_t sf, swt;
-        ss.Tag(&sf, &swt);
-        if (sf != 2 || swt != kLen) {
-          ss.Skip(swt);
-          continue;
-        }
-        Wire sp = ss.Sub();
+    for (Wire ss; rs.Next(2, &ss);) {
+      for (Wire sp; ss.Next(2, &sp);) {
         ++seen;
         const uint8_t* span_start = sp.p;
         size_t span_len = size_t(sp.end - sp.p);
@@ -321,7 +276,6 @@ py::tuple DecodeExport(py::bytes data, const py::tuple& span_keys, const py::tup
         py::tuple vals(span_keys.size());
         for (size_t i = 0; i < vals.size(); ++i) vals[i] = py::none();
         int64_t flows_at = -1;
-        bool attrs_done = false;
         while (sp.More()) {
           const uint8_t* field_start = sp.p;
           uint32_t pf, pwt;
@@ -338,23 +292,12 @@ py::tuple DecodeExport(py::bytes data, const py::tuple& span_keys, const py::tup
             start = sp.Fixed64();
           } else if (pf == 8 && pwt == kFixed64) {
             end = sp.Fixed64();
-          } else if (pf == 9 && pwt == kLen && !attrs_done) {
+          } else if (pf == 9 && pwt == kLen && flows_at < 0) {
             // One KeyValue per field 9. Stop picking at the first flow attribute; the
             // remaining attributes are decoded on demand (AttrDecoder).
-            Wire kvw = sp.Sub();
-            Wire key{nullptr, nullptr}, value{nullptr, nullptr};
-            if (!SplitKeyValue(kvw, &key, &value)) continue;
-            std::string_view k = key.View();
-            if (!stop_prefix.empty() && k.substr(0, stop_prefix.size()) == stop_prefix) {
+            std::string_view k = PickScalar(sp.Sub(), sidx, vals);
+            if (!stop_prefix.empty() && k.substr(0, stop_prefix.size()) == stop_prefix)
               flows_at = field_start - span_start;
-              attrs_done = true;
-              continue;
-            }
-            auto it = sidx.find(k);
-            if (it != sidx.end()) {
-              Utf8(key);
-              vals[it->second] = Scalar(value);
-            }
           } else {
             sp.Skip(pwt);
           }
@@ -399,15 +342,9 @@ class AttrDecoder {
     const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data()) + offset;
     Wire sp{base + start, base + length};
     py::dict out;
-    while (sp.More()) {
-      uint32_t f, wt;
-      sp.Tag(&f, &wt);
-      if (f != 9 || wt != kLen) {
-        sp.Skip(wt);
-        continue;
-      }
+    for (Wire kv; sp.Next(9, &kv);) {
       Wire key{nullptr, nullptr}, value{nullptr, nullptr};
-      if (!SplitKeyValue(sp.Sub(), &key, &value)) continue;
+      if (!SplitKeyValue(kv, &key, &value)) continue;
       if (all_) {
         out[Utf8(key)] = Value(value, ArrayAs::kAny);
         continue;
