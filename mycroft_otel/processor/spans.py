@@ -4,8 +4,8 @@ Ingest walks the payload's wire bytes natively (``_native.decode_export``) and r
 handful of key attributes per span (:class:`SpanRef`), stopping at the flow arrays (the agent
 writes them last). Each SpanRef keeps the payload and its span's byte range: the flow arrays
 and the rest are decoded by :func:`evidence_attributes` when a trace is actually analysed,
-and then only for the latest evidence of each rank. That keeps ingest at the cost of
-protobuf parsing itself (benchmarks/processor). Spans that do not have our shape are
+and then only for the latest evidence of each rank. The decoding itself costs what
+protobuf's own parse does (benchmarks/processor). Spans that do not have our shape are
 classified ``unknown`` and counted.
 """
 
@@ -67,7 +67,6 @@ _KEY_ATTRS = frozenset({
     sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK, sc.COLL_BYTES, sc.TIME_LAST_PROGRESS,
     sc.OP_KIND, sc.PROCESS_STOPPED, sc.COLL_COUNT, sc.COLL_DATATYPE, sc.ANOMALY_RECENT,
 })
-_RES_ATTRS = frozenset({sc.HOST_NAME, sc.PROCESS_PID, sc.SERVICE_NAME, sc.JOB_ID})
 
 
 @dataclass(slots=True)
@@ -162,9 +161,8 @@ class Decoded:
 def decode(data: bytes) -> Decoded:
     """Spans of one ExportTraceServiceRequest payload; raises ValueError when it is malformed."""
     seen, resources, spans = _native.decode_export(data, _KEYS, _RES_KEYS, _FLOW_PREFIX)
-    res = []
-    for host, pid, job in resources:
-        res.append(Resource(host=str(host) if host is not None else "", pid=_iv(pid), job=str(job) if job is not None else ""))
+    res = [Resource(host="" if host is None else str(host), pid=_iv(pid), job="" if job is None else str(job))
+           for host, pid, job in resources]
     refs: list[SpanRef] = []
     ignored = rejected = 0
     for ri, tid, sid, name, start, end, a, flow_at, off, length in spans:
