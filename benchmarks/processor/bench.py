@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: E402
 
 from mycroft_otel.processor import Processor  # noqa: E402
-from mycroft_otel.processor.spans import attributes, decode  # noqa: E402
+from mycroft_otel.processor.spans import attributes, decode as wire_decode  # noqa: E402
 from synth import Ring  # noqa: E402
 
 
@@ -73,7 +73,7 @@ def throughput(payloads: list[bytes], nspans: int) -> dict:
     full = time.process_time() - t0
     t0 = time.process_time()
     for p in payloads:
-        decode(p)
+        wire_decode(p)
     wire = time.process_time() - t0
     proc = Processor(env={"MYCROFT_MAX_TRACES": "100000"})
     t0 = time.process_time()
