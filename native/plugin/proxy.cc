@@ -173,7 +173,6 @@ bool StepStateInfo(int state, uint8_t* wait, uint8_t* level) {
   }
 }
 
-// One step transition: start (new_level 0, wait kNone), a state, or stop (level 3).
 namespace {
 uint32_t OldestActiveStep(const ProxyEntry& pe) {
   uint32_t best = UINT32_MAX;
@@ -186,6 +185,7 @@ uint32_t OldestActiveStep(const ProxyEntry& pe) {
 }
 }  // namespace
 
+// One step transition: start (new_level 0, wait kNone), a state, or stop (level 3).
 void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_t new_level, uint64_t bytes,
                 uint64_t now) {
   ProxyEntry& pe = *r.pe;
