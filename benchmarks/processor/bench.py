@@ -9,7 +9,7 @@
    faulty collectives). Reported as spans per CPU-second and the ratio b/a (target >= 0.5).
    Also printed: parsing plus reading every field through the protobuf API (what a Python
    consumer of protobuf objects pays at least) and the processor's own wire decoder alone
-   (``_native.decode_export``, key attributes only).
+   (``_native.ExportDecoder``, key attributes only).
    The traffic: 64-rank ring all-reduces (2 channels, 4 flows per rank), 90% complete and
    healthy, 5% hung (in-flight snapshots), 5% slow with a culprit.
 2. Scale: one hung ring collective of 1,024 / 4,096 / 16,384 ranks (a GPU stall at one rank):

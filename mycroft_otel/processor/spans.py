@@ -1,6 +1,6 @@
 """OTLP protobuf spans -> what the analysis needs, decoded as lazily as possible.
 
-Ingest walks the payload's wire bytes natively (``_native.decode_export``) and reads only a
+Ingest walks the payload's wire bytes natively (``_native.ExportDecoder``) and reads only a
 handful of key attributes per span (:class:`SpanRef`), stopping at the flow arrays (the agent
 writes them last). Each SpanRef keeps the payload and its span's byte range: the flow arrays
 and the rest are decoded by :func:`evidence_attributes` when a trace is actually analysed,
@@ -111,11 +111,6 @@ class SpanRef:
         return max(0, self.end_ns - self.start_ns)
 
 
-def _int(a: dict, key: str, default: int = -1) -> int:
-    v = a.get(key, default)
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
-
-
 def classify(name: str) -> str:
     if name.startswith(sc.OP_SPAN_PREFIX):
         return OP
@@ -130,7 +125,7 @@ def classify(name: str) -> str:
     return UNKNOWN
 
 
-_KEYS = tuple(sorted(_KEY_ATTRS))  # decode_export returns the values in this order
+_KEYS = tuple(sorted(_KEY_ATTRS))  # the export decoder returns the values in this order
 _RES_KEYS = (sc.HOST_NAME, sc.PROCESS_PID, sc.JOB_ID)
 (_I_RANK, _I_NRANKS, _I_COMM, _I_SEQ, _I_FUNC, _I_STATE, _I_SNAPSHOT, _I_STATUS, _I_ANOMALY, _I_BASELINE, _I_GRANK,
  _I_BYTES, _I_PROGRESS, _I_STOPPED, _I_COUNT, _I_DTYPE, _I_RECENT) = (
@@ -138,6 +133,9 @@ _RES_KEYS = (sc.HOST_NAME, sc.PROCESS_PID, sc.JOB_ID)
                              sc.SNAPSHOT_SEQ, sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK,
                              sc.COLL_BYTES, sc.TIME_LAST_PROGRESS, sc.PROCESS_STOPPED, sc.COLL_COUNT,
                              sc.COLL_DATATYPE, sc.ANOMALY_RECENT))
+
+
+_EXPORT = _native.ExportDecoder(_KEYS, _RES_KEYS, _FLOW_PREFIX)
 
 
 def _iv(v: Any, default: int = -1) -> int:
@@ -160,7 +158,7 @@ class Decoded:
 
 def decode(data: bytes) -> Decoded:
     """Spans of one ExportTraceServiceRequest payload; raises ValueError when it is malformed."""
-    seen, resources, spans = _native.decode_export(data, _KEYS, _RES_KEYS, _FLOW_PREFIX)
+    seen, resources, spans = _EXPORT(data)
     res = [Resource(host="" if host is None else str(host), pid=_iv(pid), job="" if job is None else str(job))
            for host, pid, job in resources]
     refs: list[SpanRef] = []

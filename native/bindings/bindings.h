@@ -3,7 +3,7 @@
 //   module.cc  numpy dtypes derived from the shm_layout.h / driver_event.h structs, name tables, constants
 //   reader.cc  RingReader: read-only view of one plugin context's shared-memory file
 //   driver.cc  Driver: loads a profiler plugin .so and calls its ABI exactly as NCCL does
-//   otlp.cc    decode_export / span_attributes: OTLP trace payloads read straight from the wire (processor ingest)
+//   otlp.cc    ExportDecoder / AttrDecoder: OTLP trace payloads read straight from the wire (processor ingest)
 #pragma once
 
 #include <pybind11/numpy.h>

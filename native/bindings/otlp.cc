@@ -126,6 +126,8 @@ std::string_view BytesView(const py::bytes& b) {
   return {p, size_t(n)};
 }
 
+py::bytes Bytes(const Wire& w) { return py::bytes(reinterpret_cast<const char*>(w.p), size_t(w.end - w.p)); }
+
 // Reads one AnyValue field whose tag was just read: a scalar (1 string, 2 bool, 3 int64,
 // 4 double) sets *out and returns true; anything else is left unread (false).
 bool ScalarField(Wire& v, uint32_t f, uint32_t wt, py::object* out) {
@@ -188,27 +190,36 @@ py::object Value(Wire v, ArrayAs as) {
         for (Wire key; kv.Next(1, &key);) d[Utf8(key)] = py::none();
       out = d;
     } else if (f == 7 && wt == kLen) {
-      Wire b = v.Sub();
-      out = py::bytes(reinterpret_cast<const char*>(b.p), size_t(b.end - b.p));
-    } else if (ScalarField(v, f, wt, &out)) {
-    } else {
+      out = Bytes(v.Sub());
+    } else if (!ScalarField(v, f, wt, &out)) {
       v.Skip(wt);
     }
   }
   return out;
 }
 
-// Key -> index into the caller's key tuple.
-using KeyIndex = std::unordered_map<std::string_view, int>;
+// Key bytes -> position in the caller's key list, built once per decoder so a lookup
+// needs no Python object. Not copyable: the map views the strings it owns.
+class KeyTable {
+ public:
+  explicit KeyTable(const py::handle& keys) {
+    if (keys.is_none()) return;
+    for (auto k : keys) bytes_.push_back(k.cast<std::string>());
+    for (size_t i = 0; i < bytes_.size(); ++i) index_.emplace(bytes_[i], i);
+  }
+  KeyTable(const KeyTable&) = delete;
+  KeyTable& operator=(const KeyTable&) = delete;
+  size_t size() const { return bytes_.size(); }
+  // Position of `key`, or size() when it is not in the table.
+  size_t Find(std::string_view key) const {
+    auto it = index_.find(key);
+    return it == index_.end() ? size() : it->second;
+  }
 
-KeyIndex IndexOf(const py::tuple& keys, std::vector<std::string>* store) {
-  store->clear();
-  store->reserve(keys.size());
-  for (auto k : keys) store->push_back(k.cast<std::string>());
-  KeyIndex idx;
-  for (size_t i = 0; i < store->size(); ++i) idx.emplace((*store)[i], int(i));
-  return idx;
-}
+ private:
+  std::vector<std::string> bytes_;
+  std::unordered_map<std::string_view, size_t> index_;
+};
 
 // KeyValue -> (key bytes, value bytes); false when it has no key.
 bool SplitKeyValue(Wire kv, Wire* key, Wire* value) {
@@ -229,88 +240,101 @@ bool SplitKeyValue(Wire kv, Wire* key, Wire* value) {
   return has_key;
 }
 
-// One KeyValue: if its key is among `idx`, its scalar value goes to out[index]. Returns the key.
-std::string_view PickScalar(Wire kv, const KeyIndex& idx, py::tuple& out) {
+// One KeyValue: if its key is in `keys`, its scalar value goes to out[position]. Returns the key.
+std::string_view PickScalar(Wire kv, const KeyTable& keys, py::tuple& out) {
   Wire key{nullptr, nullptr}, value{nullptr, nullptr};
   if (!SplitKeyValue(kv, &key, &value)) return {};
-  auto it = idx.find(key.View());
-  if (it != idx.end()) {
+  size_t i = keys.Find(key.View());
+  if (i < keys.size()) {
     Utf8(key);  // protobuf rejects a key that is not UTF-8; so do we
-    out[it->second] = Scalar(value);
+    out[i] = Scalar(value);
   }
   return key.View();
 }
 
-// decode_export(data, span_keys, resource_keys, stop_prefix)
-//   -> (spans_seen, resources, spans)
+py::tuple Nones(size_t n) {
+  py::tuple t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = py::none();
+  return t;
+}
+
+// ExportDecoder(span_keys, resource_keys, stop_prefix)(data) -> (spans_seen, resources, spans)
 // resources: one tuple of resource attribute values (resource_keys order, None if absent) per
 // ResourceSpans; spans: (resource index, trace_id, span_id, name, start_ns, end_ns, values,
 // flows_at, span_offset, span_length) per span, values in span_keys order; flows_at is the
 // offset, within the span, of its first attribute whose key starts with stop_prefix (-1 if
-// none): decoding stops there at ingest, AttrDecoder starts there later.
-py::tuple DecodeExport(py::bytes data, const py::tuple& span_keys, const py::tuple& resource_keys,
-                       const std::string& stop_prefix) {
-  std::string_view buf = BytesView(data);
-  const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data());
-  std::vector<std::string> skey_store, rkey_store;
-  KeyIndex sidx = IndexOf(span_keys, &skey_store), ridx = IndexOf(resource_keys, &rkey_store);
-  py::list resources, spans;
-  size_t seen = 0;
-  Wire req{base, base + buf.size()};
-  for (Wire rs; req.Next(1, &rs);) {
-    py::tuple rvals(resource_keys.size());
-    for (size_t i = 0; i < rvals.size(); ++i) rvals[i] = py::none();
-    int res_index = int(py::len(resources));
-    // The resource may come after the spans on the wire: read it first.
-    for (Wire scan = rs, res; scan.Next(1, &res);)
-      for (Wire kv; res.Next(1, &kv);) PickScalar(kv, ridx, rvals);
-    resources.append(rvals);
-    for (Wire ss; rs.Next(2, &ss);) {
-      for (Wire sp; ss.Next(2, &sp);) {
-        ++seen;
-        const uint8_t* span_start = sp.p;
-        size_t span_len = size_t(sp.end - sp.p);
-        py::bytes tid(""), sid("");
-        py::str name("");
-        uint64_t start = 0, end = 0;
-        py::tuple vals(span_keys.size());
-        for (size_t i = 0; i < vals.size(); ++i) vals[i] = py::none();
-        int64_t flows_at = -1;
-        while (sp.More()) {
-          const uint8_t* field_start = sp.p;
-          uint32_t pf, pwt;
-          sp.Tag(&pf, &pwt);
-          if (pf == 1 && pwt == kLen) {
-            Wire b = sp.Sub();
-            tid = py::bytes(reinterpret_cast<const char*>(b.p), size_t(b.end - b.p));
-          } else if (pf == 2 && pwt == kLen) {
-            Wire b = sp.Sub();
-            sid = py::bytes(reinterpret_cast<const char*>(b.p), size_t(b.end - b.p));
-          } else if (pf == 5 && pwt == kLen) {
-            name = Utf8(sp.Sub());
-          } else if (pf == 7 && pwt == kFixed64) {
-            start = sp.Fixed64();
-          } else if (pf == 8 && pwt == kFixed64) {
-            end = sp.Fixed64();
-          } else if (pf == 9 && pwt == kLen && flows_at < 0) {
-            // One KeyValue per field 9. Stop picking at the first flow attribute; the
-            // remaining attributes are decoded on demand (AttrDecoder).
-            std::string_view k = PickScalar(sp.Sub(), sidx, vals);
-            if (!stop_prefix.empty() && k.substr(0, stop_prefix.size()) == stop_prefix)
-              flows_at = field_start - span_start;
-          } else {
-            sp.Skip(pwt);
-          }
+// none): decoding stops there at ingest, AttrDecoder starts there later. Built once: the
+// key tables are made at construction, not per payload.
+class ExportDecoder {
+ public:
+  ExportDecoder(const py::tuple& span_keys, const py::tuple& resource_keys, std::string stop_prefix)
+      : span_keys_(span_keys), resource_keys_(resource_keys), stop_prefix_(std::move(stop_prefix)) {}
+
+  py::tuple Decode(py::bytes data) const {
+    std::string_view buf = BytesView(data);
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data());
+    py::list resources, spans;
+    size_t seen = 0;
+    Wire req{base, base + buf.size()};
+    for (Wire rs; req.Next(1, &rs);) {
+      py::tuple rvals = Nones(resource_keys_.size());
+      int res_index = int(py::len(resources));
+      // The resource may come after the spans on the wire: read it first.
+      for (Wire scan = rs, res; scan.Next(1, &res);)
+        for (Wire kv; res.Next(1, &kv);) PickScalar(kv, resource_keys_, rvals);
+      resources.append(rvals);
+      for (Wire ss; rs.Next(2, &ss);) {
+        for (Wire sp; ss.Next(2, &sp);) {
+          ++seen;
+          spans.append(Span(sp, base, res_index));
         }
-        spans.append(py::make_tuple(res_index, tid, sid, name, py::int_(start), py::int_(end), vals,
-                                    py::int_(flows_at), py::int_(span_start - base), py::int_(span_len)));
       }
     }
+    return py::make_tuple(seen, resources, spans);
   }
-  return py::make_tuple(seen, resources, spans);
-}
 
-// Decodes chosen attributes of spans that decode_export walked, on demand. Built once per
+ private:
+  py::tuple Span(Wire sp, const uint8_t* base, int res_index) const {
+    const uint8_t* span_start = sp.p;
+    size_t span_len = size_t(sp.end - sp.p);
+    py::bytes tid(""), sid("");
+    py::str name("");
+    uint64_t start = 0, end = 0;
+    py::tuple vals = Nones(span_keys_.size());
+    int64_t flows_at = -1;
+    while (sp.More()) {
+      const uint8_t* field_start = sp.p;
+      uint32_t f, wt;
+      sp.Tag(&f, &wt);
+      if (f == 1 && wt == kLen) {
+        tid = Bytes(sp.Sub());
+      } else if (f == 2 && wt == kLen) {
+        sid = Bytes(sp.Sub());
+      } else if (f == 5 && wt == kLen) {
+        name = Utf8(sp.Sub());
+      } else if (f == 7 && wt == kFixed64) {
+        start = sp.Fixed64();
+      } else if (f == 8 && wt == kFixed64) {
+        end = sp.Fixed64();
+      } else if (f == 9 && wt == kLen && flows_at < 0) {
+        // One KeyValue per field 9. Stop picking at the first flow attribute; the
+        // remaining attributes are decoded on demand (AttrDecoder).
+        std::string_view k = PickScalar(sp.Sub(), span_keys_, vals);
+        if (!stop_prefix_.empty() && k.substr(0, stop_prefix_.size()) == stop_prefix_)
+          flows_at = field_start - span_start;
+      } else {
+        sp.Skip(wt);
+      }
+    }
+    return py::make_tuple(res_index, tid, sid, name, py::int_(start), py::int_(end), vals, py::int_(flows_at),
+                          py::int_(span_start - base), py::int_(span_len));
+  }
+
+  KeyTable span_keys_, resource_keys_;
+  std::string stop_prefix_;
+};
+
+// Decodes chosen attributes of spans that an ExportDecoder walked, on demand. Built once per
 // key set: selection happens on the key bytes, so attributes not asked for cost no Python
 // object, and the keys handed back are the caller's own str objects.
 //
@@ -319,22 +343,19 @@ py::tuple DecodeExport(py::bytes data, const py::tuple& span_keys, const py::tup
 // elements keep their own scalar type (None for anything else). keys None: every attribute.
 class AttrDecoder {
  public:
-  AttrDecoder(const py::object& keys, const py::object& str_keys) : all_(keys.is_none()), typed_(!str_keys.is_none()) {
+  AttrDecoder(const py::object& keys, const py::object& str_keys)
+      : all_(keys.is_none()), typed_(!str_keys.is_none()), keys_(keys) {
     if (!all_) {
       for (auto k : keys) {
         py::str key = py::reinterpret_borrow<py::str>(k);
-        bool is_str = typed_ && str_keys.contains(key);
         names_.push_back(key);
-        as_.push_back(typed_ ? (is_str ? ArrayAs::kStr : ArrayAs::kInt) : ArrayAs::kAny);
+        as_.push_back(!typed_ ? ArrayAs::kAny : str_keys.contains(key) ? ArrayAs::kStr : ArrayAs::kInt);
       }
-      key_bytes_.reserve(names_.size());  // stable storage for the map's string_views
-      for (auto& n : names_) key_bytes_.push_back(n.cast<std::string>());
-      for (size_t i = 0; i < key_bytes_.size(); ++i) index_.emplace(key_bytes_[i], i);
     }
   }
 
   // The attributes of the span at data[offset:offset+length], from byte `start` of the span on
-  // (0: all; a decode_export flows_at to skip what ingest already read).
+  // (0: all; an ExportDecoder flows_at to skip what ingest already read).
   py::dict Decode(py::bytes data, size_t offset, size_t length, size_t start) const {
     std::string_view buf = BytesView(data);
     if (offset > buf.size() || length > buf.size() - offset || start > length)
@@ -349,30 +370,30 @@ class AttrDecoder {
         out[Utf8(key)] = Value(value, ArrayAs::kAny);
         continue;
       }
-      auto it = index_.find(key.View());
-      if (it == index_.end()) continue;
-      out[names_[it->second]] = Value(value, as_[it->second]);
+      size_t i = keys_.Find(key.View());
+      if (i < keys_.size()) out[names_[i]] = Value(value, as_[i]);
     }
     return out;
   }
 
  private:
   bool all_, typed_;
-  std::vector<py::str> names_;
+  KeyTable keys_;                // same order as names_ and as_ (iteration of the same `keys`)
+  std::vector<py::str> names_;   // the caller's own key objects, handed back as dict keys
   std::vector<ArrayAs> as_;
-  std::vector<std::string> key_bytes_;
-  std::unordered_map<std::string_view, size_t> index_;
 };
 
 }  // namespace
 
 void RegisterOtlp(py::module_& m) {
-  m.def("decode_export", &DecodeExport, py::arg("data"), py::arg("span_keys"), py::arg("resource_keys"),
-        py::arg("stop_prefix"),
-        "Walk an ExportTraceServiceRequest's wire bytes: (spans seen, resource attribute tuples, span tuples). "
-        "Raises ValueError on a malformed payload.");
+  py::class_<ExportDecoder>(m, "ExportDecoder",
+                            "Walks an ExportTraceServiceRequest's wire bytes: (spans seen, resource attribute "
+                            "tuples, span tuples). Raises ValueError on a malformed payload.")
+      .def(py::init<const py::tuple&, const py::tuple&, std::string>(), py::arg("span_keys"),
+           py::arg("resource_keys"), py::arg("stop_prefix"))
+      .def("__call__", &ExportDecoder::Decode, py::arg("data"));
   py::class_<AttrDecoder>(m, "AttrDecoder",
-                          "Chosen attributes of spans decode_export walked, decoded on demand from the payload.")
+                          "Chosen attributes of spans an ExportDecoder walked, decoded on demand from the payload.")
       .def(py::init<const py::object&, const py::object&>(), py::arg("keys"), py::arg("str_keys"))
       .def("__call__", &AttrDecoder::Decode, py::arg("data"), py::arg("offset"), py::arg("length"),
            py::arg("start") = 0);

@@ -1,4 +1,4 @@
-"""The native OTLP decoder (mycroft_otel._native.decode_export / AttrDecoder) against protobuf itself.
+"""The native OTLP decoder (mycroft_otel._native.ExportDecoder / AttrDecoder) against protobuf itself.
 
 Ingest reads payloads straight from the wire, so it must see what a protobuf parser sees on every valid
 payload, and refuse (ValueError) or survive whatever else arrives.
@@ -20,8 +20,8 @@ from mycroft_otel.processor import spans as S
 
 from synth import Ring
 
-KEYS = tuple(sorted(S._KEY_ATTRS))
-RES_KEYS = (sc.HOST_NAME, sc.PROCESS_PID, sc.JOB_ID)
+KEYS, RES_KEYS = S._KEYS, S._RES_KEYS
+EXPORT = _native.ExportDecoder(KEYS, RES_KEYS, "mycroft.flow.")
 
 
 def _pb_value(v: common_pb2.AnyValue):
@@ -30,7 +30,7 @@ def _pb_value(v: common_pb2.AnyValue):
 
 
 def _expected(req: trace_service_pb2.ExportTraceServiceRequest):
-    """What decode_export must return for req, read through protobuf."""
+    """What the export decoder must return for req, read through protobuf."""
     spans, resources = [], []
     for ri, rs in enumerate(req.resource_spans):
         r = {kv.key: _pb_value(kv.value) for kv in rs.resource.attributes}
@@ -83,12 +83,12 @@ def _random_request(rng: random.Random) -> trace_service_pb2.ExportTraceServiceR
     return req
 
 
-def test_decode_export_reads_what_protobuf_reads():
+def test_export_decoder_reads_what_protobuf_reads():
     rng = random.Random(7)
     for _ in range(400):
         req = _random_request(rng)
         data = req.SerializeToString()
-        seen, resources, spans = _native.decode_export(data, KEYS, RES_KEYS, "mycroft.flow.")
+        seen, resources, spans = EXPORT(data)
         want_res, want_spans = _expected(req)
         assert seen == len(want_spans)
         assert resources == want_res
@@ -105,7 +105,7 @@ def test_attr_decoder_types_arrays_and_skips_what_ingest_read():
     ring = Ring(8, nch=2, comm=0x42, seq=3)
     ring.gpu_stall(2)
     data = ring.request().SerializeToString()
-    _, _, spans = _native.decode_export(data, KEYS, RES_KEYS, "mycroft.flow.")
+    _, _, spans = EXPORT(data)
     req = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
     pb_spans = [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
     dec = _native.AttrDecoder(S._EVIDENCE_KEYS, S._STR_ARRAYS)
@@ -152,14 +152,14 @@ def test_wire_edge_cases():
     kv_rank = _ld(1, sc.RANK.encode()) + _ld(2, bytes([3 << 3]) + _varint(5))
     span = _ld(1, b"t" * 16) + _ld(2, b"s" * 8) + _ld(5, sc.INFLIGHT_SPAN.encode()) + _ld(9, kv_rank)
     good = _ld(1, _ld(2, _ld(2, span)))
-    seen, _, spans = _native.decode_export(good, KEYS, RES_KEYS, "mycroft.flow.")
+    seen, _, spans = EXPORT(good)
     assert seen == 1 and spans[0][6][KEYS.index(sc.RANK)] == 5
     # a known field with the wrong wire type is an unknown field (protobuf's rule): skipped, not an error
     odd = _ld(1, _ld(2, _ld(2, bytes([5 << 3 | 0]) + _varint(7) + span)))
-    assert _native.decode_export(odd, KEYS, RES_KEYS, "")[2][0][3] == sc.INFLIGHT_SPAN
+    assert _native.ExportDecoder(KEYS, RES_KEYS, "")(odd)[2][0][3] == sc.INFLIGHT_SPAN
     # a deprecated group among unknown fields is skipped like protobuf skips it
     group = bytes([15 << 3 | 3]) + bytes([1 << 3]) + _varint(1) + bytes([15 << 3 | 4])
-    assert _native.decode_export(_ld(1, _ld(2, _ld(2, group + span))), KEYS, RES_KEYS, "")[0] == 1
+    assert _native.ExportDecoder(KEYS, RES_KEYS, "")(_ld(1, _ld(2, _ld(2, group + span))))[0] == 1
     bad = {
         "truncated": good[:-3],
         "length past the end": _ld(1, b"\x12\x7f"),
@@ -170,14 +170,14 @@ def test_wire_edge_cases():
     }
     for what, data in bad.items():
         with pytest.raises(ValueError):
-            _native.decode_export(data, KEYS, RES_KEYS, "mycroft.flow.")
+            EXPORT(data)
         with pytest.raises(DecodeError):  # protobuf refuses the same payloads
             trace_service_pb2.ExportTraceServiceRequest.FromString(data)
     # arrays longer than 4096 are cut (hostile sizes)
     arr = b"".join(_ld(1, bytes([3 << 3]) + _varint(i)) for i in range(5000))
     kv = _ld(1, b"mycroft.flow.channel") + _ld(2, _ld(5, arr))
     data = _ld(1, _ld(2, _ld(2, span + _ld(9, kv))))
-    s = _native.decode_export(data, KEYS, RES_KEYS, "mycroft.flow.")[2][0]
+    s = EXPORT(data)[2][0]
     got = _native.AttrDecoder(frozenset({"mycroft.flow.channel"}), frozenset())(data, s[8], s[9], s[7])
     assert got["mycroft.flow.channel"] == list(range(4096))
 
@@ -203,7 +203,7 @@ def test_mutated_payloads_never_crash():
                 b[at:at] = rng.randbytes(rng.randint(1, 16))
         data = bytes(b)
         try:
-            _, _, spans = _native.decode_export(data, KEYS, RES_KEYS, "mycroft.flow.")
+            _, _, spans = EXPORT(data)
         except ValueError:
             refused += 1
             continue
