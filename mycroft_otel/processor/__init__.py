@@ -8,7 +8,8 @@ spans through the modules:
                 (key attributes at ingest, the rest decoded lazily when analysed)
 - ``state``     per-trace state (one trace = one collective), bounded by TTL and size
 - ``detect``    hangs (no progress for MYCROFT_STALL_MS) and slowdowns (online baselines)
-- ``rca``       the walk over span links to the root cause, classification, confidence
+- ``rca``       the walk over span links to the root cause of a hang, classification, confidence
+- ``slowdown``  the root cause of a slow completed collective (comparisons across ranks and flows)
 - ``pipeline``  the :class:`Processor` that ties them together on a timer, incidents, dedupe
 - ``exporter``  ``mycroft.root_cause`` spans over OTLP (OTEL_*)
 - ``metrics``   Prometheus ``/metrics``
@@ -18,6 +19,12 @@ The processor works from spans alone: it imports only ``semconv``, ``ids`` and
 ``config`` from the rest of the package.
 """
 
-from mycroft_otel.processor.pipeline import Processor, Verdict
+import os
+
+# The processor's numpy work is elementwise, never BLAS; OpenBLAS's idle worker threads would only take
+# CPU from ingest (measured: ~5% of a core while decoding). Only when numpy is not loaded yet.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from mycroft_otel.processor.pipeline import Processor, Verdict  # noqa: E402
 
 __all__ = ["Processor", "Verdict"]

@@ -27,8 +27,9 @@ WARMUP = 3       # samples of a key before its baseline is trusted
 WINDOW = 32      # recent samples kept per key
 
 
-def size_bucket(nbytes: int) -> int:
-    return max(0, int(nbytes)).bit_length()
+def baseline_key(comm: str, func: str, nbytes: int) -> tuple:
+    """What a baseline is kept for: (communicator, function, size bucket = bit length of the bytes)."""
+    return (comm, func, max(0, int(nbytes)).bit_length())
 
 
 class Baselines:
@@ -38,10 +39,9 @@ class Baselines:
         self.samples: dict[tuple, deque] = {}
         self.max_keys = max_keys
 
-    def add(self, comm: str, func: str, nbytes: int, duration_ns: float) -> None:
+    def add(self, key: tuple, duration_ns: float) -> None:
         if duration_ns <= 0:
             return
-        key = (comm, func, size_bucket(nbytes))
         d = self.samples.get(key)
         if d is None:
             if len(self.samples) >= self.max_keys:
@@ -49,8 +49,8 @@ class Baselines:
             d = self.samples[key] = deque(maxlen=WINDOW)
         d.append(float(duration_ns))
 
-    def get(self, comm: str, func: str, nbytes: int) -> float | None:
-        d = self.samples.get((comm, func, size_bucket(nbytes)))
+    def get(self, key: tuple) -> float | None:
+        d = self.samples.get(key)
         if d is None or len(d) < WARMUP:
             return None
         return statistics.median(d)
@@ -79,7 +79,7 @@ def trace_baseline(st: TraceState, baselines: Baselines) -> float | None:
     if not refs:
         return None
     nbytes = refs[0].nbytes
-    ours = baselines.get(st.comm, st.func, nbytes)
+    ours = baselines.get(baseline_key(st.comm, st.func, nbytes))
     if ours is not None:
         return ours
     theirs = [r.baseline_ns for r in refs if r.baseline_ns > 0 and r.anomaly in ("slow", "stalled")]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -40,6 +39,8 @@ SOFT_WINDOW_S = 5.0    # ... within this window
 SLOW_WINDOW_S = 30.0   # ... within this window
 LOCAL_CONFIRM = 5      # ... or, in one trace, when the culprit's agent flagged this many of its last
 LOCAL_CONFIRM_SOFT = 7 #     RECENT_WINDOW (8) collectives slow (mycroft.anomaly.recent): strict / milder outlier
+
+MEASURE_BATCH = 256    # completed collectives measured in one pass over their flows
 
 _SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
                            sc.SUMMARY_OPS})
@@ -144,8 +145,10 @@ class Processor:
         (unknown shape). Raises ValueError when the payload is malformed (nothing of it is ingested)."""
         d = decode(data)
         with self.lock:
+            now = self.mono()
+            bases: dict = {}  # the baselines this payload's op spans are judged by: one median per key
             for ref in d.refs:
-                self._add(ref)
+                self._add(ref, now, bases)
             self.counts["spans"] += d.seen
             self.counts["unknown"] += d.rejected
             self.counts["ignored"] += d.ignored
@@ -157,21 +160,22 @@ class Processor:
         """Ingest an ExportTraceServiceRequest message (tests, replays, OTLP/JSON)."""
         return self.ingest_payload(req.SerializeToString())
 
-    def _add(self, ref) -> None:
+    def _add(self, ref, now: float, bases: dict) -> None:
         if ref.kind == SUMMARY:
             self._add_summary(ref)
             return
-        st = self.store.add(ref)
-        if ref.kind in (INFLIGHT, STATUS):
+        st = self.store.add(ref, now)
+        if ref.kind != OP:
             if st.verdict is None and st.explained_by is None:
                 self._hang_cand[st.trace_id] = None
-        elif ref.kind == OP:
+        else:
             if not ref.anomaly:
-                base = self.baselines.get(ref.comm, ref.func, ref.nbytes)
+                key = detect.baseline_key(ref.comm, ref.func, ref.nbytes)
+                base = bases[key] if key in bases else bases.setdefault(key, self.baselines.get(key))
                 if base is not None and ref.duration_ns >= self.slow_factor * base:
                     st.anomalous = True
                 else:
-                    self.baselines.add(ref.comm, ref.func, ref.nbytes, ref.duration_ns)
+                    self.baselines.add(key, ref.duration_ns)
             # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
             # cannot see a slowdown that hides in the job's skew)
             if (st.anomalous or len(st.op) >= 3) and st.verdict is None and not st.analysed_slow:
@@ -189,7 +193,7 @@ class Processor:
             if i < len(means) and isinstance(func, str) and isinstance(means[i], int):
                 n = ops[i] if isinstance(ops, list) and i < len(ops) and isinstance(ops[i], int) else 1
                 if n > 0:
-                    self.baselines.add(ref.comm, func, avg_bytes, means[i])
+                    self.baselines.add(detect.baseline_key(ref.comm, func, avg_bytes), means[i])
 
     # -- detection ------------------------------------------------------------------------------
     def start(self) -> "Processor":
@@ -234,6 +238,7 @@ class Processor:
                     v = self._analyse_hang(st, now_ns, mono)
                     if v is not None:
                         out.append(v)
+            ready = []  # completed collectives to analyse now, measured together
             for tid, since in list(self._slow_cand.items()):
                 st = self.store.get(tid)
                 if st is None or st.verdict is not None or st.analysed_slow:
@@ -244,9 +249,11 @@ class Processor:
                 if st.complete() or mono - st.updated_mono >= self.settle_s or mono - since >= 3 * self.settle_s:
                     self._slow_cand.pop(tid, None)
                     st.analysed_slow = True
-                    v = self._analyse_slow(st, now_ns, mono)
-                    if v is not None:
-                        out.append(v)
+                    ready.append(st)
+            for st, m in zip(ready, self._measure(ready)):
+                v = self._analyse_slow(st, m, now_ns, mono)
+                if v is not None:
+                    out.append(v)
             for k, (t, _) in list(self._incidents.items()):
                 if mono - t > INCIDENT_WINDOW_S:
                     del self._incidents[k]
@@ -286,7 +293,7 @@ class Processor:
         ref = st.inflight.get(stuck[0])
         if ref is not None:
             try:
-                flows = rca.flows_of(rca.evidence_attributes(ref))
+                flows = rca.flows_of(ref)
                 if flows:
                     detail = f" ({flows[0].done} of {flows[0].steps} steps done, expecting more)"
             except Exception:  # noqa: BLE001
@@ -299,7 +306,7 @@ class Processor:
                       f"{', '.join(map(str, moved_on[:8]))} completed it and moved on to collective {nxt}: "
                       f"they disagree on the collective's size"),
             onset_ns=f.onset_ns, reason="moved_on", waiting=list(stuck))
-        views = rca.build_views(st, decode_completed=False)
+        views = rca.build_views(st)
         rca._decorate(st, views, nf)
         return nf
 
@@ -361,7 +368,19 @@ class Processor:
         # the other trace is hung: wait for its verdict, but not forever (a cycle of waits)
         return mono - first < max(2.0 * self.stall_ms / 1000.0, 1.0)
 
-    def _analyse_slow(self, st, now_ns: int, mono: float) -> Verdict | None:
+    def _measure(self, traces: list) -> list:
+        """The traces' slowdown measures, MEASURE_BATCH at a time (None where a batch failed: hostile
+        evidence; those are measured, and fail, alone)."""
+        out: list = []
+        for i in range(0, len(traces), MEASURE_BATCH):
+            batch = traces[i:i + MEASURE_BATCH]
+            try:
+                out += slowdown.measure(batch)
+            except Exception:  # noqa: BLE001 -- the per-trace analysis logs it
+                out += [None] * len(batch)
+        return out
+
+    def _analyse_slow(self, st, m, now_ns: int, mono: float) -> Verdict | None:
         t0 = time.perf_counter()
         try:
             base = detect.trace_baseline(st, self.baselines)
@@ -369,15 +388,15 @@ class Processor:
             if hist is None:
                 if len(self._history) > 4096:
                     self._history.pop(next(iter(self._history)))
-                hist = self._history[st.comm] = {"gpu": deque(maxlen=256), "net": deque(maxlen=256)}
+                hist = self._history[st.comm] = slowdown.new_history(256)
             job = st.job
             jh = self._job_history.get(job)
             if jh is None:
                 if len(self._job_history) > 256:
                     self._job_history.pop(next(iter(self._job_history)))
-                jh = self._job_history[job] = {"gpu": deque(maxlen=1024), "net": deque(maxlen=1024)}
+                jh = self._job_history[job] = slowdown.new_history(1024)
             hist["job"] = jh  # the reference while this communicator's own is thin
-            f = slowdown.analyse_slowdown(st, base, self.slow_factor, history=hist)
+            f = slowdown.analyse_slowdown(st, m, base, self.slow_factor, history=hist)
         except Exception:
             log.exception("slowdown analysis failed for trace %s", st.trace_id.hex())
             self.counts["analysis_errors"] += 1

@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor.spans import HANG_KEYS, Flow, SpanRef, evidence_attributes, flows_of
+from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flows_of
 from mycroft_otel.processor.state import TraceState
 
 # Rank states as the analysis sees them.
@@ -61,26 +61,25 @@ class RankView:
     """One rank's evidence in a trace; its attributes and flows are decoded on first use (the walk over
     a 16k-rank collective decodes only the ranks it visits)."""
 
-    __slots__ = ("rank", "state", "ref", "host", "global_rank", "_attrs", "_flows", "_keys")
+    __slots__ = ("rank", "state", "ref", "host", "global_rank", "_attrs", "_flows")
 
-    def __init__(self, rank: int, state: str, ref: SpanRef | None, attrs: dict | None = None,
-                 flows: list[Flow] | None = None, host: str = "", global_rank: int = -1, keys=None):
-        self.rank, self.state, self.ref, self.host, self.global_rank = rank, state, ref, host, global_rank
-        self._attrs, self._flows, self._keys = attrs, flows, keys
+    def __init__(self, rank: int, state: str, ref: SpanRef | None):
+        self.rank, self.state, self.ref = rank, state, ref
+        self.host = ref.resource.host if ref is not None else ""
+        self.global_rank = ref.global_rank if ref is not None else -1
+        self._attrs: dict | None = None
+        self._flows: list[Flow] | None = None
 
     @property
     def attrs(self) -> dict:
         if self._attrs is None:
-            if self.ref is None:
-                self._attrs = {}
-            else:
-                self._attrs = evidence_attributes(self.ref, self._keys) if self._keys else evidence_attributes(self.ref)
+            self._attrs = {} if self.ref is None else evidence_attributes(self.ref)
         return self._attrs
 
     @property
     def flows(self) -> list[Flow]:
         if self._flows is None:
-            self._flows = flows_of(self.attrs)
+            self._flows = [] if self.ref is None else flows_of(self.ref)
         return self._flows
 
     def send_flow(self, channel: int, peer: int) -> Flow | None:
@@ -106,7 +105,7 @@ def _stopped(ref: SpanRef | None) -> bool:
     return ref is not None and ref.stopped
 
 
-def build_views(st: TraceState, decode_completed: bool = True, keys=None) -> dict[int, RankView]:
+def build_views(st: TraceState) -> dict[int, RankView]:
     """One RankView per rank that said anything about this trace."""
     views: dict[int, RankView] = {}
     ranks = set(st.op) | set(st.inflight) | set(st.status)
@@ -120,35 +119,33 @@ def build_views(st: TraceState, decode_completed: bool = True, keys=None) -> dic
             ref, state = inf, (STOPPED if _stopped(inf) else IN_FLIGHT)
         else:
             ref, state = status, (STOPPED if _stopped(status) else NOT_ENTERED)
-        views[r] = RankView(rank=r, state=state, ref=ref, attrs=None if (state != COMPLETED or decode_completed)
-                            else {}, host=ref.resource.host if ref else "",
-                            global_rank=ref.global_rank if ref else -1, keys=keys)
+        views[r] = RankView(r, state, ref)
     return views
 
 
-def _signature(v: RankView) -> tuple | None:
-    func = v.ref.func if v.ref else ""
-    func = "Send/Recv" if func in ("Send", "Recv") else func  # a p2p trace holds both halves of one transfer
-    if v.state in (NOT_ENTERED, MISSING) or not func:
+def _signature(ref: SpanRef) -> tuple | None:
+    func = "Send/Recv" if ref.func in ("Send", "Recv") else ref.func  # a p2p trace holds both halves of one transfer
+    if not func:
         return None
-    return (func, v.ref.count if v.ref.count >= 0 else None, v.ref.datatype or None)
+    return (func, ref.count if ref.count >= 0 else None, ref.datatype or None)
 
 
-def check_mismatch(st: TraceState, views: dict[int, RankView]) -> Finding | None:
-    """Ranks that called different functions, sizes or types at the same sequence number."""
+def check_mismatch(st: TraceState) -> Finding | None:
+    """Ranks that called different functions, sizes or types at the same sequence number (as their
+    completed or in-flight spans say: status spans carry no size)."""
     groups: dict[tuple, list[int]] = {}
-    for v in views.values():
-        if v.ref is not None and v.ref.status:  # status spans carry no size
-            continue
-        sig = _signature(v)
-        if sig is not None:
-            groups.setdefault(sig, []).append(v.rank)
+    for refs in (st.op, {r: ref for r, ref in st.inflight.items() if r not in st.op}):
+        for r, ref in refs.items():
+            sig = _signature(ref)
+            if sig is not None:
+                groups.setdefault(sig, []).append(r)
     if len(groups) < 2:
         return None
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     majority_sig, majority = ordered[0]
     culprits = sorted(r for _, rs in ordered[1:] for r in rs)
-    sig = _signature(views[culprits[0]])
+    ref_of = {**st.inflight, **st.op}
+    sig = _signature(ref_of[culprits[0]])
     what = []
     names = ("function", "count", "datatype")
     for i, name in enumerate(names):
@@ -159,7 +156,7 @@ def check_mismatch(st: TraceState, views: dict[int, RankView]) -> Finding | None
         kind=sc.KIND_HANG, category="coll_mismatch", ranks=culprits, confidence=conf,
         evidence=(f"rank{'s' if len(culprits) > 1 else ''} {_ranks(culprits)} called {', '.join(what)} "
                   f"at collective {st.seq} of communicator {st.comm}"),
-        onset_ns=min((views[r].ref.start_ns for r in culprits if views[r].ref), default=st.first_evidence_ns),
+        onset_ns=min(ref_of[r].start_ns for r in culprits),
     )
 
 
@@ -335,8 +332,8 @@ def _classify_flow(views: dict[int, RankView], s: int, d: int, ch: int) -> tuple
 
 
 def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Finding | None:
-    views = build_views(st, keys=HANG_KEYS) if views is None else views
-    mm = check_mismatch(st, views)
+    views = build_views(st) if views is None else views
+    mm = check_mismatch(st)
     if mm is not None:
         _decorate(st, views, mm)
         return mm

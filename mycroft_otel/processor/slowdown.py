@@ -29,11 +29,14 @@ and category recur (a fault persists; jitter moves around).
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
+
+import numpy as np
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import rca
 from mycroft_otel.processor.rca import COMPLETED, IN_FLIGHT, Finding, RankView, build_views
-from mycroft_otel.processor.spans import evidence_attributes, flows_of
+from mycroft_otel.processor.spans import SpanRef, evidence_attributes, flow_table
 from mycroft_otel.processor.state import TraceState
 
 _FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_flow", "gpu_stalled": "slow_gpu",
@@ -51,48 +54,162 @@ SOFT_HISTORY = 8  # ... and only once the communicator's own history holds this 
 STRONG_RATIO = 500.0  # so far beyond any jitter that two collectives suffice (confidence 0.95, pipeline.STRONG_CONFIRM)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 
-
-def _arrival(v: RankView) -> int:
-    starts = [f.start_ns for f in v.flows if f.start_ns > 0]
-    if starts:
-        return min(starts)
-    for key in (sc.TIME_LAUNCH, sc.TIME_ENQUEUE, sc.TIME_API):
-        a = v.attrs.get(key)
-        if isinstance(a, int) and a > 0:
-            return a
-    return v.ref.start_ns if v.ref else 0
+_NO_ARRIVAL = np.iinfo(np.int64).max
 
 
-def _outlier(values: dict, ratio: float, floor: float, history=()):
-    """(key, value, ratio to the reference) of a clear top outlier, else None. The reference is the
+class History:
+    """The last ``size`` values of one per-step measure (a ring: the median needs no order)."""
+
+    def __init__(self, size: int):
+        self._buf = np.empty(size, dtype=np.float64)
+        self._n = 0
+        self._at = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def extend(self, values: np.ndarray) -> None:
+        size = len(self._buf)
+        values = values[-size:]
+        k = len(values)
+        first = min(k, size - self._at)
+        self._buf[self._at:self._at + first] = values[:first]
+        self._buf[:k - first] = values[first:]
+        self._at = (self._at + k) % size
+        self._n = min(size, self._n + k)
+
+    def values(self) -> np.ndarray:
+        return self._buf[:self._n]
+
+
+def new_history(size: int) -> dict[str, History]:
+    """What a communicator (or a job) has seen: per-step GPU waits and network waits."""
+    return {"gpu": History(size), "net": History(size)}
+
+
+@dataclass(slots=True)
+class Measures:
+    """One completed collective's numbers: a row per completed rank (``refs`` order) or per flow."""
+
+    refs: list[SpanRef]
+    ranks: np.ndarray      # per rank
+    arrival: np.ndarray    # per rank: when it really started (its first step posted; else its launch)
+    duration: np.ndarray   # per rank: its span's duration
+    gpu_of: np.ndarray     # the ranks (indices) with receive flows ...
+    gpu: np.ndarray        # ... and their GPU wait per step (data there, not consumed)
+    src: np.ndarray        # per send flow into a completed rank: its sender (index) ...
+    dst: np.ndarray        # ... receiver (index) ...
+    channel: np.ndarray    # ... channel ...
+    net: np.ndarray        # ... and network wait per step, less the time its receiver was not there yet
+    sent_of: np.ndarray    # the ranks (indices) with send flows that had steps ...
+    sent_wait: np.ndarray  # ... and their send steps' GPU + network wait per step (the proxy's share is the rest)
+
+
+# The flow counters the comparisons read (the rest of each span is not decoded for them).
+MEASURE_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_START, sc.FLOW_GPU_WAIT,
+                   sc.FLOW_NET_WAIT)
+F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_GPU_WAIT, F_NET_WAIT = range(len(MEASURE_COLUMNS))
+_RANK_BITS = 21  # ranks are < 2**20 (spans.py): (trace, rank) packs into one int64 key
+
+
+def measure(traces: list[TraceState]) -> list[Measures]:
+    """The completed ranks' numbers of several traces at once (numpy over all their flows: one tick's
+    collectives cost a few array operations, not a few per collective)."""
+    refs = [ref for st in traces for ref in st.op.values()]
+    per = np.array([len(st.op) for st in traces], dtype=np.int64)
+    bounds = np.concatenate(([0], np.cumsum(per)))
+    trace_of = np.repeat(np.arange(len(traces)), per)  # per rank: its trace
+    ranks = np.array([ref.rank for ref in refs], dtype=np.int64)
+    times = np.array([(ref.start_ns, ref.end_ns) for ref in refs], dtype=np.float64).reshape(-1, 2)
+    table, counts = flow_table(refs, MEASURE_COLUMNS)
+    row = np.repeat(np.arange(len(refs)), counts)  # per flow: its rank (index into refs)
+    # arrival
+    starts = table[:, F_START]
+    posted = starts > 0
+    arrival = np.full(len(refs), _NO_ARRIVAL, dtype=np.int64)
+    np.minimum.at(arrival, row[posted], starts[posted])
+    for i in np.flatnonzero(arrival == _NO_ARRIVAL).tolist():
+        a = evidence_attributes(refs[i])
+        t = next((a[k] for k in (sc.TIME_LAUNCH, sc.TIME_ENQUEUE, sc.TIME_API) if type(a.get(k)) is int and a[k] > 0),
+                 refs[i].start_ns)
+        arrival[i] = min(t, _NO_ARRIVAL - 1)
+    send = table[:, F_SEND] == 1
+    steps = np.maximum(table[:, F_STEPS], 1).astype(np.float64)
+    # GPU: receive side
+    recv = ~send
+    gpu_of = np.flatnonzero(np.bincount(row[recv], minlength=len(refs)))
+    gpu = (np.bincount(row[recv], weights=table[recv, F_GPU_WAIT].astype(np.float64), minlength=len(refs))[gpu_of]
+           / np.bincount(row[recv], weights=steps[recv], minlength=len(refs))[gpu_of])
+    # network: send flows into a rank of the same trace we heard from (one we did not may simply have
+    # been late: no fair comparison); the receiver found by its (trace, rank) key
+    out_rows = np.flatnonzero(send)
+    src = row[out_rows]
+    peer = table[out_rows, F_PEER]
+    keys = (trace_of << _RANK_BITS) | ranks
+    order = np.argsort(keys, kind="stable")
+    want = (trace_of[src] << _RANK_BITS) | np.clip(peer, 0, (1 << _RANK_BITS) - 1)
+    at = np.minimum(np.searchsorted(keys[order], want), max(len(refs) - 1, 0))
+    ok = (peer >= 0) & (peer < 1 << 20) & (keys[order[at]] == want) if len(refs) else np.zeros(0, bool)
+    out_rows, src, dst = out_rows[ok], src[ok], order[at[ok]]
+    early = np.maximum(0.0, (arrival[dst] - arrival[src]).astype(np.float64))
+    net = np.maximum(0.0, table[out_rows, F_NET_WAIT] - np.minimum(steps[out_rows], 8) * early) / steps[out_rows]
+    # proxy: the send steps' GPU + network wait per step
+    sent = send & (table[:, F_STEPS] > 0)
+    sent_of = np.flatnonzero(np.bincount(row[sent], minlength=len(refs)))
+    waited = (table[sent, F_GPU_WAIT] + table[sent, F_NET_WAIT]).astype(np.float64)
+    sent_wait = (np.bincount(row[sent], weights=waited, minlength=len(refs))[sent_of]
+                 / np.bincount(row[sent], weights=table[sent, F_STEPS].astype(np.float64), minlength=len(refs))[sent_of])
+    # per trace: its slice of each array (rank indices made local to the trace)
+    g_cut = np.searchsorted(gpu_of, bounds)
+    n_cut = np.searchsorted(src, bounds)  # send flows are in rank order, ranks in trace order
+    s_cut = np.searchsorted(sent_of, bounds)
+    out = []
+    for t in range(len(traces)):
+        b0, b1 = int(bounds[t]), int(bounds[t + 1])
+        g0, g1, n0, n1, s0, s1 = (int(g_cut[t]), int(g_cut[t + 1]), int(n_cut[t]), int(n_cut[t + 1]),
+                                  int(s_cut[t]), int(s_cut[t + 1]))
+        out.append(Measures(
+            refs=refs[b0:b1], ranks=ranks[b0:b1], arrival=arrival[b0:b1],
+            duration=np.maximum(0.0, times[b0:b1, 1] - times[b0:b1, 0]),
+            gpu_of=gpu_of[g0:g1] - b0, gpu=gpu[g0:g1], src=src[n0:n1] - b0, dst=dst[n0:n1] - b0,
+            channel=table[out_rows[n0:n1], F_CHANNEL], net=net[n0:n1],
+            sent_of=sent_of[s0:s1] - b0, sent_wait=sent_wait[s0:s1]))
+    return out
+
+
+def _outlier(values: np.ndarray, ratio: float, floor: float, history: np.ndarray):
+    """(index, value, ratio to the reference) of a clear top outlier, else None. The reference is the
     median of the other values in this trace and of the communicator's recent history."""
-    if not values:
+    if len(values) == 0:
         return None
-    items = sorted(values.items(), key=lambda kv: -kv[1])
-    top_k, top_v = items[0]
-    pool = [v for _, v in items[1:]] + list(history)
-    if len(pool) < 2 or (len(items) < 3 and len(history) < 8):
+    top = int(np.argmax(values))
+    top_v = float(values[top])
+    if top_v < floor * ratio:
         return None
-    med = statistics.median(pool)
-    r = top_v / max(med, floor)
-    if top_v < floor * ratio or r < ratio:
+    pool = np.concatenate((np.delete(values, top), history))
+    if len(pool) < 2 or (len(values) < 3 and len(history) < 8):
         return None
-    return top_k, top_v, r
+    r = top_v / max(float(np.median(pool)), floor)
+    if r < ratio:
+        return None
+    return top, top_v, r
 
 
-def _reference(history: dict, name: str):
-    own = history.get(name, ())
-    if len(own) >= 8:
-        return own
-    return history.get("job", {}).get(name, ()) or own
+def _reference(history: dict, name: str) -> np.ndarray:
+    own = history.get(name)
+    if own is not None and len(own) >= 8:
+        return own.values()
+    job = history.get("job", {}).get(name)
+    if job is not None and len(job):
+        return job.values()
+    return own.values() if own is not None else np.empty(0)
 
 
-def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | None:
+def _recovered_stall(st: TraceState) -> Finding | None:
+    views = build_views(st)
     sviews = dict(views)
     for r, ref in st.inflight.items():
-        attrs = evidence_attributes(ref)
-        sviews[r] = RankView(rank=r, state=IN_FLIGHT, ref=ref, attrs=attrs, flows=flows_of(attrs),
-                             host=ref.resource.host, global_rank=ref.global_rank)
+        sviews[r] = RankView(r, IN_FLIGHT, ref)
     # the waiters' stalled flows point at peers; one peer that was not stuck itself is the one they waited for
     waited: dict[int, int] = {}
     for r in st.inflight:
@@ -134,90 +251,85 @@ def _recovered_stall(st: TraceState, views: dict[int, RankView]) -> Finding | No
     return f
 
 
-def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: float = 2.0,
-                     views: dict[int, RankView] | None = None, history: dict | None = None) -> Finding | None:
-    """``history``: the communicator's recent per-step values ({"gpu": deque, "net": deque}), updated here."""
-    views = build_views(st) if views is None else views
-    done = {r: v for r, v in views.items() if v.state == COMPLETED and v.ref is not None}
-    mm = rca.check_mismatch(st, views)
+
+
+def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: float | None = None,
+                     factor: float = 2.0, history: dict | None = None) -> Finding | None:
+    """``m``: the trace's :func:`measure` (taken now when None). ``history``: the communicator's recent
+    per-step values (:func:`new_history`, and the job's under "job"), updated here."""
+    mm = rca.check_mismatch(st)
     if mm is not None:
-        rca._decorate(st, views, mm)
+        rca._decorate(st, build_views(st), mm)
         return mm
     # stalled, then recovered: what the in-flight snapshots show -- unless the completed counters name a
     # clear outlier themselves (a slow GPU stalls every collective, and snapshots of waits in a ring of
     # waiting ranks often read as a cycle at a bystander)
-    recovered = _recovered_stall(st, views) if st.inflight else None
-    if not done:
+    recovered = _recovered_stall(st) if st.inflight else None
+    if not st.op:
         return recovered
+    m = measure([st])[0] if m is None else m
     history = history if history is not None else {}
-    missing = [r for r in range(st.nranks) if r not in views] if st.nranks <= 4096 else []
-    arrival = {r: _arrival(v) for r, v in done.items()}
-    end = max(v.ref.end_ns for v in done.values())
-    last_r = max(arrival, key=lambda r: arrival[r])
-    first = min(arrival.values())
+    refs, ranks, arrival = m.refs, m.ranks, m.arrival
+    n = len(refs)
+    heard = len(st.op.keys() | st.inflight.keys() | st.status.keys())
+    missing = ([r for r in range(st.nranks) if r not in st.op and r not in st.inflight and r not in st.status]
+               if heard < st.nranks <= 4096 else [])
+    end = max(ref.end_ns for ref in refs)
+    last = int(np.argmax(arrival))
+    first = int(arrival.min())
     makespan = max(1, end - first)
-    transfer = max(1, end - arrival[last_r])
+    transfer = max(1, end - int(arrival[last]))
     cands: list[tuple[float, Finding]] = []
 
+    def flagged(i: int) -> bool:  # the rank's own local rule found this collective slow
+        return refs[i].anomaly == sc.ANOMALY_SLOW
+
+    def known(name: str, k: int) -> bool:  # milder outliers only once the communicator has a history of its own
+        return len(history.get(name, ())) >= min(SOFT_HISTORY * k, 200)
+
     # GPU: receive-side GPU wait per step (data there, not consumed)
-    gpu: dict[int, float] = {}
-    for r, v in done.items():
-        w = [(f.gpu_wait_ns, max(f.steps, 1)) for f in v.flows if not f.send]
-        if w:
-            gpu[r] = sum(x for x, _ in w) / sum(n for _, n in w)
-    def flagged(r: int) -> bool:  # the rank's own local rule found this collective slow
-        return r in done and done[r].ref.anomaly == sc.ANOMALY_SLOW
-
-    def known(name: str, n: int) -> bool:  # milder outliers only once the communicator has a history of its own
-        return len(history.get(name, ())) >= min(SOFT_HISTORY * n, 200)
-
+    gpu, gpu_of = m.gpu, m.gpu_of
+    ref_gpu = _reference(history, "gpu")
     soft = False
-    o = _outlier(gpu, GPU_RATIO, STEP_FLOOR_NS, _reference(history, "gpu"))
+    o = _outlier(gpu, GPU_RATIO, STEP_FLOOR_NS, ref_gpu)
     if o is None and known("gpu", len(gpu)):  # a milder outlier counts when the rank itself flagged it (it needs more recurrences)
-        o = _outlier(gpu, SOFT_GPU_RATIO, STEP_FLOOR_NS, _reference(history, "gpu"))
-        if o is not None and not flagged(o[0]):
+        o = _outlier(gpu, SOFT_GPU_RATIO, STEP_FLOOR_NS, ref_gpu)
+        if o is not None and not flagged(int(gpu_of[o[0]])):
             o = None
         soft = o is not None
     if o is not None:
-        r, val, ratio = o
+        i, val, ratio = int(gpu_of[o[0]]), o[1], o[2]
+        r = int(ranks[i])
         cands.append((3.0 + min(ratio, 20) / 10 - 4.0 * soft, Finding(
             kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r], reason="soft" if soft else "",
             confidence=0.95 if ratio >= STRONG_RATIO else round(min(0.9, 0.5 + 0.01 * ratio), 3),
             evidence=(f"rank {r}'s GPU took {val / 1e3:.0f} us per step to consume received data, {ratio:.0f}x "
-                      f"the other ranks, in {st.func} {st.seq}"), onset_ns=arrival[r])))
+                      f"the other ranks, in {st.func} {st.seq}"), onset_ns=int(arrival[i]))))
 
     # network: send-side wait per step, less the time the receiver was not there yet
-    net: dict[tuple, float] = {}
-    out_of: dict[int, set] = {}
-    into: dict[int, set] = {}
-    for s, v in done.items():
-        for f in v.flows:
-            if not f.send or f.peer not in arrival:
-                continue  # a receiver we did not hear from may simply have been late: no fair comparison
-            early = max(0, arrival[f.peer] - arrival[s])
-            adj = max(0.0, f.net_wait_ns - min(max(f.steps, 1), 8) * early)
-            key = (s, f.peer, f.channel)
-            net[key] = adj / max(f.steps, 1)
-            out_of.setdefault(s, set()).add(key)
-            into.setdefault(f.peer, set()).add(key)
+    net, src, dst = m.net, m.src, m.dst
+    ref_net = _reference(history, "net")
     bar = NET_RATIO
-    o = _outlier(net, NET_RATIO, STEP_FLOOR_NS, _reference(history, "net"))
+    o = _outlier(net, NET_RATIO, STEP_FLOOR_NS, ref_net)
     soft = False
     if o is None and known("net", len(net)):  # a milder outlier counts when its sender or receiver flagged it (more recurrences)
-        o = _outlier(net, SOFT_RATIO, STEP_FLOOR_NS, _reference(history, "net"))
-        if o is not None and not (flagged(o[0][0]) or flagged(o[0][1])):
+        o = _outlier(net, SOFT_RATIO, STEP_FLOOR_NS, ref_net)
+        if o is not None and not (flagged(int(src[o[0]])) or flagged(int(dst[o[0]]))):
             o = None
         soft, bar = o is not None, SOFT_RATIO
     if o is not None:
-        (s, d, ch), val, ratio = o
+        k, val, ratio = o
+        s_i, d_i = int(src[k]), int(dst[k])
+        s, d, ch = int(ranks[s_i]), int(ranks[d_i]), int(m.channel[k])
         med = val / ratio  # the reference: the other flows and the history (in a p2p all flows may be slow)
-        slow = {k for k, x in net.items() if x >= max(val / 3, bar / 2 * max(med, STEP_FLOOR_NS))}
-        if len(out_of.get(s, ())) > 1 and out_of[s] <= slow:
+        slow = net >= max(val / 3, bar / 2 * max(med, STEP_FLOOR_NS))
+        out_of, into = src == s_i, dst == d_i
+        if out_of.sum() > 1 and slow[out_of].all():
             cat, who, chan, peer = "slow_nic", s, None, None
-            ev = f"all {len(out_of[s])} flows sent by rank {s} wait {ratio:.0f}x longer per step on the network"
-        elif len(into.get(d, ())) > 1 and into[d] <= slow:
+            ev = f"all {int(out_of.sum())} flows sent by rank {s} wait {ratio:.0f}x longer per step on the network"
+        elif into.sum() > 1 and slow[into].all():
             cat, who, chan, peer = "slow_nic", d, None, None
-            ev = f"all {len(into[d])} flows into rank {d} wait {ratio:.0f}x longer per step on the network"
+            ev = f"all {int(into.sum())} flows into rank {d} wait {ratio:.0f}x longer per step on the network"
         else:
             cat, who, chan, peer = "slow_flow", s, ch, d
             ev = f"flow rank {s} -> rank {d} on channel {ch} waits {ratio:.0f}x the typical wait per step"
@@ -225,66 +337,67 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
             kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer, reason="soft" if soft else "",
             confidence=0.95 if ratio >= STRONG_RATIO else round(min(0.9, 0.5 + 0.01 * ratio), 3),
             evidence=ev + f" in {st.func} {st.seq}",
-            onset_ns=arrival[s])))
+            onset_ns=int(arrival[s_i]))))
 
     # a flow far slower than its siblings that leads into (or out of) the GPU outlier explains it: the
     # receiver's kernel queues behind the collective that flow delayed, so its other channels show GPU
     # waits -- queueing, not a slow GPU
     # (a slow GPU itself slows every flow into it alike: that reads slow_nic, never one slow_flow)
     if len(cands) == 2 and cands[0][1].category == "slow_gpu" and cands[1][1].category == "slow_flow":
-        g, n = cands[0][1], cands[1][1]
-        if g.ranks[0] in (n.ranks[0], n.peer):
+        g, nf = cands[0][1], cands[1][1]
+        if g.ranks[0] in (nf.ranks[0], nf.peer):
             cands.pop(0)
     # the history learns what is normal: not from a collective where it just found an outlier of that kind
     # (a p2p trace brings 2 values: two slow ones would soon make slow the norm)
     found = {"gpu" if c[1].category == "slow_gpu" else "net" for c in cands if c[1].reason != "soft"}
-    for name, vals in (("gpu", list(gpu.values())), ("net", list(net.values()))):
+    for name, vals in (("gpu", gpu), ("net", net)):
         if name in found:
             continue
         for h in (history.get(name), history.get("job", {}).get(name)):
             if h is not None:
                 h.extend(vals)
     # arrival: the last rank started so late that the others mostly waited for it
-    others = sorted(a for r, a in arrival.items() if r != last_r)
-    late = arrival[last_r] - statistics.median(others) if others else 0
-    if len(done) >= 3 and late >= 0.3 * makespan and (late >= LATE_RATIO * transfer or
-                                                      (late >= 0.9 * makespan and late >= LATE_RATIO / 2.5 * transfer)):
+    spread = int(arrival[last]) - first  # >= the lateness below: a cheap bound first
+    late = (int(arrival[last]) - float(np.median(np.delete(arrival, last)))
+            if n >= 3 and spread >= 0.3 * makespan and spread >= LATE_RATIO / 2.5 * transfer else 0)
+    if n >= 3 and late >= 0.3 * makespan and (late >= LATE_RATIO * transfer or
+                                               (late >= 0.9 * makespan and late >= LATE_RATIO / 2.5 * transfer)):
+        r = int(ranks[last])
         cands.append((5.0 + min(late / transfer, 20) / 20, Finding(
-            kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[last_r],
+            kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[r],
             confidence=round(min(0.9, 0.5 + 0.02 * late / transfer), 3),
-            evidence=(f"rank {last_r} started {st.func} {st.seq} {late / 1e6:.1f} ms after the others, who waited; "
-                      f"the transfer itself took {transfer / 1e6:.1f} ms"), onset_ns=arrival[last_r] - int(late))))
+            evidence=(f"rank {r} started {st.func} {st.seq} {late / 1e6:.1f} ms after the others, who waited; "
+                      f"the transfer itself took {transfer / 1e6:.1f} ms"), onset_ns=int(arrival[last] - late))))
     # proxy: a rank whose send steps spent much less time waiting on GPU and network than everybody else's
     # spent the rest between ready and transmitted -- its proxy posted late (Mycroft's ready->transmitted gap)
-    acc: dict[int, float] = {}
-    for r, v in done.items():
-        sf = [f for f in v.flows if f.send and f.steps > 0]
-        if sf:
-            acc[r] = sum(f.gpu_wait_ns + f.net_wait_ns for f in sf) / sum(f.steps for f in sf)
     # (only in a collective that is slow as a whole: a late proxy delays the transfer itself, while in a
     # healthy one some rank always waits least)
-    durs = sorted(v.ref.duration_ns for v in done.values())
-    slow_whole = baseline_ns is not None and durs[len(durs) // 2] >= factor * baseline_ns
-    if len(acc) >= 3 and slow_whole and all(c[1].reason == "soft" for c in cands):
-        low = min(acc, key=lambda r: acc[r])
-        rest = [x for r, x in acc.items() if r != low]
-        med = statistics.median(rest)
-        if med >= 100 * STEP_FLOOR_NS and acc[low] <= 0.6 * med and all(x >= 0.8 * med for x in rest):
+    durs = np.sort(m.duration)
+    slow_whole = baseline_ns is not None and durs[n // 2] >= factor * baseline_ns
+    if slow_whole and all(c[1].reason == "soft" for c in cands) and len(m.sent_wait) >= 3:
+        acc = m.sent_wait
+        low = int(np.argmin(acc))
+        rest = np.delete(acc, low)
+        med = float(np.median(rest))
+        if med >= 100 * STEP_FLOOR_NS and acc[low] <= 0.6 * med and bool((rest >= 0.8 * med).all()):
+            i = int(m.sent_of[low])
+            r = int(ranks[i])
             cands.append((1.5, Finding(
-                kind=sc.KIND_SLOWDOWN, category="slow_proxy", ranks=[low], confidence=0.6,
-                evidence=(f"rank {low}'s send steps waited {acc[low] / 1e3:.0f} us on GPU and network vs "
+                kind=sc.KIND_SLOWDOWN, category="slow_proxy", ranks=[r], confidence=0.6,
+                evidence=(f"rank {r}'s send steps waited {acc[low] / 1e3:.0f} us on GPU and network vs "
                           f"{med / 1e3:.0f} us for the others in {st.func} {st.seq}: the rest of its time went "
-                          f"between GPU-ready and transmission (its proxy posted late)"), onset_ns=arrival[low])))
+                          f"between GPU-ready and transmission (its proxy posted late)"),
+                onset_ns=int(arrival[i]))))
     # the late rank's own collective was short, so the agent did not export it: everybody else waited
-    if not cands and len(missing) == 1 and len(done) >= 2:
-        bases = [v.ref.baseline_ns for v in done.values() if v.ref.baseline_ns > 0]
-        all_flagged = all(v.ref.anomaly in ("slow", "stalled") for v in done.values())
-        if all_flagged and bases and min(durs) >= 4 * max(factor, 2.0) / 2 * statistics.median(bases):
+    if not cands and len(missing) == 1 and n >= 2:
+        bases = [ref.baseline_ns for ref in refs if ref.baseline_ns > 0]
+        all_flagged = all(ref.anomaly in ("slow", "stalled") for ref in refs)
+        if all_flagged and bases and durs[0] >= 4 * max(factor, 2.0) / 2 * statistics.median(bases):
             r = missing[0]
             cands.append((0.5, Finding(
                 kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[r], confidence=0.6,
-                evidence=(f"all {len(done)} other ranks waited {statistics.median(durs) / 1e6:.1f} ms in {st.func} "
-                          f"{st.seq} (>= {min(durs) / statistics.median(bases):.0f}x their baseline) while rank {r} "
+                evidence=(f"all {n} other ranks waited {float(np.median(durs)) / 1e6:.1f} ms in {st.func} "
+                          f"{st.seq} (>= {durs[0] / statistics.median(bases):.0f}x their baseline) while rank {r} "
                           f"was not slow at all: it arrived late"), onset_ns=first)))
     cands.sort(key=lambda c: -c[0])
     if recovered is not None and (not cands or cands[0][1].reason == "soft"):
@@ -292,5 +405,5 @@ def analyse_slowdown(st: TraceState, baseline_ns: float | None = None, factor: f
     if not cands:
         return None
     f = cands[0][1]
-    rca._decorate(st, views, f)
+    rca._decorate(st, build_views(st), f)
     return f

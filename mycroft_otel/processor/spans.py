@@ -11,14 +11,16 @@ classified ``unknown`` and counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
 
 from mycroft_otel import _native
 from mycroft_otel import semconv as sc
 
 # Span kinds as the processor sees them.
-OP, INFLIGHT, STATUS, SUMMARY, ROOT_CAUSE, UNKNOWN = "op", "inflight", "status", "summary", "root_cause", "unknown"
+OP, INFLIGHT, STATUS, SUMMARY = "op", "inflight", "status", "summary"
 
 _MAX_ARRAY = 4096  # longer attribute arrays are truncated (hostile input)
 
@@ -59,16 +61,6 @@ def attributes(kvs: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
     return out
 
 
-_FLOW_PREFIX = "mycroft.flow."
-
-
-_KEY_ATTRS = frozenset({
-    sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE, sc.SNAPSHOT_SEQ,
-    sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK, sc.COLL_BYTES, sc.TIME_LAST_PROGRESS,
-    sc.OP_KIND, sc.PROCESS_STOPPED, sc.COLL_COUNT, sc.COLL_DATATYPE, sc.ANOMALY_RECENT,
-})
-
-
 @dataclass(slots=True)
 class Resource:
     host: str = ""
@@ -76,9 +68,9 @@ class Resource:
     job: str = ""
 
 
-@dataclass(slots=True)
-class SpanRef:
-    """One received span, with the key attributes decoded and its wire bytes kept for later."""
+class SpanRef(NamedTuple):
+    """One received span, with the key attributes decoded and its wire bytes kept for later. Built by the
+    native decoder (a tuple: no Python call per span); never changed afterwards."""
 
     kind: str
     trace_id: bytes
@@ -104,46 +96,28 @@ class SpanRef:
     count: int = -1
     datatype: str = ""
     recent: int = 0         # ANOMALY_RECENT: of the rank's last 8 collectives here, how many its rules flagged slow
-    raw: tuple[bytes, int, int] | None = field(repr=False, default=None)  # (payload, offset, length) of the span
+    raw: tuple[bytes, int, int] | None = None  # (payload, offset, length) of the span
 
     @property
     def duration_ns(self) -> int:
         return max(0, self.end_ns - self.start_ns)
 
-
-def classify(name: str) -> str:
-    if name.startswith(sc.OP_SPAN_PREFIX):
-        return OP
-    if name == sc.INFLIGHT_SPAN:
-        return INFLIGHT
-    if name == sc.STATUS_SPAN:
-        return STATUS
-    if name == sc.SUMMARY_SPAN:
-        return SUMMARY
-    if name == sc.ROOT_CAUSE_SPAN:
-        return ROOT_CAUSE
-    return UNKNOWN
+    def __repr__(self) -> str:  # without the payload
+        return (f"SpanRef({self.kind} {self.name} rank {self.rank}/{self.nranks} comm {self.comm} seq {self.seq} "
+                f"span {self.span_id.hex()})")
 
 
-_KEYS = tuple(sorted(_KEY_ATTRS))  # the export decoder returns the values in this order
+# The span attributes read at ingest, in the native decoder's order.
+_ATTR_KEYS = (sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE, sc.SNAPSHOT_SEQ,
+              sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK, sc.COLL_BYTES, sc.TIME_LAST_PROGRESS,
+              sc.PROCESS_STOPPED, sc.COLL_COUNT, sc.COLL_DATATYPE, sc.ANOMALY_RECENT)
 _RES_KEYS = (sc.HOST_NAME, sc.PROCESS_PID, sc.JOB_ID)
-(_I_RANK, _I_NRANKS, _I_COMM, _I_SEQ, _I_FUNC, _I_STATE, _I_SNAPSHOT, _I_STATUS, _I_ANOMALY, _I_BASELINE, _I_GRANK,
- _I_BYTES, _I_PROGRESS, _I_STOPPED, _I_COUNT, _I_DTYPE, _I_RECENT) = (
-    _KEYS.index(k) for k in (sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE,
-                             sc.SNAPSHOT_SEQ, sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK,
-                             sc.COLL_BYTES, sc.TIME_LAST_PROGRESS, sc.PROCESS_STOPPED, sc.COLL_COUNT,
-                             sc.COLL_DATATYPE, sc.ANOMALY_RECENT))
-
-
-_EXPORT = _native.ExportDecoder(_KEYS, _RES_KEYS, _FLOW_PREFIX)
-
-
-def _iv(v: Any, default: int = -1) -> int:
-    return v if type(v) is int else default
-
-
-def _sv(v: Any) -> str:
-    return v if type(v) is str else ""
+assert SpanRef._fields == _native.SpanDecoder.fields, "SpanRef and the native SpanDecoder disagree on the fields"
+_DECODER = _native.SpanDecoder(
+    SpanRef, Resource, _ATTR_KEYS, _RES_KEYS, kinds=(OP, INFLIGHT, STATUS, SUMMARY),
+    names=(sc.OP_SPAN_PREFIX, sc.INFLIGHT_SPAN, sc.STATUS_SPAN, sc.SUMMARY_SPAN, sc.ROOT_CAUSE_SPAN),
+    status_kinds=sc.STATUS_KINDS, in_flight=sc.OP_STATE_IN_FLIGHT, flow_prefix="mycroft.flow.",
+    recent_max=sc.RECENT_WINDOW)
 
 
 @dataclass(slots=True)
@@ -158,64 +132,30 @@ class Decoded:
 
 def decode(data: bytes) -> Decoded:
     """Spans of one ExportTraceServiceRequest payload; raises ValueError when it is malformed."""
-    seen, resources, spans = _EXPORT(data)
-    res = [Resource(host="" if host is None else str(host), pid=_iv(pid), job="" if job is None else str(job))
-           for host, pid, job in resources]
-    refs: list[SpanRef] = []
-    ignored = rejected = 0
-    for ri, tid, sid, name, start, end, a, flow_at, off, length in spans:
-        ref = _span_ref(res[ri], tid, sid, name, start, end, a, flow_at, (data, off, length))
-        if ref is not None:
-            refs.append(ref)
-        elif classify(name) == ROOT_CAUSE:
-            ignored += 1
-        else:
-            rejected += 1
-    return Decoded(seen=seen, refs=refs, ignored=ignored, rejected=rejected)
+    return Decoded(*_DECODER(data))
 
 
-def _span_ref(resource: Resource, tid: bytes, sid: bytes, name: str, start: int, end: int, a: tuple, flow_at: int,
-              raw: tuple[bytes, int, int]) -> SpanRef | None:
-    """The SpanRef of one decoded span, or None when the span does not have our shape."""
-    kind = classify(name)
-    if kind in (UNKNOWN, ROOT_CAUSE) or len(tid) != 16 or len(sid) != 8:
-        return None
-    rank, nranks, comm = _iv(a[_I_RANK]), _iv(a[_I_NRANKS]), a[_I_COMM]
-    if comm is None:
-        comm = ""
-    if type(comm) is not str:
-        return None
-    if kind != SUMMARY and (rank < 0 or nranks <= 0 or rank >= nranks or nranks > 1 << 20):
-        return None
-    if kind == OP and a[_I_STATE] == "in_flight":
-        kind = INFLIGHT  # tolerate an op-named in-flight view
-    status = _sv(a[_I_STATUS])
-    if kind == STATUS and status not in sc.STATUS_KINDS:
-        return None
-    func = _sv(a[_I_FUNC])
-    if not func and kind == OP:
-        func = name[len(sc.OP_SPAN_PREFIX):]
-    return SpanRef(
-        kind=kind, trace_id=tid, span_id=sid, name=name, start_ns=start, end_ns=end,
-        rank=rank, nranks=nranks, comm=comm, seq=_iv(a[_I_SEQ]), func=func, snapshot=_iv(a[_I_SNAPSHOT]),
-        status=status, anomaly=_sv(a[_I_ANOMALY]), baseline_ns=_iv(a[_I_BASELINE], 0), global_rank=_iv(a[_I_GRANK]),
-        nbytes=_iv(a[_I_BYTES], 0), last_progress_ns=_iv(a[_I_PROGRESS], 0), resource=resource,
-        stopped=a[_I_STOPPED] is True, flow_at=flow_at, count=_iv(a[_I_COUNT]), datatype=_sv(a[_I_DTYPE]),
-        recent=max(0, min(_iv(a[_I_RECENT], 0), sc.RECENT_WINDOW)), raw=raw,
-    )
+# --- flows and evidence, decoded when a trace is analysed ---------------------------------
+
+# The flow table's columns (FlowDecoder), all of them: direction reads 1 for "send"; wait_state reads its
+# index in sc.WAIT_STATE_NAMES ("" is 0; any other string reads len(WAIT_STATE_NAMES)).
+FLOW_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_POSTED, sc.FLOW_READY,
+                sc.FLOW_TRANSMITTED, sc.FLOW_DONE, sc.FLOW_BYTES, sc.FLOW_START, sc.FLOW_END,
+                sc.FLOW_LAST_PROGRESS, sc.FLOW_WAIT_STATE, sc.FLOW_WAIT_SINCE, sc.FLOW_GPU_WAIT, sc.FLOW_NET_WAIT)
+_FLOW_NAMES = {sc.FLOW_DIRECTION: ("recv", "send"), sc.FLOW_WAIT_STATE: sc.WAIT_STATE_NAMES}
+_WAIT_NAMES = sc.WAIT_STATE_NAMES + ("unknown",)
+_flow_decoders: dict[tuple[str, ...], Any] = {}
 
 
-# --- full evidence, decoded when a trace is analysed -------------------------------------
-
-_FLOW_KEYS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_POSTED, sc.FLOW_READY,
-              sc.FLOW_TRANSMITTED, sc.FLOW_DONE, sc.FLOW_BYTES, sc.FLOW_START, sc.FLOW_END, sc.FLOW_LAST_PROGRESS,
-              sc.FLOW_WAIT_STATE, sc.FLOW_WAIT_STEP, sc.FLOW_WAIT_SINCE, sc.FLOW_GPU_WAIT, sc.FLOW_NET_WAIT,
-              sc.FLOW_NIC)
-_EVIDENCE_KEYS = frozenset(_FLOW_KEYS + (
-    sc.COLL_COUNT, sc.COLL_DATATYPE, sc.COLL_BYTES, sc.COLL_FUNC, sc.TIME_API, sc.TIME_ENQUEUE, sc.TIME_LAUNCH,
-    sc.TIME_END, sc.TIME_LAST_PROGRESS, sc.GLOBAL_RANK, sc.STATUS_LAST_STATE, sc.STATUS_IDLE_SINCE,
-    sc.STATUS_LAST_SEQ, sc.KERNEL_CHANNELS, sc.PROXY_OPS, sc.COLL_ROOT, sc.P2P_PEER,
-))
+def flow_table(refs: Sequence[SpanRef], columns: tuple[str, ...] = FLOW_COLUMNS) -> tuple[np.ndarray, np.ndarray]:
+    """The flows of these spans as one int64 table -- a row per flow, a column per key in ``columns``
+    (the first gives the row count; only these keys are decoded); a span's rows are contiguous, in
+    ``refs`` order -- and the number of rows of each span."""
+    dec = _flow_decoders.get(columns)
+    if dec is None:
+        dec = _flow_decoders[columns] = _native.FlowDecoder(columns, _FLOW_NAMES)
+    data, counts = dec.table([(*r.raw, r.flow_at) if r.raw is not None else (b"", 0, 0, -1) for r in refs])
+    return np.frombuffer(data, dtype=np.int64).reshape(-1, len(columns)), np.array(counts, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -238,67 +178,36 @@ class Flow:
     wait_since_ns: int
     gpu_wait_ns: int
     net_wait_ns: int
-    nic: str
 
     @property
     def finished(self) -> bool:
         return self.steps > 0 and self.done >= self.steps and not self.wait_state
 
 
-_FLOW_DEFAULTS = tuple("" if k in (sc.FLOW_WAIT_STATE, sc.FLOW_DIRECTION, sc.FLOW_NIC) else 0 for k in _FLOW_KEYS)
+def flows_of(ref: SpanRef) -> list[Flow]:
+    """One span's flows as objects (the hang walk visits a few ranks' flows one by one)."""
+    table, _ = flow_table((ref,))
+    return [Flow(ch, send == 1, pe, st, po, rd, tx, dn, by, s0, e0, lp, _WAIT_NAMES[min(ws, len(_WAIT_NAMES) - 1)],
+                 wsn, gw, nw)
+            for ch, send, pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, wsn, gw, nw in table.tolist()]
 
 
-def flows_of(a: dict) -> list[Flow]:
-    ch = a.get(sc.FLOW_CHANNEL)
-    if type(ch) is not list or not ch:
-        return []
-    n = len(ch)
-    cols = []
-    for k, default in zip(_FLOW_KEYS, _FLOW_DEFAULTS):
-        v = a.get(k)
-        if type(v) is not list:
-            v = [default] * n
-        elif len(v) != n:  # a hostile or truncated column: pad or cut to the channel column's length
-            v = (v + [default] * n)[:n]
-        cols.append(v)
-    return [Flow(ch_, d == "send", pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, wsn, gw, nw, str(nic))
-            for (ch_, d, pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, _wstep, wsn, gw, nw, nic) in zip(*cols)]
+# What the analysis reads besides the flows (status details, the arrival of a rank without flows).
+_EVIDENCE_KEYS = frozenset({sc.STATUS_LAST_STATE, sc.STATUS_LAST_SEQ, sc.TIME_API, sc.TIME_ENQUEUE, sc.TIME_LAUNCH})
+
+_decoders: dict[frozenset[str], Any] = {}
 
 
-_STR_ARRAYS = frozenset({sc.FLOW_DIRECTION, sc.FLOW_WAIT_STATE, sc.FLOW_NIC})
-
-
-# What the hang walk reads (a subset: decoding is the cost of analysing 16k ranks).
-HANG_KEYS = frozenset({
-    sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_POSTED, sc.FLOW_READY,
-    sc.FLOW_TRANSMITTED, sc.FLOW_DONE, sc.FLOW_WAIT_STATE, sc.FLOW_WAIT_SINCE, sc.COLL_COUNT, sc.COLL_DATATYPE,
-    sc.STATUS_LAST_STATE, sc.STATUS_LAST_SEQ, sc.TIME_LAST_PROGRESS})
-
-
-_decoders: dict[tuple[frozenset[str], bool], Any] = {}
-
-
-def _decoder(keys: frozenset[str], typed: bool) -> Any:
-    d = _decoders.get((keys, typed))
+def _decoder(keys: frozenset[str]) -> Any:
+    d = _decoders.get(keys)
     if d is None:
-        d = _decoders[(keys, typed)] = _native.AttrDecoder(keys, _STR_ARRAYS if typed else None)
+        d = _decoders[keys] = _native.AttrDecoder(keys)
     return d
 
 
-def evidence_attributes(ref: SpanRef, keys: frozenset[str] = _EVIDENCE_KEYS) -> dict[str, Any]:
-    """The attributes the analysis reads, decoded from the span's kept wire bytes (typed arrays: an
-    element of the wrong type reads as 0 / "")."""
-    if ref.raw is None:
-        return {}
-    data, off, length = ref.raw
-    if keys is HANG_KEYS and ref.kind != STATUS:
-        # the scalars the walk needs were read at ingest; only the flow arrays are left to decode
-        if ref.flow_at < 0:
-            return {sc.COLL_COUNT: ref.count, sc.COLL_DATATYPE: ref.datatype}
-        out = _decoder(keys, True)(data, off, length, ref.flow_at)
-        out[sc.COLL_COUNT], out[sc.COLL_DATATYPE] = ref.count, ref.datatype
-        return out
-    return _decoder(keys, True)(data, off, length)
+def evidence_attributes(ref: SpanRef) -> dict[str, Any]:
+    """The scalar attributes the analysis reads besides the flows, decoded from the span's kept bytes."""
+    return span_attributes(ref, _EVIDENCE_KEYS)
 
 
 def span_attributes(ref: SpanRef, keys: frozenset[str]) -> dict[str, Any]:
@@ -306,4 +215,4 @@ def span_attributes(ref: SpanRef, keys: frozenset[str]) -> dict[str, Any]:
     if ref.raw is None:
         return {}
     data, off, length = ref.raw
-    return _decoder(keys, False)(data, off, length)
+    return _decoder(keys)(data, off, length)

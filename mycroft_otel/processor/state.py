@@ -141,52 +141,58 @@ class TraceStore:
     def get(self, trace_id: bytes) -> TraceState | None:
         return self.traces.get(trace_id)
 
-    def add(self, ref: SpanRef) -> TraceState:
-        now = self.clock()
-        st = self.traces.get(ref.trace_id)
+    def add(self, ref: SpanRef, now: float | None = None) -> TraceState:
+        now = self.clock() if now is None else now
+        tid = ref.trace_id
+        st = self.traces.get(tid)
         if st is None:
-            st = TraceState(trace_id=ref.trace_id, created_mono=now)
-            self.traces[ref.trace_id] = st
+            st = TraceState(trace_id=tid, created_mono=now)
+            self.traces[tid] = st
             if len(self.traces) > self.max_traces:
                 self._drop(next(iter(self.traces)))
                 self.evicted_size += 1
         else:
-            self.traces.move_to_end(ref.trace_id)
+            self.traces.move_to_end(tid)
         st.add(ref, now)
-        if ref.kind in (OP, INFLIGHT) and ref.seq >= 0 and ref.comm:
-            ck = (ref.comm, ref.rank)
-            seqs = self.inflight_seqs.get(ck)
-            if ref.kind == INFLIGHT and ref.rank not in st.op:
+        kind, rank = ref.kind, ref.rank
+        ck = (ref.comm, rank)
+        if kind != STATUS and ref.seq >= 0 and ref.comm:
+            if kind == INFLIGHT and rank not in st.op:
+                seqs = self.inflight_seqs.get(ck)
                 if seqs is None:
                     if len(self.inflight_seqs) > 4 * self.max_traces + 65536:
                         self.inflight_seqs.clear()
                     seqs = self.inflight_seqs[ck] = set()
                 seqs.add(ref.seq)
-            elif seqs is not None:
-                seqs.discard(ref.seq)
-                if not seqs:
-                    del self.inflight_seqs[ck]
+            elif self.inflight_seqs:
+                seqs = self.inflight_seqs.get(ck)
+                if seqs is not None:
+                    seqs.discard(ref.seq)
+                    if not seqs:
+                        del self.inflight_seqs[ck]
             if self.seq_of.get(ck, -1) < ref.seq:
                 if len(self.seq_of) > 4 * self.max_traces + 65536:
                     self.seq_of.clear()
                 self.seq_of[ck] = ref.seq
             if not ref.name.endswith(("Send", "Recv")):
-                self.trace_at[(ref.comm, ref.seq)] = ref.trace_id
-        key = proc_key(ref)
-        if key is not None:
-            ck = (ref.comm, ref.rank)
-            if ck not in self.proc_of:
+                self.trace_at[(ref.comm, ref.seq)] = tid
+        if ck not in self.proc_of:
+            key = proc_key(ref)
+            if key is not None:
                 if len(self.proc_of) > 4 * self.max_traces + 65536:
                     self.proc_of.clear()
                 self.proc_of[ck] = key
-            if ref.kind == INFLIGHT and ref.rank not in st.op:
-                self.inflight_by_proc.setdefault(key, {})[ref.trace_id] = None
-            elif ref.kind == OP:
-                d = self.inflight_by_proc.get(key)
-                if d is not None:
-                    d.pop(ref.trace_id, None)
-                    if not d:
-                        del self.inflight_by_proc[key]
+        if kind == INFLIGHT and rank not in st.op:
+            key = proc_key(ref)
+            if key is not None:
+                self.inflight_by_proc.setdefault(key, {})[tid] = None
+        elif kind == OP and self.inflight_by_proc:
+            key = proc_key(ref)
+            d = self.inflight_by_proc.get(key) if key is not None else None
+            if d is not None:
+                d.pop(tid, None)
+                if not d:
+                    del self.inflight_by_proc[key]
         return st
 
     def _drop(self, trace_id: bytes) -> None:

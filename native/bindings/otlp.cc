@@ -2,10 +2,11 @@
 // processor's ingest reads, without building a protobuf object tree.
 //
 // The processor needs a handful of scalar attributes per span at ingest and the flow
-// arrays of a few spans later, when a trace is analysed. Going through protobuf objects
-// costs a Python call per field read; this walks the wire format once, picks the keys it
-// was given, and leaves the rest where it is: each span comes back with its byte range in
-// the payload, so an AttrDecoder can decode the rest later from the same bytes.
+// arrays later, when a trace is analysed. Going through protobuf objects costs a Python
+// call per field read. Here SpanDecoder walks the wire format once, checks each span's
+// shape and builds its SpanRef with the key attributes; the rest stays where it is: each
+// SpanRef keeps its byte range in the payload, so FlowDecoder (the flow arrays, as one
+// int64 table for numpy) and AttrDecoder (a few other attributes) read it later.
 //
 // Messages and field numbers (opentelemetry-proto, trace/v1 and common/v1):
 //   ExportTraceServiceRequest { 1: repeated ResourceSpans }
@@ -18,7 +19,10 @@
 // Unknown fields are skipped, as protobuf does; a field whose wire type does not match its
 // declaration is treated as unknown (protobuf's rule too). Anything truncated, an invalid
 // wire type or varint, or a string we decode that is not UTF-8 raises ValueError.
+#include <algorithm>
 #include <cstring>
+#include <deque>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -159,12 +163,9 @@ py::object Scalar(Wire v) {
   return out;
 }
 
-enum class ArrayAs { kAny, kInt, kStr };
-
-// An AnyValue as Python: scalars as themselves; an array as a list (elements typed per `as`:
-// kInt -> int, 0 for any other type; kStr -> str, "" otherwise; kAny -> scalar or None);
-// a kvlist as {key: None}; bytes as bytes.
-py::object Value(Wire v, ArrayAs as) {
+// An AnyValue as Python: scalars as themselves; an array as a list of its elements' scalars (None for
+// anything else); a kvlist as {key: None}; bytes as bytes.
+py::object Value(Wire v) {
   py::object out = py::none();
   while (v.More()) {
     uint32_t f, wt;
@@ -173,14 +174,7 @@ py::object Value(Wire v, ArrayAs as) {
       Wire arr = v.Sub();
       py::list items;
       for (Wire el; arr.Next(1, &el);) {
-        if (size_t(py::len(items)) >= kMaxArray) continue;
-        py::object x = Scalar(el);
-        if (as == ArrayAs::kInt) {
-          if (!py::isinstance<py::int_>(x) || py::isinstance<py::bool_>(x)) x = py::int_(0);
-        } else if (as == ArrayAs::kStr) {
-          if (!py::isinstance<py::str>(x)) x = py::str("");
-        }
-        items.append(x);
+        if (size_t(py::len(items)) < kMaxArray) items.append(Scalar(el));
       }
       out = items;
     } else if (f == 6 && wt == kLen) {
@@ -245,10 +239,7 @@ std::string_view PickScalar(Wire kv, const KeyTable& keys, py::tuple& out) {
   Wire key{nullptr, nullptr}, value{nullptr, nullptr};
   if (!SplitKeyValue(kv, &key, &value)) return {};
   size_t i = keys.Find(key.View());
-  if (i < keys.size()) {
-    Utf8(key);  // protobuf rejects a key that is not UTF-8; so do we
-    out[i] = Scalar(value);
-  }
+  if (i < keys.size()) out[i] = Scalar(value);  // (a key equal to one of ours is valid UTF-8)
   return key.View();
 }
 
@@ -258,104 +249,275 @@ py::tuple Nones(size_t n) {
   return t;
 }
 
-// ExportDecoder(span_keys, resource_keys, stop_prefix)(data) -> (spans_seen, resources, spans)
-// resources: one tuple of resource attribute values (resource_keys order, None if absent) per
-// ResourceSpans; spans: (resource index, trace_id, span_id, name, start_ns, end_ns, values,
-// flows_at, span_offset, span_length) per span, values in span_keys order; flows_at is the
-// offset, within the span, of its first attribute whose key starts with stop_prefix (-1 if
-// none): decoding stops there at ingest, AttrDecoder starts there later. Built once: the
-// key tables are made at construction, not per payload.
-class ExportDecoder {
- public:
-  ExportDecoder(const py::tuple& span_keys, const py::tuple& resource_keys, std::string stop_prefix)
-      : span_keys_(span_keys), resource_keys_(resource_keys), stop_prefix_(std::move(stop_prefix)) {}
+// One AnyValue's scalar, not yet a Python object. The last value field on the wire wins (oneof); an
+// array, kvlist or bytes value reads as absent (kNone), a double as kOther.
+struct RawScalar {
+  enum Type : uint8_t { kNone, kStr, kInt, kBool, kOther } type = kNone;
+  int64_t i = 0;
+  Wire s{nullptr, nullptr};
+};
 
-  py::tuple Decode(py::bytes data) const {
-    std::string_view buf = BytesView(data);
-    const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data());
-    py::list resources, spans;
-    size_t seen = 0;
-    Wire req{base, base + buf.size()};
-    for (Wire rs; req.Next(1, &rs);) {
-      py::tuple rvals = Nones(resource_keys_.size());
-      int res_index = int(py::len(resources));
-      // The resource may come after the spans on the wire: read it first.
-      for (Wire scan = rs, res; scan.Next(1, &res);)
-        for (Wire kv; res.Next(1, &kv);) PickScalar(kv, resource_keys_, rvals);
-      resources.append(rvals);
-      for (Wire ss; rs.Next(2, &ss);) {
-        for (Wire sp; ss.Next(2, &sp);) {
-          ++seen;
-          spans.append(Span(sp, base, res_index));
-        }
-      }
+RawScalar ReadScalar(Wire v) {
+  RawScalar out;
+  while (v.More()) {
+    uint32_t f, wt;
+    v.Tag(&f, &wt);
+    if (f == 1 && wt == kLen) {
+      out.type = RawScalar::kStr;
+      out.s = v.Sub();
+    } else if ((f == 2 || f == 3) && wt == kVarint) {
+      out.type = f == 2 ? RawScalar::kBool : RawScalar::kInt;
+      out.i = int64_t(v.Varint());
+    } else if (f == 4 && wt == kFixed64) {
+      v.Fixed64();
+      out.type = RawScalar::kOther;
+    } else {
+      v.Skip(wt);
+      if (f >= 5 && f <= 7 && wt == kLen) out.type = RawScalar::kNone;
     }
-    return py::make_tuple(seen, resources, spans);
+  }
+  return out;
+}
+
+// Python str objects for the strings that repeat in every span (names, communicators, functions, ...):
+// one object each instead of one per span. Bounded: emptied when full.
+class StrCache {
+ public:
+  py::object Get(const Wire& w) {
+    std::string_view v = w.View();
+    if (v.size() > kMaxLen) return Utf8(w);
+    auto it = map_.find(v);
+    if (it != map_.end()) return it->second;
+    py::object s = Utf8(w);  // validates before caching
+    if (map_.size() >= kMaxEntries) {
+      map_.clear();
+      owned_.clear();
+    }
+    owned_.emplace_back(v);
+    map_.emplace(owned_.back(), s);
+    return s;
   }
 
  private:
-  py::tuple Span(Wire sp, const uint8_t* base, int res_index) const {
+  static constexpr size_t kMaxLen = 64, kMaxEntries = 4096;
+  std::deque<std::string> owned_;  // the keys' bytes (a deque: growing it moves no string)
+  std::unordered_map<std::string_view, py::object> map_;
+};
+
+// SpanDecoder: an ExportTraceServiceRequest's wire bytes -> SpanRefs (mycroft_otel.processor.spans),
+// the span's shape checked on the way. SpanRef is a NamedTuple whose fields are `kFieldNames` in this
+// order (spans.py checks); each is built as a tuple of that type without a Python call.
+//
+// Shape (anything else is rejected and counted): a known span name (the op prefix, or the in-flight,
+// status or summary span); a 16-byte trace id and an 8-byte span id; comm a string or absent; for all
+// but summaries 0 <= rank < nranks <= 2^20; a status span's kind one of status_kinds. Root-cause spans
+// (our own, written back) are counted as ignored. An op span whose op.state says in_flight is an in-flight
+// snapshot. Attribute values of the wrong type read as absent.
+class SpanDecoder {
+ public:
+  enum Field : int {
+    kKind, kTraceId, kSpanId, kName, kStart, kEnd, kRank, kNranks, kComm, kSeq, kFunc, kSnapshot, kStatus,
+    kAnomaly, kBaseline, kGlobalRank, kBytes, kLastProgress, kResource, kStopped, kFlowAt, kCount, kDatatype,
+    kRecent, kRaw, kFields
+  };
+  static constexpr const char* kFieldNames[kFields] = {
+      "kind", "trace_id", "span_id", "name", "start_ns", "end_ns", "rank", "nranks", "comm", "seq", "func",
+      "snapshot", "status", "anomaly", "baseline_ns", "global_rank", "nbytes", "last_progress_ns", "resource",
+      "stopped", "flow_at", "count", "datatype", "recent", "raw"};
+  // The span attributes read here, in the order of the `attr_keys` tuple.
+  enum Attr : int {
+    aRank, aNranks, aComm, aSeq, aFunc, aState, aSnapshot, aStatus, aAnomaly, aBaseline, aGlobalRank, aBytes,
+    aLastProgress, aStopped, aCount, aDatatype, aRecent, kAttrs
+  };
+  // The span kinds, in the order of the `kinds` and `names` tuples (names: the op span's prefix, then
+  // the other spans' names; root cause last, it has no kind).
+  enum Kind : int { kOp, kInflight, kStatusSpan, kSummary, kRootCause, kUnknown };
+
+  SpanDecoder(py::object span_ref, py::object resource, const py::tuple& attr_keys, const py::tuple& resource_keys,
+              const py::tuple& kinds, const py::tuple& names, const py::tuple& status_kinds, py::str in_flight,
+              std::string flow_prefix, int64_t recent_max)
+      : span_ref_(std::move(span_ref)), resource_(std::move(resource)), attr_keys_(attr_keys),
+        resource_keys_(resource_keys), in_flight_(in_flight.cast<std::string>()),
+        flow_prefix_(std::move(flow_prefix)), recent_max_(recent_max) {
+    if (attr_keys_.size() != kAttrs || resource_keys_.size() != 3 || kinds.size() != kRootCause ||
+        names.size() != kUnknown)
+      throw py::value_error("SpanDecoder: wrong number of attribute keys, resource keys, kinds or names");
+    if (!PyType_Check(span_ref_.ptr()) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(span_ref_.ptr()),
+                                                            &PyTuple_Type))
+      throw py::type_error("SpanDecoder: span_ref must be a tuple type");
+    for (size_t i = 0; i < kinds.size(); ++i) kinds_.push_back(kinds[i]);
+    for (size_t i = 0; i < names.size(); ++i) names_.push_back(names[i].cast<std::string>());
+    for (auto k : status_kinds) status_kinds_.push_back(k.cast<std::string>());
+  }
+
+  static py::tuple Fields() {
+    py::tuple t(size_t{kFields});
+    for (int i = 0; i < kFields; ++i) t[i] = py::str(kFieldNames[i]);
+    return t;
+  }
+
+  // -> (spans seen, SpanRefs, ignored, rejected)
+  py::tuple Decode(py::bytes data) const {
+    std::string_view buf = BytesView(data);
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data());
+    py::list refs;
+    size_t seen = 0, ignored = 0, rejected = 0;
+    Wire req{base, base + buf.size()};
+    for (Wire rs; req.Next(1, &rs);) {
+      py::tuple rvals = Nones(3);
+      // The resource may come after the spans on the wire: read it first.
+      for (Wire scan = rs, res; scan.Next(1, &res);)
+        for (Wire kv; res.Next(1, &kv);) PickScalar(kv, resource_keys_, rvals);
+      py::object resource = resource_(Text(rvals[0]), IntOr(rvals[1], -1), Text(rvals[2]));
+      for (Wire ss; rs.Next(2, &ss);) {
+        for (Wire sp; ss.Next(2, &sp);) {
+          ++seen;
+          Kind kind = Span(sp, base, data, resource, &refs);
+          ignored += kind == kRootCause;
+          rejected += kind == kUnknown;
+        }
+      }
+    }
+    return py::make_tuple(seen, refs, ignored, rejected);
+  }
+
+ private:
+  static py::object Text(py::handle v) { return v.is_none() ? py::str("") : py::str(v); }
+  static py::object IntOr(py::handle v, int64_t otherwise) {
+    return PyLong_CheckExact(v.ptr()) ? py::reinterpret_borrow<py::object>(v) : py::int_(otherwise);  // not bool
+  }
+
+  Kind Classify(std::string_view name) const {
+    if (name.substr(0, names_[kOp].size()) == names_[kOp]) return kOp;
+    for (int k = kInflight; k <= kRootCause; ++k)
+      if (name == names_[k]) return Kind(k);
+    return kUnknown;
+  }
+
+  // Adds the span's SpanRef to refs when it has our shape; returns its kind (kRootCause: ignored,
+  // kUnknown: rejected).
+  Kind Span(Wire sp, const uint8_t* base, const py::bytes& data, const py::object& resource, py::list* refs) const {
     const uint8_t* span_start = sp.p;
     size_t span_len = size_t(sp.end - sp.p);
-    py::bytes tid(""), sid("");
-    py::str name("");
+    Wire tid{nullptr, nullptr}, sid{nullptr, nullptr}, name_w{nullptr, nullptr};
     uint64_t start = 0, end = 0;
-    py::tuple vals = Nones(span_keys_.size());
+    RawScalar vals[kAttrs];
     int64_t flows_at = -1;
     while (sp.More()) {
       const uint8_t* field_start = sp.p;
       uint32_t f, wt;
       sp.Tag(&f, &wt);
       if (f == 1 && wt == kLen) {
-        tid = Bytes(sp.Sub());
+        tid = sp.Sub();
       } else if (f == 2 && wt == kLen) {
-        sid = Bytes(sp.Sub());
+        sid = sp.Sub();
       } else if (f == 5 && wt == kLen) {
-        name = Utf8(sp.Sub());
+        name_w = sp.Sub();
       } else if (f == 7 && wt == kFixed64) {
         start = sp.Fixed64();
       } else if (f == 8 && wt == kFixed64) {
         end = sp.Fixed64();
       } else if (f == 9 && wt == kLen && flows_at < 0) {
-        // One KeyValue per field 9. Stop picking at the first flow attribute; the
-        // remaining attributes are decoded on demand (AttrDecoder).
-        std::string_view k = PickScalar(sp.Sub(), span_keys_, vals);
-        if (!stop_prefix_.empty() && k.substr(0, stop_prefix_.size()) == stop_prefix_)
-          flows_at = field_start - span_start;
+        // One KeyValue per field 9. Stop picking at the first flow attribute (the agent writes them
+        // last); they are decoded when the trace is analysed (FlowDecoder).
+        Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+        if (!SplitKeyValue(sp.Sub(), &key, &value)) continue;
+        size_t i = attr_keys_.Find(key.View());
+        if (i < kAttrs) vals[i] = ReadScalar(value);
+        if (key.View().substr(0, flow_prefix_.size()) == flow_prefix_) flows_at = field_start - span_start;
       } else {
         sp.Skip(wt);
       }
     }
-    return py::make_tuple(res_index, tid, sid, name, py::int_(start), py::int_(end), vals, py::int_(flows_at),
-                          py::int_(span_start - base), py::int_(span_len));
+    // Every string we read is decoded (and so checked as UTF-8), as protobuf would, before any is judged.
+    py::object strs[kAttrs];
+    for (int i = 0; i < kAttrs; ++i)
+      if (vals[i].type == RawScalar::kStr) strs[i] = strings_.Get(vals[i].s);
+    py::object name = name_w.p ? strings_.Get(name_w) : py::str("");
+    Kind kind = Classify(name_w.p ? name_w.View() : std::string_view());
+    if (kind == kRootCause || kind == kUnknown) return kind;
+    if (tid.end - tid.p != 16 || sid.end - sid.p != 8) return kUnknown;
+    auto is_int = [&](int a) { return vals[a].type == RawScalar::kInt; };
+    auto int_or = [&](int a, int64_t otherwise) { return py::int_(is_int(a) ? vals[a].i : otherwise); };
+    auto str_or = [&](int a) { return vals[a].type == RawScalar::kStr ? strs[a] : py::str(""); };
+    int64_t r = is_int(aRank) ? vals[aRank].i : -1, n = is_int(aNranks) ? vals[aNranks].i : -1;
+    if (vals[aComm].type != RawScalar::kNone && vals[aComm].type != RawScalar::kStr) return kUnknown;
+    if (kind != kSummary && (r < 0 || n <= 0 || r >= n || n > (int64_t(1) << 20))) return kUnknown;
+    if (kind == kOp && vals[aState].type == RawScalar::kStr && vals[aState].s.View() == in_flight_) kind = kInflight;
+    if (kind == kStatusSpan) {
+      std::string_view st = vals[aStatus].type == RawScalar::kStr ? vals[aStatus].s.View() : std::string_view();
+      bool known = false;
+      for (const auto& k : status_kinds_) known |= st == k;
+      if (!known) return kUnknown;
+    }
+    py::object func = str_or(aFunc);
+    if (kind == kOp && PyUnicode_GET_LENGTH(func.ptr()) == 0)
+      func = py::str(name_w.View().substr(names_[kOp].size()));
+    int64_t recent = is_int(aRecent) ? std::clamp(vals[aRecent].i, int64_t(0), recent_max_) : 0;
+    // the spans of one trace come together: one trace id object for them
+    if (tid.View() != last_trace_id_) {
+      last_trace_id_.assign(tid.View());
+      last_trace_id_obj_ = Bytes(tid);
+    }
+
+    PyTypeObject* type = reinterpret_cast<PyTypeObject*>(span_ref_.ptr());
+    PyObject* ref = type->tp_alloc(type, kFields);
+    if (ref == nullptr) throw py::error_already_set();
+    py::object out = py::reinterpret_steal<py::object>(ref);
+    auto set = [ref](int i, py::object v) { PyTuple_SET_ITEM(ref, i, v.release().ptr()); };
+    set(kKind, kinds_[kind]);
+    set(kTraceId, last_trace_id_obj_);
+    set(kSpanId, Bytes(sid));
+    set(kName, name);
+    set(kStart, py::int_(start));
+    set(kEnd, py::int_(end));
+    set(kRank, py::int_(r));
+    set(kNranks, py::int_(n));
+    set(kComm, str_or(aComm));
+    set(kSeq, int_or(aSeq, -1));
+    set(kFunc, func);
+    set(kSnapshot, int_or(aSnapshot, -1));
+    set(kStatus, str_or(aStatus));
+    set(kAnomaly, str_or(aAnomaly));
+    set(kBaseline, int_or(aBaseline, 0));
+    set(kGlobalRank, int_or(aGlobalRank, -1));
+    set(kBytes, int_or(aBytes, 0));
+    set(kLastProgress, int_or(aLastProgress, 0));
+    set(kResource, resource);
+    set(kStopped, py::bool_(vals[aStopped].type == RawScalar::kBool && vals[aStopped].i != 0));
+    set(kFlowAt, py::int_(flows_at));
+    set(kCount, int_or(aCount, -1));
+    set(kDatatype, str_or(aDatatype));
+    set(kRecent, py::int_(recent));
+    set(kRaw, py::make_tuple(data, py::int_(span_start - base), py::int_(span_len)));
+    refs->append(out);
+    return kind;
   }
 
-  KeyTable span_keys_, resource_keys_;
-  std::string stop_prefix_;
+  py::object span_ref_, resource_;
+  KeyTable attr_keys_, resource_keys_;
+  // Caches across payloads (the GIL serialises calls into one decoder).
+  mutable StrCache strings_;
+  mutable std::string last_trace_id_;
+  mutable py::object last_trace_id_obj_;
+  std::vector<py::object> kinds_;
+  std::vector<std::string> names_, status_kinds_;
+  std::string in_flight_, flow_prefix_;
+  int64_t recent_max_;
 };
 
-// Decodes chosen attributes of spans that an ExportDecoder walked, on demand. Built once per
-// key set: selection happens on the key bytes, so attributes not asked for cost no Python
-// object, and the keys handed back are the caller's own str objects.
-//
-// Arrays are typed: keys in str_keys hold strings (other elements read ""), other arrays
-// ints (other elements read 0) -- unless the decoder is untyped (str_keys None): then
-// elements keep their own scalar type (None for anything else). keys None: every attribute.
+// Decodes chosen attributes of spans that a SpanDecoder walked, on demand. Built once per key set:
+// selection happens on the key bytes, so attributes not asked for cost no Python object, and the keys
+// handed back are the caller's own str objects. keys None: every attribute.
 class AttrDecoder {
  public:
-  AttrDecoder(const py::object& keys, const py::object& str_keys)
-      : all_(keys.is_none()), typed_(!str_keys.is_none()), keys_(keys) {
-    if (!all_) {
-      for (auto k : keys) {
-        py::str key = py::reinterpret_borrow<py::str>(k);
-        names_.push_back(key);
-        as_.push_back(!typed_ ? ArrayAs::kAny : str_keys.contains(key) ? ArrayAs::kStr : ArrayAs::kInt);
-      }
-    }
+  explicit AttrDecoder(const py::object& keys) : all_(keys.is_none()), keys_(keys) {
+    if (!all_)
+      for (auto k : keys) names_.push_back(py::reinterpret_borrow<py::str>(k));
   }
 
   // The attributes of the span at data[offset:offset+length], from byte `start` of the span on
-  // (0: all; an ExportDecoder flows_at to skip what ingest already read).
+  // (0: all; a SpanRef's flow_at to skip what ingest already read).
   py::dict Decode(py::bytes data, size_t offset, size_t length, size_t start) const {
     std::string_view buf = BytesView(data);
     if (offset > buf.size() || length > buf.size() - offset || start > length)
@@ -367,36 +529,184 @@ class AttrDecoder {
       Wire key{nullptr, nullptr}, value{nullptr, nullptr};
       if (!SplitKeyValue(kv, &key, &value)) continue;
       if (all_) {
-        out[Utf8(key)] = Value(value, ArrayAs::kAny);
+        out[Utf8(key)] = Value(value);
         continue;
       }
       size_t i = keys_.Find(key.View());
-      if (i < keys_.size()) out[names_[i]] = Value(value, as_[i]);
+      if (i < keys_.size()) out[names_[i]] = Value(value);
     }
     return out;
   }
 
  private:
-  bool all_, typed_;
-  KeyTable keys_;                // same order as names_ and as_ (iteration of the same `keys`)
+  bool all_;
+  KeyTable keys_;                // same order as names_ (iteration of the same `keys`)
   std::vector<py::str> names_;   // the caller's own key objects, handed back as dict keys
-  std::vector<ArrayAs> as_;
+};
+
+// The flow arrays of spans a SpanDecoder walked, as one table of int64 for numpy: a row per
+// flow, a column per key in `columns`. Rows: the length of the first column's array (at most
+// kMaxArray); a shorter column reads 0 past its end, a longer one is cut. A non-int element reads
+// 0. String columns (`names`: key -> tuple of strings) read the position of the element in
+// their tuple, len(tuple) for any other string; a non-string element reads as "".
+class FlowDecoder {
+ public:
+  FlowDecoder(const py::tuple& columns, const py::dict& names) : keys_(columns) {
+    names_.resize(keys_.size());
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      py::object k = columns[i];
+      if (!names.contains(k)) continue;
+      auto& values = names_[i].emplace();
+      for (auto v : names[k].cast<py::tuple>()) values.push_back(v.cast<std::string>());
+    }
+  }
+
+  size_t width() const { return keys_.size(); }
+
+  // The rows of the spans at (data, offset, length, start) -- start: the span's flows_at, where its
+  // flow attributes begin (-1: it has none) -- appended in order; returns (table bytes, rows per span).
+  py::tuple Table(const py::list& spans) const {
+    std::vector<int64_t> out;
+    py::list counts;
+    std::vector<std::vector<int64_t>> cols(keys_.size());
+    for (py::handle item : spans) {
+      py::tuple t = py::reinterpret_borrow<py::tuple>(item);
+      if (t.size() != 4) throw py::value_error("FlowDecoder.table: expected (data, offset, length, start)");
+      int64_t start = t[3].cast<int64_t>();
+      size_t rows = 0;
+      if (start >= 0) {
+        std::string_view buf = BytesView(t[0].cast<py::bytes>());
+        size_t offset = t[1].cast<size_t>(), length = t[2].cast<size_t>();
+        if (offset > buf.size() || length > buf.size() - offset || size_t(start) > length)
+          throw py::value_error("span range outside the payload");
+        rows = Decode(reinterpret_cast<const uint8_t*>(buf.data()) + offset, length, size_t(start), &cols, &out);
+      }
+      counts.append(rows);
+    }
+    return py::make_tuple(py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(int64_t)), counts);
+  }
+
+ private:
+  size_t Decode(const uint8_t* span, size_t length, size_t start, std::vector<std::vector<int64_t>>* cols,
+                std::vector<int64_t>* out) const {
+    for (auto& c : *cols) c.clear();
+    Wire sp{span + start, span + length};
+    for (Wire kv; sp.Next(9, &kv);) {
+      Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+      if (!SplitKeyValue(kv, &key, &value)) continue;
+      size_t i = keys_.Find(key.View());
+      if (i < keys_.size()) {
+        (*cols)[i].clear();  // the last attribute with the key wins, as in a dict
+        Column(value, i, &(*cols)[i]);
+      }
+    }
+    size_t rows = (*cols)[0].size();
+    size_t w = keys_.size();
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < w; ++c) out->push_back(r < (*cols)[c].size() ? (*cols)[c][r] : 0);
+    return rows;
+  }
+
+  // One attribute's array (the last ArrayValue on the wire wins; a scalar value is no array).
+  void Column(Wire v, size_t i, std::vector<int64_t>* col) const {
+    while (v.More()) {
+      uint32_t f, wt;
+      v.Tag(&f, &wt);
+      if (f != 5 || wt != kLen) {
+        v.Skip(wt);
+        if (f >= 1 && f <= 7) col->clear();  // another value kind replaces the array (oneof)
+        continue;
+      }
+      col->clear();
+      Wire arr = v.Sub();
+      while (arr.More()) {
+        int64_t x;
+        if (!names_[i] && SmallInt(&arr, &x)) {
+          if (col->size() < kMaxArray) col->push_back(x);
+          continue;
+        }
+        Wire el;
+        if (!arr.Next(1, &el)) break;
+        if (col->size() < kMaxArray) col->push_back(Element(el, i));
+      }
+    }
+  }
+
+  // The common element, an AnyValue holding only an int (0x0a len 0x18 varint), read in one go;
+  // false (nothing consumed) for any other shape, which the general path reads.
+  static bool SmallInt(Wire* arr, int64_t* out) {
+    const uint8_t* p = arr->p;
+    if (arr->end - p < 4 || p[0] != 0x0a || p[1] < 2 || p[1] > 11 || p[2] != 0x18 || p[1] > arr->end - p - 2)
+      return false;
+    const uint8_t* end = p + 2 + p[1];
+    uint64_t v = 0;
+    int shift = 0;
+    for (const uint8_t* q = p + 3; q < end; ++q, shift += 7) {
+      v |= uint64_t(*q & 0x7f) << shift;
+      if ((*q & 0x80) == 0) {
+        if (q + 1 != end) return false;  // more fields after the int: the general path
+        *out = int64_t(v);
+        arr->p = end;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  int64_t Element(Wire el, size_t i) const {
+    bool is_str = false, is_int = false;
+    int64_t n = 0;
+    std::string_view s;
+    while (el.More()) {  // the last value field wins (oneof)
+      uint32_t f, wt;
+      el.Tag(&f, &wt);
+      if (f >= 1 && f <= 7) is_str = is_int = false;
+      if (f == 1 && wt == kLen) {
+        Wire w = el.Sub();
+        s = w.View();
+        is_str = true;
+      } else if (f == 3 && wt == kVarint) {
+        n = int64_t(el.Varint());
+        is_int = true;
+      } else {
+        el.Skip(wt);
+      }
+    }
+    if (!names_[i]) return is_int ? n : 0;
+    if (!is_str) s = {};
+    const auto& values = *names_[i];  // a handful: a scan beats a hash
+    size_t j = 0;
+    while (j < values.size() && values[j] != s) ++j;
+    return int64_t(j);
+  }
+
+  KeyTable keys_;
+  std::vector<std::optional<std::vector<std::string>>> names_;  // per column: its string values, if it has them
 };
 
 }  // namespace
 
 void RegisterOtlp(py::module_& m) {
-  py::class_<ExportDecoder>(m, "ExportDecoder",
-                            "Walks an ExportTraceServiceRequest's wire bytes: (spans seen, resource attribute "
-                            "tuples, span tuples). Raises ValueError on a malformed payload.")
-      .def(py::init<const py::tuple&, const py::tuple&, std::string>(), py::arg("span_keys"),
-           py::arg("resource_keys"), py::arg("stop_prefix"))
-      .def("__call__", &ExportDecoder::Decode, py::arg("data"));
+  py::class_<SpanDecoder>(m, "SpanDecoder",
+                          "An ExportTraceServiceRequest's wire bytes -> (spans seen, SpanRefs, ignored, rejected). "
+                          "Raises ValueError on a malformed payload.")
+      .def(py::init<py::object, py::object, const py::tuple&, const py::tuple&, const py::tuple&, const py::tuple&,
+                    const py::tuple&, py::str, std::string, int64_t>(),
+           py::arg("span_ref"), py::arg("resource"), py::arg("attr_keys"), py::arg("resource_keys"),
+           py::arg("kinds"), py::arg("names"), py::arg("status_kinds"), py::arg("in_flight"), py::arg("flow_prefix"),
+           py::arg("recent_max"))
+      .def_property_readonly_static("fields", [](py::object) { return SpanDecoder::Fields(); })
+      .def("__call__", &SpanDecoder::Decode, py::arg("data"));
   py::class_<AttrDecoder>(m, "AttrDecoder",
-                          "Chosen attributes of spans an ExportDecoder walked, decoded on demand from the payload.")
-      .def(py::init<const py::object&, const py::object&>(), py::arg("keys"), py::arg("str_keys"))
+                          "Chosen attributes of spans a SpanDecoder walked, decoded on demand from the payload.")
+      .def(py::init<const py::object&>(), py::arg("keys"))
       .def("__call__", &AttrDecoder::Decode, py::arg("data"), py::arg("offset"), py::arg("length"),
            py::arg("start") = 0);
+  py::class_<FlowDecoder>(m, "FlowDecoder",
+                          "The flow arrays of spans a SpanDecoder walked, as one int64 table (a row per flow).")
+      .def(py::init<const py::tuple&, const py::dict&>(), py::arg("columns"), py::arg("names"))
+      .def_property_readonly("width", &FlowDecoder::width)
+      .def("table", &FlowDecoder::Table, py::arg("spans"));
 }
 
 }  // namespace mycroft::bindings

@@ -1,7 +1,8 @@
-"""The native OTLP decoder (mycroft_otel._native.ExportDecoder / AttrDecoder) against protobuf itself.
+"""The native OTLP decoders (mycroft_otel._native.SpanDecoder / FlowDecoder / AttrDecoder) against protobuf.
 
 Ingest reads payloads straight from the wire, so it must see what a protobuf parser sees on every valid
-payload, and refuse (ValueError) or survive whatever else arrives.
+payload -- checked here against a model that reads the same payload through protobuf and applies the
+span shape rules in Python -- and refuse (ValueError) or survive whatever else arrives.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from mycroft_otel.processor import spans as S
 
 from synth import Ring
 
-KEYS, RES_KEYS = S._KEYS, S._RES_KEYS
-EXPORT = _native.ExportDecoder(KEYS, RES_KEYS, "mycroft.flow.")
+ATTR_KEYS, RES_KEYS = S._ATTR_KEYS, S._RES_KEYS
+DECODE = S._DECODER
+FLOW_PREFIX = "mycroft.flow."
 
 
 def _pb_value(v: common_pb2.AnyValue):
@@ -29,22 +31,91 @@ def _pb_value(v: common_pb2.AnyValue):
     return getattr(v, w) if w in ("int_value", "string_value", "double_value", "bool_value") else None
 
 
-def _expected(req: trace_service_pb2.ExportTraceServiceRequest):
-    """What the export decoder must return for req, read through protobuf."""
-    spans, resources = [], []
-    for ri, rs in enumerate(req.resource_spans):
+def _int(v, default: int) -> int:
+    return v if type(v) is int else default
+
+
+def _str(v) -> str:
+    return v if type(v) is str else ""
+
+
+def _model_span(sp: trace_pb2.Span, resource: S.Resource):
+    """(kind, SpanRef fields but raw) of one span read through protobuf, or the kind it is counted as
+    ("root_cause": ignored, "rejected")."""
+    a: dict = {}
+    for kv in sp.attributes:
+        a[kv.key] = _pb_value(kv.value)
+        if kv.key.startswith(FLOW_PREFIX):
+            break  # ingest reads up to the first flow attribute
+    name = sp.name
+    kind = (S.OP if name.startswith(sc.OP_SPAN_PREFIX) else S.INFLIGHT if name == sc.INFLIGHT_SPAN
+            else S.STATUS if name == sc.STATUS_SPAN else S.SUMMARY if name == sc.SUMMARY_SPAN
+            else "root_cause" if name == sc.ROOT_CAUSE_SPAN else "rejected")
+    if kind in ("root_cause", "rejected"):
+        return kind, None
+    if len(sp.trace_id) != 16 or len(sp.span_id) != 8:
+        return "rejected", None
+    rank, nranks, comm = _int(a.get(sc.RANK), -1), _int(a.get(sc.COMM_NRANKS), -1), a.get(sc.COMM_HASH)
+    if comm is not None and type(comm) is not str:
+        return "rejected", None
+    if kind != S.SUMMARY and (rank < 0 or nranks <= 0 or rank >= nranks or nranks > 1 << 20):
+        return "rejected", None
+    if kind == S.OP and a.get(sc.OP_STATE) == sc.OP_STATE_IN_FLIGHT:
+        kind = S.INFLIGHT
+    status = _str(a.get(sc.STATUS_KIND))
+    if kind == S.STATUS and status not in sc.STATUS_KINDS:
+        return "rejected", None
+    func = _str(a.get(sc.COLL_FUNC)) or (name[len(sc.OP_SPAN_PREFIX):] if kind == S.OP else "")
+    return kind, (
+        kind, sp.trace_id, sp.span_id, name, sp.start_time_unix_nano, sp.end_time_unix_nano, rank, nranks,
+        comm or "", _int(a.get(sc.COLL_SEQ), -1), func, _int(a.get(sc.SNAPSHOT_SEQ), -1), status,
+        _str(a.get(sc.ANOMALY)), _int(a.get(sc.BASELINE_NS), 0), _int(a.get(sc.GLOBAL_RANK), -1),
+        _int(a.get(sc.COLL_BYTES), 0), _int(a.get(sc.TIME_LAST_PROGRESS), 0), resource,
+        a.get(sc.PROCESS_STOPPED) is True,
+        next((i for i, kv in enumerate(sp.attributes) if kv.key.startswith(FLOW_PREFIX)), None),
+        _int(a.get(sc.COLL_COUNT), -1), _str(a.get(sc.COLL_DATATYPE)),
+        max(0, min(_int(a.get(sc.ANOMALY_RECENT), 0), sc.RECENT_WINDOW)))
+
+
+def _model(req: trace_service_pb2.ExportTraceServiceRequest):
+    """What the span decoder must return for req: (seen, SpanRef fields but raw, ignored, rejected)."""
+    seen, refs, counts = 0, [], {"root_cause": 0, "rejected": 0}
+    for rs in req.resource_spans:
         r = {kv.key: _pb_value(kv.value) for kv in rs.resource.attributes}
-        resources.append(tuple(r.get(k) for k in RES_KEYS))
+        host, pid, job = (r.get(k) for k in RES_KEYS)
+        res = S.Resource(host="" if host is None else str(host), pid=_int(pid, -1), job="" if job is None else str(job))
         for ss in rs.scope_spans:
             for sp in ss.spans:
-                a: dict = {}
-                for kv in sp.attributes:
-                    if kv.key.startswith("mycroft.flow."):
-                        break
-                    a[kv.key] = _pb_value(kv.value)
-                spans.append((ri, sp.trace_id, sp.span_id, sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano,
-                              tuple(a.get(k) for k in KEYS)))
-    return resources, spans
+                seen += 1
+                kind, fields = _model_span(sp, res)
+                if fields is None:
+                    counts[kind] += 1
+                else:
+                    refs.append(fields)
+    return seen, refs, counts["root_cause"], counts["rejected"]
+
+
+_VALUES = {
+    sc.COMM_HASH: ["0x5f3a", "", "ñödé-✓"], sc.COLL_FUNC: ["AllReduce", "", "Send"], sc.OP_STATE: ["in_flight", "completed"],
+    sc.STATUS_KIND: list(sc.STATUS_KINDS) + ["odd"], sc.ANOMALY: ["slow", "", "late"], sc.COLL_DATATYPE: ["float", ""],
+}
+
+
+def _random_value(rng: random.Random, key: str, kv) -> None:
+    which = rng.randrange(8)
+    if which <= 1:
+        kv.value.int_value = rng.randint(-2, 9)
+    elif which == 2:
+        kv.value.int_value = rng.randint(-(1 << 63), (1 << 63) - 1)
+    elif which == 3:
+        kv.value.string_value = rng.choice(_VALUES.get(key, ["x", "in_flight", "ü"]))
+    elif which == 4:
+        kv.value.double_value = rng.random()
+    elif which == 5:
+        kv.value.bool_value = rng.random() < 0.5
+    elif which == 6:
+        kv.value.array_value.values.add().int_value = 3
+    # 7: no value at all
 
 
 def _random_request(rng: random.Random) -> trace_service_pb2.ExportTraceServiceRequest:
@@ -60,76 +131,153 @@ def _random_request(rng: random.Random) -> trace_service_pb2.ExportTraceServiceR
         for _ in range(rng.randint(0, 2)):
             ss = rs.scope_spans.add()
             ss.scope.name = "mycroft"
-            for _ in range(rng.randint(0, 4)):
-                sp = ss.spans.add(trace_id=rng.randbytes(rng.choice([16, 16, 3])), span_id=rng.randbytes(8),
-                                  name=rng.choice([sc.INFLIGHT_SPAN, sc.STATUS_SPAN, "nccl.AllReduce", "other"]),
+            for _ in range(rng.randint(0, 5)):
+                tid = rng.choice([b"T" * 16, rng.randbytes(16), rng.randbytes(3)])
+                sp = ss.spans.add(trace_id=tid, span_id=rng.randbytes(rng.choice([8, 8, 5])),
+                                  name=rng.choice([sc.INFLIGHT_SPAN, sc.STATUS_SPAN, sc.SUMMARY_SPAN,
+                                                   sc.ROOT_CAUSE_SPAN, "nccl.AllReduce", "nccl.", "other"]),
                                   start_time_unix_nano=rng.getrandbits(64), end_time_unix_nano=rng.getrandbits(64))
-                for k in rng.sample(KEYS, rng.randint(0, len(KEYS))) + ["mycroft.flow.channel", sc.RANK]:
-                    kv = sp.attributes.add(key=k)
-                    which = rng.randrange(6)
-                    if which == 0:
-                        kv.value.int_value = rng.randint(-(1 << 63), (1 << 63) - 1)
-                    elif which == 1:
-                        kv.value.string_value = rng.choice(["AllReduce", "in_flight", "", "ü"])
-                    elif which == 2:
-                        kv.value.double_value = rng.random()
-                    elif which == 3:
-                        kv.value.bool_value = rng.random() < 0.5
-                    elif which == 4:
-                        kv.value.array_value.values.add().int_value = 3
-                    # 5: no value at all
+                if rng.random() < 0.6:  # a plausible shape first, that the random attributes may spoil
+                    sp.attributes.add(key=sc.RANK).value.int_value = rng.randint(0, 3)
+                    sp.attributes.add(key=sc.COMM_NRANKS).value.int_value = 4
+                    sp.attributes.add(key=sc.STATUS_KIND).value.string_value = rng.choice(sc.STATUS_KINDS)
+                keys = rng.sample(ATTR_KEYS, rng.randint(0, len(ATTR_KEYS) // 2))
+                keys[rng.randint(0, len(keys)):rng.randint(0, len(keys))] = [FLOW_PREFIX + "channel"]
+                for k in keys + [sc.RANK]:  # a rank after the flows is not read
+                    _random_value(rng, k, sp.attributes.add(key=k))
                 sp.events.add(name="ignored")
                 sp.links.add(trace_id=rng.randbytes(16), span_id=rng.randbytes(8))
     return req
 
 
-def test_export_decoder_reads_what_protobuf_reads():
+def test_span_decoder_reads_what_protobuf_reads():
     rng = random.Random(7)
+    kinds = set()
     for _ in range(400):
         req = _random_request(rng)
         data = req.SerializeToString()
-        seen, resources, spans = EXPORT(data)
-        want_res, want_spans = _expected(req)
-        assert seen == len(want_spans)
-        assert resources == want_res
-        got = [s[:7] for s in spans]
-        assert got == want_spans
-        for s in spans:  # the kept byte range is exactly the span
-            _, _, _, _, _, _, _, flows_at, off, length = s
-            sp = trace_pb2.Span.FromString(data[off:off + length])
-            assert (sp.trace_id, sp.span_id) == (s[1], s[2])
-            assert flows_at == -1 or data[off + flows_at:off + length].find(b"mycroft.flow.") >= 0
+        seen, refs, ignored, rejected = DECODE(data)
+        want_seen, want_refs, want_ignored, want_rejected = _model(req)
+        assert (seen, ignored, rejected) == (want_seen, want_ignored, want_rejected)
+        assert len(refs) == len(want_refs)
+        pb_spans = {sp.span_id: sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans}
+        for ref, want in zip(refs, want_refs):
+            assert isinstance(ref, S.SpanRef)
+            kinds.add(ref.kind)
+            flow_index = want[20]
+            assert tuple(ref[:20]) + tuple(ref[21:24]) == want[:20] + want[21:]
+            payload, off, length = ref.raw  # the kept byte range is exactly the span
+            assert payload is data
+            assert trace_pb2.Span.FromString(data[off:off + length]) == pb_spans[ref.span_id]
+            if flow_index is None:
+                assert ref.flow_at == -1
+            else:  # flow_at is where the first flow attribute's field starts
+                tail = trace_pb2.Span.FromString(data[off + ref.flow_at:off + length])
+                assert tail.attributes[0].key.startswith(FLOW_PREFIX)
+    assert kinds == {S.OP, S.INFLIGHT, S.STATUS, S.SUMMARY}
 
 
-def test_attr_decoder_types_arrays_and_skips_what_ingest_read():
+def test_span_decoder_on_real_shapes():
     ring = Ring(8, nch=2, comm=0x42, seq=3)
     ring.gpu_stall(2)
     data = ring.request().SerializeToString()
-    _, _, spans = EXPORT(data)
-    req = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
-    pb_spans = [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
-    dec = _native.AttrDecoder(S._EVIDENCE_KEYS, S._STR_ARRAYS)
-    flows_only = _native.AttrDecoder(S.HANG_KEYS, S._STR_ARRAYS)
-    for s, sp in zip(spans, pb_spans):
-        _, _, _, _, _, _, _, flows_at, off, length = s
-        got = dec(data, off, length)
-        want = {}
-        for kv in sp.attributes:
-            if kv.key not in S._EVIDENCE_KEYS:
-                continue
-            if kv.value.WhichOneof("value") == "array_value":
-                if kv.key in S._STR_ARRAYS:
-                    want[kv.key] = [x.string_value for x in kv.value.array_value.values]
-                else:
-                    want[kv.key] = [x.int_value for x in kv.value.array_value.values]
-            else:
-                want[kv.key] = _pb_value(kv.value)
-        assert got == want
-        if flows_at >= 0:
-            tail = flows_only(data, off, length, flows_at)
-            assert tail and all(k.startswith("mycroft.flow.") for k in tail)
-    untyped = _native.AttrDecoder(None, None)
-    assert set(untyped(data, spans[0][8], spans[0][9])) == {kv.key for kv in pb_spans[0].attributes}
+    seen, refs, ignored, rejected = DECODE(data)
+    assert (seen, ignored, rejected) == (8, 0, 0) and len(refs) == 8
+    assert {r.rank for r in refs} == set(range(8))
+    assert all(r.flow_at > 0 and r.comm and r.trace_id == refs[0].trace_id for r in refs)
+    assert refs[0].trace_id is refs[1].trace_id  # one object for the spans of one trace
+    assert _native.SpanDecoder.fields == S.SpanRef._fields
+
+
+def _flow_model(sp: trace_pb2.Span, columns: tuple[str, ...]) -> list[list[int]]:
+    """The flow table rows of one span, read through protobuf."""
+    cols: dict[str, list] = {}
+    for kv in sp.attributes:
+        if kv.key in columns:
+            v = kv.value
+            cols[kv.key] = list(v.array_value.values)[:4096] if v.WhichOneof("value") == "array_value" else []
+    names = S._FLOW_NAMES
+
+    def cell(key: str, i: int) -> int:
+        col = cols.get(key, [])
+        if i >= len(col):
+            return 0
+        x = _pb_value(col[i])
+        if key in names:
+            x = x if type(x) is str else ""
+            return names[key].index(x) if x in names[key] else len(names[key])
+        return x if type(x) is int else 0
+
+    return [[cell(k, i) for k in columns] for i in range(len(cols.get(columns[0], [])))]
+
+
+def _random_flows(rng: random.Random, sp: trace_pb2.Span) -> None:
+    n = rng.randint(0, 6)
+    for k in rng.sample(S.FLOW_COLUMNS, rng.randint(1, len(S.FLOW_COLUMNS))) + [sc.FLOW_CHANNEL]:
+        kv = sp.attributes.add(key=k)
+        if rng.random() < 0.1:
+            kv.value.int_value = 4  # not an array
+            continue
+        arr = kv.value.array_value
+        for _ in range(max(0, n + rng.randint(-2, 2))):
+            el = arr.values.add()
+            which = rng.randrange(6)
+            if which <= 2:
+                el.int_value = rng.choice([0, 1, 127, 128, 1 << 40, -1, -(1 << 63)])
+            elif which == 3:
+                el.string_value = rng.choice(["send", "recv", "", "RecvWait", "SendPeerWait", "odd"])
+            elif which == 4:
+                el.double_value = 1.5
+            # 5: an empty AnyValue
+
+
+def test_flow_decoder_reads_what_protobuf_reads():
+    rng = random.Random(5)
+    ring = Ring(8, nch=2, comm=0x42, seq=3)
+    ring.net_send_stall(3, 1)
+    requests = [ring.request()]
+    for _ in range(200):
+        req = trace_service_pb2.ExportTraceServiceRequest()
+        ss = req.resource_spans.add().scope_spans.add()
+        for _ in range(rng.randint(1, 4)):
+            sp = ss.spans.add(trace_id=b"T" * 16, span_id=rng.randbytes(8), name="nccl.AllReduce")
+            sp.attributes.add(key=sc.RANK).value.int_value = 0
+            sp.attributes.add(key=sc.COMM_NRANKS).value.int_value = 2
+            _random_flows(rng, sp)
+        requests.append(req)
+    for columns in (S.FLOW_COLUMNS, (sc.FLOW_STEPS, sc.FLOW_DIRECTION, sc.FLOW_NET_WAIT)):
+        for req in requests:
+            data = req.SerializeToString()
+            refs = DECODE(data)[1]
+            pb = [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+            table, counts = S.flow_table(refs, columns)
+            want = [row for sp in pb for row in _flow_model(sp, columns)]
+            assert table.tolist() == want
+            assert counts.tolist() == [len(_flow_model(sp, columns)) for sp in pb]
+    flows = S.flows_of(DECODE(requests[0].SerializeToString())[1][3])
+    assert [f.wait_state for f in flows if f.send] and all(isinstance(f.wait_state, str) for f in flows)
+
+
+def test_attr_decoder_reads_what_protobuf_reads():
+    rng = random.Random(3)
+    keys = frozenset({sc.STATUS_LAST_STATE, sc.TIME_API, sc.RANK, "mycroft.flow.channel"})
+    dec = _native.AttrDecoder(keys)
+    untyped = _native.AttrDecoder(None)
+    for _ in range(200):
+        req = _random_request(rng)
+        data = req.SerializeToString()
+        pb = [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+        for ref in DECODE(data)[1]:
+            sp = next(x for x in pb if x.span_id == ref.span_id)
+            _, off, length = ref.raw
+            want = {}
+            for kv in sp.attributes:
+                v = kv.value
+                want[kv.key] = ([_pb_value(x) for x in v.array_value.values] if v.WhichOneof("value") == "array_value"
+                                else {x.key: None for x in v.kvlist_value.values}
+                                if v.WhichOneof("value") == "kvlist_value" else _pb_value(v))
+            assert untyped(data, off, length) == want
+            assert dec(data, off, length) == {k: v for k, v in want.items() if k in keys}
     with pytest.raises(ValueError):
         dec(data, len(data) - 4, 100)
 
@@ -152,14 +300,18 @@ def test_wire_edge_cases():
     kv_rank = _ld(1, sc.RANK.encode()) + _ld(2, bytes([3 << 3]) + _varint(5))
     span = _ld(1, b"t" * 16) + _ld(2, b"s" * 8) + _ld(5, sc.INFLIGHT_SPAN.encode()) + _ld(9, kv_rank)
     good = _ld(1, _ld(2, _ld(2, span)))
-    seen, _, spans = EXPORT(good)
-    assert seen == 1 and spans[0][6][KEYS.index(sc.RANK)] == 5
+    seen, refs, _, _ = DECODE(good)
+    assert seen == 1 and refs == []  # the span lacks nranks: not our shape
+    span += _ld(9, _ld(1, sc.COMM_NRANKS.encode()) + _ld(2, bytes([3 << 3]) + _varint(8)))
+    good = _ld(1, _ld(2, _ld(2, span)))
+    seen, refs, _, _ = DECODE(good)
+    assert seen == 1 and refs[0].rank == 5 and refs[0].nranks == 8
     # a known field with the wrong wire type is an unknown field (protobuf's rule): skipped, not an error
     odd = _ld(1, _ld(2, _ld(2, bytes([5 << 3 | 0]) + _varint(7) + span)))
-    assert _native.ExportDecoder(KEYS, RES_KEYS, "")(odd)[2][0][3] == sc.INFLIGHT_SPAN
+    assert DECODE(odd)[1][0].name == sc.INFLIGHT_SPAN
     # a deprecated group among unknown fields is skipped like protobuf skips it
     group = bytes([15 << 3 | 3]) + bytes([1 << 3]) + _varint(1) + bytes([15 << 3 | 4])
-    assert _native.ExportDecoder(KEYS, RES_KEYS, "")(_ld(1, _ld(2, _ld(2, group + span))))[0] == 1
+    assert DECODE(_ld(1, _ld(2, _ld(2, group + span))))[0] == 1
     bad = {
         "truncated": good[:-3],
         "length past the end": _ld(1, b"\x12\x7f"),
@@ -170,23 +322,25 @@ def test_wire_edge_cases():
     }
     for what, data in bad.items():
         with pytest.raises(ValueError):
-            EXPORT(data)
+            DECODE(data)
         with pytest.raises(DecodeError):  # protobuf refuses the same payloads
             trace_service_pb2.ExportTraceServiceRequest.FromString(data)
     # arrays longer than 4096 are cut (hostile sizes)
     arr = b"".join(_ld(1, bytes([3 << 3]) + _varint(i)) for i in range(5000))
     kv = _ld(1, b"mycroft.flow.channel") + _ld(2, _ld(5, arr))
     data = _ld(1, _ld(2, _ld(2, span + _ld(9, kv))))
-    s = EXPORT(data)[2][0]
-    got = _native.AttrDecoder(frozenset({"mycroft.flow.channel"}), frozenset())(data, s[8], s[9], s[7])
+    ref = DECODE(data)[1][0]
+    got = _native.AttrDecoder(frozenset({"mycroft.flow.channel"}))(*ref.raw, ref.flow_at)
     assert got["mycroft.flow.channel"] == list(range(4096))
+    table, counts = S.flow_table([ref])
+    assert counts.tolist() == [4096] and table[:, 0].tolist() == list(range(4096))
 
 
 def test_mutated_payloads_never_crash():
     rng = random.Random(11)
     base = [_random_request(rng).SerializeToString() for _ in range(20)]
     base.append(Ring(16, nch=2, comm=0x9, seq=1).request().SerializeToString())
-    dec = _native.AttrDecoder(S._EVIDENCE_KEYS, S._STR_ARRAYS)
+    dec = _native.AttrDecoder(S._EVIDENCE_KEYS)
     refused = 0
     for i in range(3000):
         b = bytearray(rng.choice(base))
@@ -203,13 +357,14 @@ def test_mutated_payloads_never_crash():
                 b[at:at] = rng.randbytes(rng.randint(1, 16))
         data = bytes(b)
         try:
-            _, _, spans = EXPORT(data)
+            refs = DECODE(data)[1]
         except ValueError:
             refused += 1
             continue
-        for s in spans:
-            try:
-                dec(data, s[8], s[9], max(0, s[7]))
-            except ValueError:
-                pass
+        for ref in refs:
+            for read in (lambda: dec(*ref.raw, max(0, ref.flow_at)), lambda: S.flow_table([ref])):
+                try:
+                    read()
+                except ValueError:
+                    pass
     assert 0 < refused < 3000
