@@ -29,7 +29,7 @@ WINDOW = 32      # recent samples kept per key
 
 def baseline_key(comm: str, func: str, nbytes: int) -> tuple:
     """What a baseline is kept for: (communicator, function, size bucket = bit length of the bytes)."""
-    return (comm, func, max(0, int(nbytes)).bit_length())
+    return (comm, func, nbytes.bit_length() if nbytes > 0 else 0)
 
 
 class Baselines:

@@ -172,14 +172,15 @@ class Processor:
             if not ref.anomaly:
                 key = detect.baseline_key(ref.comm, ref.func, ref.nbytes)
                 base = bases[key] if key in bases else bases.setdefault(key, self.baselines.get(key))
-                if base is not None and ref.duration_ns >= self.slow_factor * base:
+                duration = ref.duration_ns
+                if base is not None and duration >= self.slow_factor * base:
                     st.anomalous = True
                 else:
-                    self.baselines.add(key, ref.duration_ns)
+                    self.baselines.add(key, duration)
             # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
             # cannot see a slowdown that hides in the job's skew)
             if (st.anomalous or len(st.op) >= 3) and st.verdict is None and not st.analysed_slow:
-                self._slow_cand.setdefault(st.trace_id, self.mono())
+                self._slow_cand.setdefault(st.trace_id, now)
 
     def _add_summary(self, ref) -> None:
         a = span_attributes(ref, _SUMMARY_KEYS)

@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flows_of
+from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flows_by_span, flows_of
 from mycroft_otel.processor.state import TraceState
 
 # Rank states as the analysis sees them.
@@ -133,18 +133,19 @@ def _signature(ref: SpanRef) -> tuple | None:
 def check_mismatch(st: TraceState) -> Finding | None:
     """Ranks that called different functions, sizes or types at the same sequence number (as their
     completed or in-flight spans say: status spans carry no size)."""
+    ref_of = {**st.inflight, **st.op}
+    if len({(ref.func, ref.count, ref.datatype) for ref in ref_of.values()}) < 2:
+        return None  # all alike (the usual case, told without grouping)
     groups: dict[tuple, list[int]] = {}
-    for refs in (st.op, {r: ref for r, ref in st.inflight.items() if r not in st.op}):
-        for r, ref in refs.items():
-            sig = _signature(ref)
-            if sig is not None:
-                groups.setdefault(sig, []).append(r)
+    for r, ref in ref_of.items():
+        sig = _signature(ref)
+        if sig is not None:
+            groups.setdefault(sig, []).append(r)
     if len(groups) < 2:
         return None
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     majority_sig, majority = ordered[0]
     culprits = sorted(r for _, rs in ordered[1:] for r in rs)
-    ref_of = {**st.inflight, **st.op}
     sig = _signature(ref_of[culprits[0]])
     what = []
     names = ("function", "count", "datatype")
@@ -259,6 +260,10 @@ def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
         # further away the pipeline drains later); only the ranks the walks visit get decoded
         by_stop = sorted(stalled, key=lambda r: (views[r].ref.last_progress_ns, r))
         stalled = by_stop[:MAX_STARTS // 4]
+    # the starts' flows in one pass (the rest as the walks reach them)
+    starts = [views[r] for r in stalled if views[r]._flows is None]
+    for v, flows in zip(starts, flows_by_span([v.ref for v in starts])):
+        v._flows = flows
     memo: dict[int, list[tuple]] = {}
     direct: dict[int, tuple[list[tuple], list[int]]] = {}
 

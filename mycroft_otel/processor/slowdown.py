@@ -95,6 +95,7 @@ class Measures:
     ranks: np.ndarray      # per rank
     arrival: np.ndarray    # per rank: when it really started (its first step posted; else its launch)
     duration: np.ndarray   # per rank: its span's duration
+    end: int               # when the last rank completed
     gpu_of: np.ndarray     # the ranks (indices) with receive flows ...
     gpu: np.ndarray        # ... and their GPU wait per step (data there, not consumed)
     src: np.ndarray        # per send flow into a completed rank: its sender (index) ...
@@ -120,7 +121,9 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     bounds = np.concatenate(([0], np.cumsum(per)))
     trace_of = np.repeat(np.arange(len(traces)), per)  # per rank: its trace
     ranks = np.array([ref.rank for ref in refs], dtype=np.int64)
-    times = np.array([(ref.start_ns, ref.end_ns) for ref in refs], dtype=np.float64).reshape(-1, 2)
+    ends = [ref.end_ns for ref in refs]
+    duration = np.maximum(0.0, np.array(ends, dtype=np.float64) - np.array([ref.start_ns for ref in refs],
+                                                                           dtype=np.float64))
     table, counts = flow_table(refs, MEASURE_COLUMNS)
     row = np.repeat(np.arange(len(refs)), counts)  # per flow: its rank (index into refs)
     # arrival
@@ -159,40 +162,49 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     waited = (table[sent, F_GPU_WAIT] + table[sent, F_NET_WAIT]).astype(np.float64)
     sent_wait = (np.bincount(row[sent], weights=waited, minlength=len(refs))[sent_of]
                  / np.bincount(row[sent], weights=table[sent, F_STEPS].astype(np.float64), minlength=len(refs))[sent_of])
-    # per trace: its slice of each array (rank indices made local to the trace)
-    g_cut = np.searchsorted(gpu_of, bounds)
-    n_cut = np.searchsorted(src, bounds)  # send flows are in rank order, ranks in trace order
-    s_cut = np.searchsorted(sent_of, bounds)
+    # per trace: its slice of each array, rank indices made local to the trace
+    first = bounds[trace_of]  # per rank: the index of its trace's first rank
+    gpu_at, src_at, dst_at, sent_at = (gpu_of - first[gpu_of], src - first[src], dst - first[src],
+                                       sent_of - first[sent_of])
+    channel = table[out_rows, F_CHANNEL]
+    # where each trace's part starts in the per-rank, per-GPU, per-send-flow and per-sender arrays (send
+    # flows come in rank order)
+    r, g, f, p = (c.tolist() for c in (bounds, np.searchsorted(gpu_of, bounds), np.searchsorted(src, bounds),
+                                       np.searchsorted(sent_of, bounds)))
     out = []
     for t in range(len(traces)):
-        b0, b1 = int(bounds[t]), int(bounds[t + 1])
-        g0, g1, n0, n1, s0, s1 = (int(g_cut[t]), int(g_cut[t + 1]), int(n_cut[t]), int(n_cut[t + 1]),
-                                  int(s_cut[t]), int(s_cut[t + 1]))
         out.append(Measures(
-            refs=refs[b0:b1], ranks=ranks[b0:b1], arrival=arrival[b0:b1],
-            duration=np.maximum(0.0, times[b0:b1, 1] - times[b0:b1, 0]),
-            gpu_of=gpu_of[g0:g1] - b0, gpu=gpu[g0:g1], src=src[n0:n1] - b0, dst=dst[n0:n1] - b0,
-            channel=table[out_rows[n0:n1], F_CHANNEL], net=net[n0:n1],
-            sent_of=sent_of[s0:s1] - b0, sent_wait=sent_wait[s0:s1]))
+            refs=refs[r[t]:r[t + 1]], ranks=ranks[r[t]:r[t + 1]], arrival=arrival[r[t]:r[t + 1]],
+            duration=duration[r[t]:r[t + 1]], end=max(ends[r[t]:r[t + 1]]),
+            gpu_of=gpu_at[g[t]:g[t + 1]], gpu=gpu[g[t]:g[t + 1]],
+            src=src_at[f[t]:f[t + 1]], dst=dst_at[f[t]:f[t + 1]], channel=channel[f[t]:f[t + 1]],
+            net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], sent_wait=sent_wait[p[t]:p[t + 1]]))
     return out
 
 
-def _outlier(values: np.ndarray, ratio: float, floor: float, history: np.ndarray):
-    """(index, value, ratio to the reference) of a clear top outlier, else None. The reference is the
-    median of the other values in this trace and of the communicator's recent history."""
+def _median(values: np.ndarray) -> float:
+    k = len(values) // 2
+    if len(values) % 2:
+        return float(np.partition(values, k)[k])
+    p = np.partition(values, (k - 1, k))
+    return (float(p[k - 1]) + float(p[k])) / 2
+
+
+def _outlier(values: np.ndarray, floor: float, history: np.ndarray, bar: float):
+    """(index, value, ratio to the reference) of the top value when it is at least ``bar`` x the
+    reference -- the median of the other values in this trace and of the communicator's recent
+    history -- and ``bar`` x the floor; else None."""
     if len(values) == 0:
         return None
     top = int(np.argmax(values))
     top_v = float(values[top])
-    if top_v < floor * ratio:
+    if top_v < floor * bar:
         return None
-    pool = np.concatenate((np.delete(values, top), history))
+    pool = np.concatenate((values[:top], values[top + 1:], history))
     if len(pool) < 2 or (len(values) < 3 and len(history) < 8):
         return None
-    r = top_v / max(float(np.median(pool)), floor)
-    if r < ratio:
-        return None
-    return top, top_v, r
+    r = top_v / max(_median(pool), floor)
+    return (top, top_v, r) if r >= bar else None
 
 
 def _reference(history: dict, name: str) -> np.ndarray:
@@ -274,7 +286,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     heard = len(st.op.keys() | st.inflight.keys() | st.status.keys())
     missing = ([r for r in range(st.nranks) if r not in st.op and r not in st.inflight and r not in st.status]
                if heard < st.nranks <= 4096 else [])
-    end = max(ref.end_ns for ref in refs)
+    end = m.end
     last = int(np.argmax(arrival))
     first = int(arrival.min())
     makespan = max(1, end - first)
@@ -289,14 +301,12 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
 
     # GPU: receive-side GPU wait per step (data there, not consumed)
     gpu, gpu_of = m.gpu, m.gpu_of
-    ref_gpu = _reference(history, "gpu")
-    soft = False
-    o = _outlier(gpu, GPU_RATIO, STEP_FLOOR_NS, ref_gpu)
-    if o is None and known("gpu", len(gpu)):  # a milder outlier counts when the rank itself flagged it (it needs more recurrences)
-        o = _outlier(gpu, SOFT_GPU_RATIO, STEP_FLOOR_NS, ref_gpu)
-        if o is not None and not flagged(int(gpu_of[o[0]])):
-            o = None
-        soft = o is not None
+    # (a milder outlier counts when the rank itself flagged it: it needs more recurrences)
+    o = _outlier(gpu, STEP_FLOOR_NS, _reference(history, "gpu"),
+                 SOFT_GPU_RATIO if known("gpu", len(gpu)) else GPU_RATIO)
+    soft = o is not None and (o[1] < STEP_FLOOR_NS * GPU_RATIO or o[2] < GPU_RATIO)
+    if soft and not flagged(int(gpu_of[o[0]])):
+        o, soft = None, False
     if o is not None:
         i, val, ratio = int(gpu_of[o[0]]), o[1], o[2]
         r = int(ranks[i])
@@ -308,15 +318,12 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
 
     # network: send-side wait per step, less the time the receiver was not there yet
     net, src, dst = m.net, m.src, m.dst
-    ref_net = _reference(history, "net")
-    bar = NET_RATIO
-    o = _outlier(net, NET_RATIO, STEP_FLOOR_NS, ref_net)
-    soft = False
-    if o is None and known("net", len(net)):  # a milder outlier counts when its sender or receiver flagged it (more recurrences)
-        o = _outlier(net, SOFT_RATIO, STEP_FLOOR_NS, ref_net)
-        if o is not None and not (flagged(int(src[o[0]])) or flagged(int(dst[o[0]]))):
-            o = None
-        soft, bar = o is not None, SOFT_RATIO
+    # (a milder outlier counts when its sender or receiver flagged it: it needs more recurrences)
+    o = _outlier(net, STEP_FLOOR_NS, _reference(history, "net"), SOFT_RATIO if known("net", len(net)) else NET_RATIO)
+    soft = o is not None and (o[1] < STEP_FLOOR_NS * NET_RATIO or o[2] < NET_RATIO)
+    if soft and not (flagged(int(src[o[0]])) or flagged(int(dst[o[0]]))):
+        o, soft = None, False
+    bar = SOFT_RATIO if soft else NET_RATIO
     if o is not None:
         k, val, ratio = o
         s_i, d_i = int(src[k]), int(dst[k])
@@ -358,7 +365,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
                 h.extend(vals)
     # arrival: the last rank started so late that the others mostly waited for it
     spread = int(arrival[last]) - first  # >= the lateness below: a cheap bound first
-    late = (int(arrival[last]) - float(np.median(np.delete(arrival, last)))
+    late = (int(arrival[last]) - _median(np.delete(arrival, last))
             if n >= 3 and spread >= 0.3 * makespan and spread >= LATE_RATIO / 2.5 * transfer else 0)
     if n >= 3 and late >= 0.3 * makespan and (late >= LATE_RATIO * transfer or
                                                (late >= 0.9 * makespan and late >= LATE_RATIO / 2.5 * transfer)):
@@ -378,7 +385,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
         acc = m.sent_wait
         low = int(np.argmin(acc))
         rest = np.delete(acc, low)
-        med = float(np.median(rest))
+        med = _median(rest)
         if med >= 100 * STEP_FLOOR_NS and acc[low] <= 0.6 * med and bool((rest >= 0.8 * med).all()):
             i = int(m.sent_of[low])
             r = int(ranks[i])

@@ -12,6 +12,7 @@ classified ``unknown`` and counted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -61,8 +62,10 @@ def attributes(kvs: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
     return out
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Resource:
+    """Who sent a span: one object per process, shared by its spans."""
+
     host: str = ""
     pid: int = -1
     job: str = ""
@@ -154,8 +157,8 @@ def flow_table(refs: Sequence[SpanRef], columns: tuple[str, ...] = FLOW_COLUMNS)
     dec = _flow_decoders.get(columns)
     if dec is None:
         dec = _flow_decoders[columns] = _native.FlowDecoder(columns, _FLOW_NAMES)
-    data, counts = dec.table([(*r.raw, r.flow_at) if r.raw is not None else (b"", 0, 0, -1) for r in refs])
-    return np.frombuffer(data, dtype=np.int64).reshape(-1, len(columns)), np.array(counts, dtype=np.int64)
+    data, counts = dec.table(refs)
+    return np.frombuffer(data, dtype=np.int64).reshape(-1, len(columns)), np.frombuffer(counts, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -184,12 +187,18 @@ class Flow:
         return self.steps > 0 and self.done >= self.steps and not self.wait_state
 
 
+def flows_by_span(refs: Sequence[SpanRef]) -> list[list[Flow]]:
+    """The spans' flows as objects (the hang walk follows them one by one), decoded in one pass."""
+    table, counts = flow_table(refs)
+    rows = iter(table.tolist())
+    last = len(_WAIT_NAMES) - 1
+    return [[Flow(ch, send == 1, pe, st, po, rd, tx, dn, by, s0, e0, lp, _WAIT_NAMES[min(ws, last)], wsn, gw, nw)
+             for ch, send, pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, wsn, gw, nw in islice(rows, n)]
+            for n in counts.tolist()]
+
+
 def flows_of(ref: SpanRef) -> list[Flow]:
-    """One span's flows as objects (the hang walk visits a few ranks' flows one by one)."""
-    table, _ = flow_table((ref,))
-    return [Flow(ch, send == 1, pe, st, po, rd, tx, dn, by, s0, e0, lp, _WAIT_NAMES[min(ws, len(_WAIT_NAMES) - 1)],
-                 wsn, gw, nw)
-            for ch, send, pe, st, po, rd, tx, dn, by, s0, e0, lp, ws, wsn, gw, nw in table.tolist()]
+    return flows_by_span((ref,))[0]
 
 
 # What the analysis reads besides the flows (status details, the arrival of a rank without flows).

@@ -83,9 +83,10 @@ class TraceState:
         return self.nranks > 0 and len(self.op) >= self.nranks
 
     def add(self, ref: SpanRef, now: float) -> None:
+        rank, kind = ref.rank, ref.kind
         self.spans += 1
         self.updated_mono = now
-        if ref.rank not in self.op and ref.rank not in self.inflight and ref.rank not in self.status:
+        if rank not in self.op and rank not in self.inflight and rank not in self.status:
             self.ranks_changed_mono = now
         if not self.comm and ref.comm:
             self.comm = ref.comm
@@ -98,24 +99,26 @@ class TraceState:
         start = ref.start_ns
         if start and (not self.first_evidence_ns or start < self.first_evidence_ns):
             self.first_evidence_ns = start
-        if ref.kind == OP:
-            self.op[ref.rank] = ref
-            self.last_progress_ns = max(self.last_progress_ns, ref.end_ns)
+        if kind == OP:
+            self.op[rank] = ref
+            if ref.end_ns > self.last_progress_ns:
+                self.last_progress_ns = ref.end_ns
             if ref.anomaly:
                 self.anomalous = True
                 if not self.slow_since_mono:
                     self.slow_since_mono = now
-        elif ref.kind == INFLIGHT:
-            old = self.inflight.get(ref.rank)
+        elif kind == INFLIGHT:
+            old = self.inflight.get(rank)
             if old is None or (ref.snapshot, ref.end_ns) >= (old.snapshot, old.end_ns):
-                self.inflight[ref.rank] = ref
+                self.inflight[rank] = ref
             progress = ref.last_progress_ns or ref.start_ns
-            self.last_progress_ns = max(self.last_progress_ns, progress)
-        elif ref.kind == STATUS:
-            old = self.status.get(ref.rank)
+            if progress > self.last_progress_ns:
+                self.last_progress_ns = progress
+        elif kind == STATUS:
+            old = self.status.get(rank)
             # process_exited outranks not_entered; otherwise the newest wins
             if old is None or old.status != sc.STATUS_PROCESS_EXITED or ref.status == sc.STATUS_PROCESS_EXITED:
-                self.status[ref.rank] = ref
+                self.status[rank] = ref
 
 
 class TraceStore:

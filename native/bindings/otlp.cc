@@ -192,27 +192,31 @@ py::object Value(Wire v) {
   return out;
 }
 
-// Key bytes -> position in the caller's key list, built once per decoder so a lookup
-// needs no Python object. Not copyable: the map views the strings it owns.
+// Key bytes -> position in the caller's key list, built once per decoder so a lookup needs no
+// Python object. Keys are bucketed by length: a lookup compares the few keys of the same length
+// (cheaper than hashing a 30-byte key, for the dozens of attributes of every span).
 class KeyTable {
  public:
   explicit KeyTable(const py::handle& keys) {
     if (keys.is_none()) return;
-    for (auto k : keys) bytes_.push_back(k.cast<std::string>());
-    for (size_t i = 0; i < bytes_.size(); ++i) index_.emplace(bytes_[i], i);
+    for (auto k : keys) {
+      std::string key = k.cast<std::string>();
+      if (key.size() >= by_len_.size()) by_len_.resize(key.size() + 1);
+      by_len_[key.size()].emplace_back(key, size_++);
+    }
   }
-  KeyTable(const KeyTable&) = delete;
-  KeyTable& operator=(const KeyTable&) = delete;
-  size_t size() const { return bytes_.size(); }
+  size_t size() const { return size_; }
   // Position of `key`, or size() when it is not in the table.
   size_t Find(std::string_view key) const {
-    auto it = index_.find(key);
-    return it == index_.end() ? size() : it->second;
+    if (key.size() >= by_len_.size()) return size_;
+    for (const auto& [k, i] : by_len_[key.size()])
+      if (memcmp(k.data(), key.data(), key.size()) == 0) return i;
+    return size_;
   }
 
  private:
-  std::vector<std::string> bytes_;
-  std::unordered_map<std::string_view, size_t> index_;
+  size_t size_ = 0;
+  std::vector<std::vector<std::pair<std::string, size_t>>> by_len_;
 };
 
 // KeyValue -> (key bytes, value bytes); false when it has no key.
@@ -368,7 +372,7 @@ class SpanDecoder {
       // The resource may come after the spans on the wire: read it first.
       for (Wire scan = rs, res; scan.Next(1, &res);)
         for (Wire kv; res.Next(1, &kv);) PickScalar(kv, resource_keys_, rvals);
-      py::object resource = resource_(Text(rvals[0]), IntOr(rvals[1], -1), Text(rvals[2]));
+      py::object resource = Resource(rvals);
       for (Wire ss; rs.Next(2, &ss);) {
         for (Wire sp; ss.Next(2, &sp);) {
           ++seen;
@@ -382,6 +386,17 @@ class SpanDecoder {
   }
 
  private:
+  // One Resource object per process (each batch repeats it), from a bounded cache.
+  py::object Resource(const py::tuple& vals) const {
+    py::tuple key = py::make_tuple(Text(vals[0]), IntOr(vals[1], -1), Text(vals[2]));  // (host, pid, job)
+    PyObject* cached = PyDict_GetItem(resources_.ptr(), key.ptr());  // borrowed; str/int keys cannot raise
+    if (cached != nullptr) return py::reinterpret_borrow<py::object>(cached);
+    if (py::len(resources_) >= 4096) resources_.clear();
+    py::object r = resource_(*key);
+    resources_[key] = r;
+    return r;
+  }
+
   static py::object Text(py::handle v) { return v.is_none() ? py::str("") : py::str(v); }
   static py::object IntOr(py::handle v, int64_t otherwise) {
     return PyLong_CheckExact(v.ptr()) ? py::reinterpret_borrow<py::object>(v) : py::int_(otherwise);  // not bool
@@ -490,6 +505,9 @@ class SpanDecoder {
     set(kDatatype, str_or(aDatatype));
     set(kRecent, py::int_(recent));
     set(kRaw, py::make_tuple(data, py::int_(span_start - base), py::int_(span_len)));
+    // A SpanRef holds strings, numbers, bytes and its Resource: it can be in no reference cycle, so
+    // the cyclic GC need not walk the store's hundreds of thousands of them on every full collection.
+    PyObject_GC_UnTrack(ref);
     refs->append(out);
     return kind;
   }
@@ -498,6 +516,7 @@ class SpanDecoder {
   KeyTable attr_keys_, resource_keys_;
   // Caches across payloads (the GIL serialises calls into one decoder).
   mutable StrCache strings_;
+  mutable py::dict resources_;
   mutable std::string last_trace_id_;
   mutable py::object last_trace_id_obj_;
   std::vector<py::object> kinds_;
@@ -563,27 +582,32 @@ class FlowDecoder {
 
   size_t width() const { return keys_.size(); }
 
-  // The rows of the spans at (data, offset, length, start) -- start: the span's flows_at, where its
-  // flow attributes begin (-1: it has none) -- appended in order; returns (table bytes, rows per span).
-  py::tuple Table(const py::list& spans) const {
-    std::vector<int64_t> out;
-    py::list counts;
+  // The rows of the spans -- SpanRefs: their flows lie in the payload range they keep (raw), from
+  // their flow_at on -- appended in order; returns (table bytes, rows per span as int64 bytes).
+  py::tuple Table(const py::sequence& refs) const {
+    std::vector<int64_t> out, counts;
     std::vector<std::vector<int64_t>> cols(keys_.size());
-    for (py::handle item : spans) {
-      py::tuple t = py::reinterpret_borrow<py::tuple>(item);
-      if (t.size() != 4) throw py::value_error("FlowDecoder.table: expected (data, offset, length, start)");
-      int64_t start = t[3].cast<int64_t>();
+    for (py::handle item : refs) {
+      PyObject* ref = item.ptr();
+      if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) != SpanDecoder::kFields)
+        throw py::type_error("FlowDecoder.table: expected SpanRefs");
+      PyObject* raw = PyTuple_GET_ITEM(ref, SpanDecoder::kRaw);
+      int64_t start = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(ref, SpanDecoder::kFlowAt)).cast<int64_t>();
       size_t rows = 0;
-      if (start >= 0) {
-        std::string_view buf = BytesView(t[0].cast<py::bytes>());
-        size_t offset = t[1].cast<size_t>(), length = t[2].cast<size_t>();
+      if (start >= 0 && PyTuple_Check(raw) && PyTuple_GET_SIZE(raw) == 3) {
+        py::tuple range = py::reinterpret_borrow<py::tuple>(raw);
+        std::string_view buf = BytesView(range[0].cast<py::bytes>());
+        size_t offset = range[1].cast<size_t>(), length = range[2].cast<size_t>();
         if (offset > buf.size() || length > buf.size() - offset || size_t(start) > length)
           throw py::value_error("span range outside the payload");
         rows = Decode(reinterpret_cast<const uint8_t*>(buf.data()) + offset, length, size_t(start), &cols, &out);
       }
-      counts.append(rows);
+      counts.push_back(int64_t(rows));
     }
-    return py::make_tuple(py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(int64_t)), counts);
+    auto as_bytes = [](const std::vector<int64_t>& v) {
+      return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+    };
+    return py::make_tuple(as_bytes(out), as_bytes(counts));
   }
 
  private:
@@ -706,7 +730,7 @@ void RegisterOtlp(py::module_& m) {
                           "The flow arrays of spans a SpanDecoder walked, as one int64 table (a row per flow).")
       .def(py::init<const py::tuple&, const py::dict&>(), py::arg("columns"), py::arg("names"))
       .def_property_readonly("width", &FlowDecoder::width)
-      .def("table", &FlowDecoder::Table, py::arg("spans"));
+      .def("table", &FlowDecoder::Table, py::arg("refs"));
 }
 
 }  // namespace mycroft::bindings
