@@ -39,15 +39,18 @@ class Baselines:
         self.samples: dict[tuple, deque] = {}
         self.max_keys = max_keys
 
-    def add(self, key: tuple, duration_ns: float) -> None:
-        if duration_ns <= 0:
-            return
+    def window(self, key: tuple) -> deque:
+        """The key's recent samples (made empty when new): append positive durations to it."""
         d = self.samples.get(key)
         if d is None:
             if len(self.samples) >= self.max_keys:
                 self.samples.pop(next(iter(self.samples)))
             d = self.samples[key] = deque(maxlen=WINDOW)
-        d.append(float(duration_ns))
+        return d
+
+    def add(self, key: tuple, duration_ns: float) -> None:
+        if duration_ns > 0:
+            self.window(key).append(float(duration_ns))
 
     def get(self, key: tuple) -> float | None:
         d = self.samples.get(key)

@@ -146,7 +146,7 @@ class Processor:
         d = decode(data)
         with self.lock:
             now = self.mono()
-            bases: dict = {}  # the baselines this payload's op spans are judged by: one median per key
+            bases: dict = {}  # (comm, func, bytes) -> (baseline, its samples) this payload's op spans are judged by
             for ref in d.refs:
                 self._add(ref, now, bases)
             self.counts["spans"] += d.seen
@@ -170,13 +170,17 @@ class Processor:
                 self._hang_cand[st.trace_id] = None
         else:
             if not ref.anomaly:
-                key = detect.baseline_key(ref.comm, ref.func, ref.nbytes)
-                base = bases[key] if key in bases else bases.setdefault(key, self.baselines.get(key))
-                duration = ref.duration_ns
+                what = (ref.comm, ref.func, ref.nbytes)
+                judged = bases.get(what)
+                if judged is None:
+                    key = detect.baseline_key(*what)
+                    judged = bases[what] = (self.baselines.get(key), self.baselines.window(key))
+                base, window = judged
+                duration = ref.end_ns - ref.start_ns
                 if base is not None and duration >= self.slow_factor * base:
                     st.anomalous = True
-                else:
-                    self.baselines.add(key, duration)
+                elif duration > 0:
+                    window.append(float(duration))
             # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
             # cannot see a slowdown that hides in the job's skew)
             if (st.anomalous or len(st.op) >= 3) and st.verdict is None and not st.analysed_slow:

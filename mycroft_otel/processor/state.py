@@ -189,7 +189,7 @@ class TraceStore:
             key = proc_key(ref)
             if key is not None:
                 self.inflight_by_proc.setdefault(key, {})[tid] = None
-        elif kind == OP and self.inflight_by_proc:
+        elif kind == OP and st.inflight:  # (only a trace with in-flight evidence is in that index)
             key = proc_key(ref)
             d = self.inflight_by_proc.get(key) if key is not None else None
             if d is not None:
