@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: E402
 
 from mycroft_otel.processor import Processor  # noqa: E402
-from mycroft_otel.processor.spans import attributes, decode as wire_decode  # noqa: E402
-from synth import Ring  # noqa: E402
+from mycroft_otel.processor.spans import decode as wire_decode  # noqa: E402
+from synth import Ring, attributes  # noqa: E402
 
 
 def traffic(n_colls: int, nranks: int = 64) -> list[bytes]:

@@ -1,12 +1,13 @@
 """OTLP protobuf spans -> what the analysis needs, decoded as lazily as possible.
 
-Ingest walks the payload's wire bytes natively (``_native.ExportDecoder``) and reads only a
-handful of key attributes per span (:class:`SpanRef`), stopping at the flow arrays (the agent
-writes them last). Each SpanRef keeps the payload and its span's byte range: the flow arrays
-and the rest are decoded by :func:`evidence_attributes` when a trace is actually analysed,
-and then only for the latest evidence of each rank. The decoding itself costs what
-protobuf's own parse does (benchmarks/processor). Spans that do not have our shape are
-classified ``unknown`` and counted.
+Ingest walks the payload's wire bytes natively (``_native.SpanDecoder``): it checks each span's
+shape and builds its :class:`SpanRef` with a handful of key attributes, stopping at the flow
+arrays (the agent writes them last); spans that do not have our shape are counted, not kept.
+Each SpanRef keeps the payload and its span's byte range. The flow arrays are decoded from
+those bytes when a trace is analysed, as one int64 table for numpy (:func:`flow_table`,
+``_native.FlowDecoder``) or as :class:`Flow` objects for the hang walk (:func:`flows_by_span`);
+the few other attributes the analysis reads by :func:`evidence_attributes`. Decoding costs
+less than protobuf's own parse (benchmarks/processor).
 """
 
 from __future__ import annotations
@@ -22,44 +23,6 @@ from mycroft_otel import semconv as sc
 
 # Span kinds as the processor sees them.
 OP, INFLIGHT, STATUS, SUMMARY = "op", "inflight", "status", "summary"
-
-_MAX_ARRAY = 4096  # longer attribute arrays are truncated (hostile input)
-
-
-def any_value(v: Any) -> Any:
-    """Python value of an OTLP AnyValue (arrays become lists; kvlists dicts)."""
-    which = v.WhichOneof("value")
-    if which == "int_value":
-        return v.int_value
-    if which == "string_value":
-        return v.string_value
-    if which == "double_value":
-        return v.double_value
-    if which == "bool_value":
-        return v.bool_value
-    if which == "array_value":
-        out = []
-        for i, x in enumerate(v.array_value.values):
-            if i >= _MAX_ARRAY:
-                break
-            w = x.WhichOneof("value")
-            out.append(getattr(x, w) if w in ("int_value", "string_value", "double_value", "bool_value") else None)
-        return out
-    if which == "bytes_value":
-        return v.bytes_value
-    if which == "kvlist_value":
-        return {kv.key: None for kv in v.kvlist_value.values}
-    return None
-
-
-def attributes(kvs: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
-    """Attributes as a dict; only ``keys`` when given."""
-    out: dict[str, Any] = {}
-    for kv in kvs:
-        k = kv.key
-        if keys is None or k in keys:
-            out[k] = any_value(kv.value)
-    return out
 
 
 @dataclass(slots=True, frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
@@ -19,6 +20,45 @@ from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 
 JOB = "synth-job"
+
+
+_MAX_ARRAY = 4096  # longer attribute arrays are cut, as the processor cuts them
+
+
+def any_value(v: Any) -> Any:
+    """Python value of an OTLP AnyValue read through protobuf (arrays become lists; kvlists dicts)."""
+    which = v.WhichOneof("value")
+    if which == "int_value":
+        return v.int_value
+    if which == "string_value":
+        return v.string_value
+    if which == "double_value":
+        return v.double_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "array_value":
+        out = []
+        for i, x in enumerate(v.array_value.values):
+            if i >= _MAX_ARRAY:
+                break
+            w = x.WhichOneof("value")
+            out.append(getattr(x, w) if w in ("int_value", "string_value", "double_value", "bool_value") else None)
+        return out
+    if which == "bytes_value":
+        return v.bytes_value
+    if which == "kvlist_value":
+        return {kv.key: None for kv in v.kvlist_value.values}
+    return None
+
+
+def attributes(kvs: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """Attributes as a dict; only ``keys`` when given."""
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        k = kv.key
+        if keys is None or k in keys:
+            out[k] = any_value(kv.value)
+    return out
 
 
 def _av(v) -> common_pb2.AnyValue:

@@ -11,9 +11,7 @@ from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.exporter import RootCauseExporter
-from mycroft_otel.processor.spans import any_value
-
-from synth import Ring
+from synth import Ring, any_value
 
 
 def _attrs(span) -> dict:
