@@ -167,7 +167,7 @@ class TraceStore:
                         self.inflight_seqs.clear()
                     seqs = self.inflight_seqs[ck] = set()
                 seqs.add(ref.seq)
-            elif self.inflight_seqs:
+            elif rank in st.inflight:  # (its seq is in that index only if it was in flight here)
                 seqs = self.inflight_seqs.get(ck)
                 if seqs is not None:
                     seqs.discard(ref.seq)
