@@ -25,7 +25,7 @@ from typing import Callable
 from mycroft_otel import config, ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
-from mycroft_otel.processor.spans import OP, STATUS, SUMMARY, INFLIGHT, decode, span_attributes
+from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
 from mycroft_otel.processor.state import TraceStore, proc_key
 
 log = logging.getLogger("mycroft_otel.processor")

@@ -23,7 +23,6 @@ needs nothing outside the trace (that is what lets processors scale out by trace
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from mycroft_otel import semconv as sc

@@ -144,8 +144,8 @@ class TraceStore:
     def get(self, trace_id: bytes) -> TraceState | None:
         return self.traces.get(trace_id)
 
-    def add(self, ref: SpanRef, now: float | None = None) -> TraceState:
-        now = self.clock() if now is None else now
+    def add(self, ref: SpanRef, now: float) -> TraceState:
+        """File the span under its trace (``now``: the store's clock, read once per payload)."""
         tid = ref.trace_id
         st = self.traces.get(tid)
         if st is None:
