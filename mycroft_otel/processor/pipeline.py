@@ -127,6 +127,7 @@ class Processor:
         self._hang_cand: dict[bytes, None] = {}
         self._slow_cand: dict[bytes, float] = {}
         self._deferred: dict[bytes, float] = {}
+        self._stalling: dict[str, int] | None = None  # job -> longest stall of its hang candidates, this tick
         self._slow_hosts: list[tuple] = []  # (mono, trace id, job, culprit hosts) of slowdown verdicts
         self._slow_comms: dict[tuple, tuple[float, bytes]] = {}  # (job, comm) -> (mono, trace id) of its slowdown verdict
         self._waits_on: dict[bytes, set] = {}  # deferred hang trace -> the hung traces it waits for
@@ -228,14 +229,17 @@ class Processor:
         out: list[Verdict] = []
         with self.lock:
             self.store.expire()
+            self._stalling = None
+            soonest_ns = self.stall_ms * 1e6 / 3  # the shortest stall any rule calls a hang (detect.is_hung)
             for tid in list(self._hang_cand):
                 st = self.store.get(tid)
                 if st is None or st.verdict is not None or st.explained_by is not None:
                     self._hang_cand.pop(tid, None)
                     continue
-                if not st.has_hang_evidence():
-                    if st.complete() or not st.inflight:
-                        self._hang_cand.pop(tid, None)
+                if now_ns - max(st.last_progress_ns, st.first_evidence_ns) < soonest_ns:
+                    continue  # not hung yet whatever it holds: look again on a later tick
+                if not st.has_hang_evidence():  # (new in-flight or status evidence makes it a candidate again)
+                    self._hang_cand.pop(tid, None)
                     continue
                 # evidence still arriving (a restart, a late node): wait until the set of ranks is stable
                 settling = (st.heard_from() < st.nranks and mono - st.ranks_changed_mono < self.settle_s)
@@ -414,12 +418,15 @@ class Processor:
         # while a collective of this job is stalling, slow collectives around it are its symptoms -- once it
         # has stalled for longer than this one took (under a heavy slowdown every collective stalls a while)
         took = max((r.end_ns for r in st.op.values()), default=0) - min((r.start_ns for r in st.op.values()), default=0)
-        for tid in self._hang_cand:
-            o = self.store.get(tid)
-            if (o is not None and o.verdict is None and o.job == st.job
-                    and detect.stall_ns(o, now_ns) >= max(1_000_000_000, took)):
-                self.counts["slow_candidates"] += 1
-                return None
+        if self._stalling is None:  # per job, the longest stall among the traces not named yet (once a tick)
+            self._stalling = {}
+            for tid in self._hang_cand:
+                o = self.store.get(tid)
+                if o is not None and o.verdict is None:
+                    self._stalling[o.job] = max(self._stalling.get(o.job, 0), detect.stall_ns(o, now_ns))
+        if self._stalling.get(st.job, 0) >= max(1_000_000_000, took):
+            self.counts["slow_candidates"] += 1
+            return None
         # a fault persists, jitter moves around: the same culprit must come back before we name it
         self._fill_identity(st, f)
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
