@@ -238,8 +238,9 @@ class Processor:
                     continue
                 if now_ns - max(st.last_progress_ns, st.first_evidence_ns) < soonest_ns:
                     continue  # not hung yet whatever it holds: look again on a later tick
-                if not st.has_hang_evidence():  # (new in-flight or status evidence makes it a candidate again)
-                    self._hang_cand.pop(tid, None)
+                if not st.has_hang_evidence():
+                    if st.complete() or not st.inflight:
+                        self._hang_cand.pop(tid, None)
                     continue
                 # evidence still arriving (a restart, a late node): wait until the set of ranks is stable
                 settling = (st.heard_from() < st.nranks and mono - st.ranks_changed_mono < self.settle_s)
