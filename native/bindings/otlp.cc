@@ -366,6 +366,8 @@ class SpanDecoder {
     const uint8_t* base = reinterpret_cast<const uint8_t*>(buf.data());
     py::list refs;
     size_t seen = 0, ignored = 0, rejected = 0;
+    Wire last_tid{nullptr, nullptr};
+    py::object last_tid_obj;
     Wire req{base, base + buf.size()};
     for (Wire rs; req.Next(1, &rs);) {
       py::tuple rvals = Nones(3);
@@ -376,7 +378,7 @@ class SpanDecoder {
       for (Wire ss; rs.Next(2, &ss);) {
         for (Wire sp; ss.Next(2, &sp);) {
           ++seen;
-          Kind kind = Span(sp, base, data, resource, &refs);
+          Kind kind = Span(sp, base, data, resource, &refs, &last_tid, &last_tid_obj);
           ignored += kind == kRootCause;
           rejected += kind == kUnknown;
         }
@@ -411,7 +413,8 @@ class SpanDecoder {
 
   // Adds the span's SpanRef to refs when it has our shape; returns its kind (kRootCause: ignored,
   // kUnknown: rejected).
-  Kind Span(Wire sp, const uint8_t* base, const py::bytes& data, const py::object& resource, py::list* refs) const {
+  Kind Span(Wire sp, const uint8_t* base, const py::bytes& data, const py::object& resource, py::list* refs,
+            Wire* last_tid, py::object* last_tid_obj) const {
     const uint8_t* span_start = sp.p;
     size_t span_len = size_t(sp.end - sp.p);
     Wire tid{nullptr, nullptr}, sid{nullptr, nullptr}, name_w{nullptr, nullptr};
@@ -469,10 +472,11 @@ class SpanDecoder {
     if (kind == kOp && PyUnicode_GET_LENGTH(func.ptr()) == 0)
       func = py::str(name_w.View().substr(names_[kOp].size()));
     int64_t recent = is_int(aRecent) ? std::clamp(vals[aRecent].i, int64_t(0), recent_max_) : 0;
-    // the spans of one trace come together: one trace id object for them
-    if (tid.View() != last_trace_id_) {
-      last_trace_id_.assign(tid.View());
-      last_trace_id_obj_ = Bytes(tid);
+    // the spans of one trace come together in a payload: one trace id object for them (per call: a
+    // decoder's members are shared by the receiver's threads, which may switch inside a call)
+    if (!last_tid->p || tid.View() != last_tid->View()) {
+      *last_tid = tid;
+      *last_tid_obj = Bytes(tid);
     }
 
     PyTypeObject* type = reinterpret_cast<PyTypeObject*>(span_ref_.ptr());
@@ -481,7 +485,7 @@ class SpanDecoder {
     py::object out = py::reinterpret_steal<py::object>(ref);
     auto set = [ref](int i, py::object v) { PyTuple_SET_ITEM(ref, i, v.release().ptr()); };
     set(kKind, kinds_[kind]);
-    set(kTraceId, last_trace_id_obj_);
+    set(kTraceId, *last_tid_obj);
     set(kSpanId, Bytes(sid));
     set(kName, name);
     set(kStart, py::int_(start));
@@ -514,11 +518,10 @@ class SpanDecoder {
 
   py::object span_ref_, resource_;
   KeyTable attr_keys_, resource_keys_;
-  // Caches across payloads (the GIL serialises calls into one decoder).
+  // Caches across payloads, shared by the receiver's threads: the GIL may pass to another thread inside a
+  // call (Resource() runs Python code), so each is only touched by steps that run no Python code.
   mutable StrCache strings_;
   mutable py::dict resources_;
-  mutable std::string last_trace_id_;
-  mutable py::object last_trace_id_obj_;
   std::vector<py::object> kinds_;
   std::vector<std::string> names_, status_kinds_;
   std::string in_flight_, flow_prefix_;
