@@ -8,6 +8,7 @@
 // The GIL is released while the reader copies out of the mapping; then one memcpy into numpy.
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,12 +35,17 @@ class RingReader {
     if (!reader_.Open(path, &err)) throw py::value_error(err);
   }
 
-  void Close() { reader_.Close(); }
+  // Close waits for a read in progress: reads run without the GIL, so another thread can close the reader
+  // (munmap) while one is copying (seen: a SIGSEGV in Live on a reader the agent had just closed).
+  void Close() {
+    py::gil_scoped_release nogil;  // the reading thread holds mu_ without the GIL: wait for it without the GIL
+    std::lock_guard<std::mutex> lock(mu_);
+    reader_.Close();
+  }
   const std::string& path() const { return path_; }
 
   py::dict Header() const {
-    Check();
-    const ShmHeader c = reader_.Header();
+    const ShmHeader c = CopyHeader();
     py::dict d;
     d["magic"] = c.magic;
     d["layout_version"] = c.layout_version;
@@ -82,19 +88,22 @@ class RingReader {
   }
 
   py::array HeaderRaw() const {
-    Check();
+    const ShmHeader c = CopyHeader();
     py::array_t<ShmHeader> out{py::ssize_t(1)};
-    *out.mutable_data() = reader_.Header();
+    *out.mutable_data() = c;
     return std::move(out);
   }
 
   py::array Live() const {
-    Check();
     std::vector<mycroft::shm::LiveSnapshot> snaps;
+    bool open;
     {
       py::gil_scoped_release nogil;
-      reader_.Live(&snaps);
+      std::lock_guard<std::mutex> lock(mu_);
+      open = reader_.is_open();
+      if (open) reader_.Live(&snaps);
     }
+    if (!open) Closed();
     py::array_t<LiveOp> arr{py::ssize_t(snaps.size())};
     LiveOp* dst = arr.mutable_data();
     for (size_t i = 0; i < snaps.size(); ++i) {
@@ -105,31 +114,39 @@ class RingReader {
   }
 
   py::tuple Read(uint64_t cursor, int64_t max_records, bool skip_unpublished) const {
-    Check();
     std::vector<RingRecord> recs;
     mycroft::shm::ReadResult rr;
+    bool open;
     {
       py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      open = reader_.is_open();
       size_t max = max_records < 0 ? SIZE_MAX : size_t(max_records);
-      rr = reader_.Read(cursor, max, &recs, skip_unpublished);
+      if (open) rr = reader_.Read(cursor, max, &recs, skip_unpublished);
     }
+    if (!open) Closed();
     py::array_t<RingRecord> arr{py::ssize_t(recs.size())};
     if (!recs.empty()) std::memcpy(arr.mutable_data(), recs.data(), recs.size() * sizeof(RingRecord));
     return py::make_tuple(std::move(arr), rr.next_cursor, rr.overwritten);
   }
 
   uint64_t RingHead() const {
-    Check();
+    std::lock_guard<std::mutex> lock(mu_);  // (with the GIL: no lock holder ever waits for the GIL)
+    if (!reader_.is_open()) Closed();
     return reader_.ring_head();
   }
 
  private:
-  void Check() const {
-    if (!reader_.is_open()) throw py::value_error(path_ + ": reader is closed");
+  ShmHeader CopyHeader() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!reader_.is_open()) Closed();
+    return reader_.Header();
   }
+  [[noreturn]] void Closed() const { throw py::value_error(path_ + ": reader is closed"); }
 
   std::string path_;
   mycroft::shm::Reader reader_;
+  mutable std::mutex mu_;  // held by every access to the mapping and by Close
 };
 
 }  // namespace

@@ -108,3 +108,34 @@ def test_live_snapshot_skips_free_slots_and_marks_torn_ones(tmp_path):
     assert [len(x) for x in flows] == [2, 2, 3]
     assert native.torn_flows(flows[2]).tolist() == [False, True, False]
     assert flows[2]["done"].tolist() == [1, 2, 3]
+
+
+def test_close_while_another_thread_reads(tmp_path):
+    # reads copy without the GIL: a close from another thread (the agent dropping an exited writer) must wait
+    # for them, never unmap under them (this crashed the demo once: SIGSEGV in Reader::Live)
+    import threading
+
+    f = FakeRing(tmp_path / "c.mycroft")
+    for _ in range(50):
+        r = RingReader(str(f.path))
+        stop = threading.Event()
+        errors: list[str] = []
+
+        def reads() -> None:
+            while not stop.is_set():
+                try:
+                    r.live()
+                    r.read(0, 64)
+                    r.ring_head
+                except Exception as e:  # noqa: BLE001 -- anything but "closed" fails the test below
+                    errors.append(f"{type(e).__name__}: {e}")
+                    return
+
+        t = threading.Thread(target=reads)
+        t.start()
+        r.close()
+        stop.set()
+        t.join()
+        assert all(e.startswith("ValueError") and "reader is closed" in e for e in errors), errors
+        with pytest.raises(ValueError, match="reader is closed"):
+            r.live()
