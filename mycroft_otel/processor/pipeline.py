@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from mycroft_otel import config, ids
 from mycroft_otel import semconv as sc
@@ -37,8 +37,8 @@ STRONG_CONFIRM = 2     # ... when they are far beyond any jitter (slowdown.STRON
 SOFT_CONFIRM = 5       # ... when they are milder outliers (slowdown.SOFT_RATIO), flagged by the culprit's agent
 SOFT_WINDOW_S = 5.0    # ... within this window
 SLOW_WINDOW_S = 30.0   # ... within this window
-LOCAL_CONFIRM = 5      # ... or, in one trace, when the culprit's agent flagged this many of its last
-LOCAL_CONFIRM_SOFT = 7 #     RECENT_WINDOW (8) collectives slow (mycroft.anomaly.recent): strict / milder outlier
+LOCAL_CONFIRM = 5      # ... or at the second strict one, when the culprit's agent flagged this many of its
+                       #     last RECENT_WINDOW (8) collectives slow (mycroft.anomaly.recent)
 
 MEASURE_BATCH = 256    # completed collectives measured in one pass over their flows
 
@@ -104,6 +104,30 @@ def _identity(f: rca.Finding) -> set:
     return out
 
 
+class _Vote(NamedTuple):
+    """One slow collective that named a culprit (a candidate slowdown)."""
+
+    at: float           # monotonic seconds, when it was analysed
+    trace_id: bytes
+    onset_ns: int
+    strength: int       # 0 milder outlier, 1 strict, 2 beyond any jitter (slowdown.STRONG_RATIO)
+    stalled: tuple[int, int] | None  # a stall that recovered: (start, last in-flight snapshot) of its in-flight ranks
+
+
+def _distinct(votes: list[_Vote]) -> list[_Vote]:
+    """The votes, less the stalls that recovered whose stall overlaps an earlier one's: collectives in flight
+    together stall together when a process is descheduled once (conformance slow_flow on a loaded host: three
+    collectives stalled 1 s in the same second, all waiting on one rank). One event, however many it held."""
+    out, until = [], 0
+    for v in sorted(votes, key=lambda v: v.stalled[0] if v.stalled else v.onset_ns):
+        if v.stalled:
+            if v.stalled[0] < until:
+                continue
+            until = v.stalled[1]
+        out.append(v)
+    return out
+
+
 class Processor:
     """Thread-safe: the receiver's threads call :meth:`ingest_request`; a timer calls :meth:`tick`."""
 
@@ -133,7 +157,7 @@ class Processor:
         self._waits_on: dict[bytes, set] = {}  # deferred hang trace -> the hung traces it waits for
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._hang_culprits: list[tuple[float, bytes, set]] = []
-        self._slow_votes: dict[tuple, list] = {}
+        self._slow_votes: dict[tuple, list[_Vote]] = {}
         self._history: dict[str, dict] = {}
         self._job_history: dict[str, dict] = {}  # job -> its recent per-step values, all communicators
         self._stop = threading.Event()
@@ -432,28 +456,36 @@ class Processor:
         self._fill_identity(st, f)
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
         key = (f.job, f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
-        seen = [x for x in self._slow_votes.get(key, []) if mono - x[0] <= SLOW_WINDOW_S and x[1] != st.trace_id]
+        seen = [v for v in self._slow_votes.get(key, []) if mono - v.at <= SLOW_WINDOW_S and v.trace_id != st.trace_id]
         strength = 0 if f.reason == "soft" else 2 if f.confidence >= 0.95 else 1
-        seen.append((mono, st.trace_id, f.onset_ns, strength))
+        stalled = ((min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values()))
+                   if f.recovered and st.inflight else None)
+        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled))
         self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
         if len(self._slow_votes) > 4096:
-            for k in [k for k, v in self._slow_votes.items() if mono - v[-1][0] > SLOW_WINDOW_S]:
+            for k in [k for k, v in self._slow_votes.items() if mono - v[-1].at > SLOW_WINDOW_S]:
                 del self._slow_votes[k]
         # milder outliers (flagged by the culprit's own agent, below the bars) must persist longer
         # (and close together: a fault slows every collective, jitter comes back now and then)
-        soft = [x for x in seen if mono - x[0] <= SOFT_WINDOW_S]
+        seen = _distinct(seen)
+        soft = [v for v in seen if mono - v.at <= SOFT_WINDOW_S]
         # ... or the culprit's own agent has flagged most of its recent collectives slow (carried in this trace,
-        # so one processor of several, seeing only its share of the collectives, needs no other trace). Most,
+        # so one processor of several, seeing only its share of the collectives, needs fewer traces). Most,
         # not a few: on a loaded host a healthy rank's agent flags 3 of 8 now and then, and one 50x outlier
         # in such a stretch named a healthy rank (conformance slow_flow, before the fault). A fault flags all.
+        # Yet the flags say only that the rank's collectives were slow -- every member of a communicator with a
+        # slow member sees that, and so does every rank of a loaded host -- so the outlier itself must come back
+        # once, strictly: 5 flags and one strict outlier after a milder one, or 7 flags and two milder ones,
+        # named healthy ranks of a loaded host (conformance pp_slow_transfer before the fault, healthy_jittery).
         # (not for a stall that recovered: on an overloaded host healthy collectives stall now and then)
         local = 0 if f.recovered else max((st.op[r].recent for r in [*f.ranks, f.peer] if r in st.op), default=0)
-        enough = (sum(x[3] >= 1 for x in seen) >= SLOW_CONFIRM or sum(x[3] == 2 for x in seen) >= STRONG_CONFIRM
-                  or len(soft) >= SOFT_CONFIRM or local >= (LOCAL_CONFIRM if strength else LOCAL_CONFIRM_SOFT))
+        strict = sum(v.strength >= 1 for v in seen)
+        enough = (strict >= SLOW_CONFIRM or sum(v.strength == 2 for v in seen) >= STRONG_CONFIRM
+                  or len(soft) >= SOFT_CONFIRM or (strict >= 2 and local >= LOCAL_CONFIRM))
         if not enough:
             self.counts["slow_candidates"] += 1
             return None
-        f.onset_ns = min(x[2] for x in seen if x[2] > 0) if any(x[2] > 0 for x in seen) else f.onset_ns
+        f.onset_ns = min((v.onset_ns for v in seen if v.onset_ns > 0), default=f.onset_ns)
         f.evidence += f" (seen in {len(seen)} collectives)"
         return self._emit(st, f, now_ns, mono, dt)
 

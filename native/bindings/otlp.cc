@@ -132,64 +132,67 @@ std::string_view BytesView(const py::bytes& b) {
 
 py::bytes Bytes(const Wire& w) { return py::bytes(reinterpret_cast<const char*>(w.p), size_t(w.end - w.p)); }
 
-// Reads one AnyValue field whose tag was just read: a scalar (1 string, 2 bool, 3 int64,
-// 4 double) sets *out and returns true; anything else is left unread (false).
-bool ScalarField(Wire& v, uint32_t f, uint32_t wt, py::object* out) {
-  if (f == 1 && wt == kLen) *out = Utf8(v.Sub());
-  else if (f == 2 && wt == kVarint) *out = py::bool_(v.Varint() != 0);
-  else if (f == 3 && wt == kVarint) *out = py::int_(int64_t(v.Varint()));
-  else if (f == 4 && wt == kFixed64) {
-    uint64_t bits = v.Fixed64();
-    double d;
-    memcpy(&d, &bits, 8);
-    *out = py::float_(d);
-  } else {
-    return false;
-  }
-  return true;
-}
+// One AnyValue, not yet a Python object: its last value field (protobuf's oneof rule: the last one on
+// the wire wins). Every reader of attribute values here starts from this.
+struct RawValue {
+  enum Type : uint8_t { kNone, kStr, kBool, kInt, kDouble, kArray, kKvList, kBytes } type = kNone;
+  int64_t i = 0;              // bool, int
+  double d = 0;               // double
+  Wire w{nullptr, nullptr};   // string, array, kvlist, bytes: the field's bytes
+};
 
-// One AnyValue's scalar, or None (arrays, kvlists, bytes, absent). The last value field on
-// the wire wins (protobuf's oneof rule).
-py::object Scalar(Wire v) {
-  py::object out = py::none();
+RawValue ReadValue(Wire v) {
+  RawValue out;
   while (v.More()) {
     uint32_t f, wt;
     v.Tag(&f, &wt);
-    if (ScalarField(v, f, wt, &out)) continue;
-    v.Skip(wt);
-    if (f >= 5 && f <= 7 && wt == kLen) out = py::none();
+    if ((f == 1 || (f >= 5 && f <= 7)) && wt == kLen) {
+      out.type = f == 1 ? RawValue::kStr : RawValue::Type(RawValue::kArray + (f - 5));
+      out.w = v.Sub();
+    } else if ((f == 2 || f == 3) && wt == kVarint) {
+      out.type = f == 2 ? RawValue::kBool : RawValue::kInt;
+      out.i = int64_t(v.Varint());
+    } else if (f == 4 && wt == kFixed64) {
+      uint64_t bits = v.Fixed64();
+      memcpy(&out.d, &bits, 8);
+      out.type = RawValue::kDouble;
+    } else {
+      v.Skip(wt);
+    }
   }
   return out;
+}
+
+// A scalar as Python (str, bool, int, float); None for anything else.
+py::object Scalar(const RawValue& r) {
+  switch (r.type) {
+    case RawValue::kStr: return Utf8(r.w);
+    case RawValue::kBool: return py::bool_(r.i != 0);
+    case RawValue::kInt: return py::int_(r.i);
+    case RawValue::kDouble: return py::float_(r.d);
+    default: return py::none();
+  }
 }
 
 // An AnyValue as Python: scalars as themselves; an array as a list of its elements' scalars (None for
 // anything else); a kvlist as {key: None}; bytes as bytes.
 py::object Value(Wire v) {
-  py::object out = py::none();
-  while (v.More()) {
-    uint32_t f, wt;
-    v.Tag(&f, &wt);
-    if (f == 5 && wt == kLen) {
-      Wire arr = v.Sub();
-      py::list items;
-      for (Wire el; arr.Next(1, &el);) {
-        if (size_t(py::len(items)) < kMaxArray) items.append(Scalar(el));
-      }
-      out = items;
-    } else if (f == 6 && wt == kLen) {
-      Wire kvl = v.Sub();
-      py::dict d;
-      for (Wire kv; kvl.Next(1, &kv);)
-        for (Wire key; kv.Next(1, &key);) d[Utf8(key)] = py::none();
-      out = d;
-    } else if (f == 7 && wt == kLen) {
-      out = Bytes(v.Sub());
-    } else if (!ScalarField(v, f, wt, &out)) {
-      v.Skip(wt);
+  RawValue r = ReadValue(v);
+  if (r.type == RawValue::kArray) {
+    py::list items;
+    for (Wire arr = r.w, el; arr.Next(1, &el);) {
+      if (size_t(py::len(items)) < kMaxArray) items.append(Scalar(ReadValue(el)));
     }
+    return items;
   }
-  return out;
+  if (r.type == RawValue::kKvList) {
+    py::dict d;
+    for (Wire kvl = r.w, kv; kvl.Next(1, &kv);)
+      for (Wire key; kv.Next(1, &key);) d[Utf8(key)] = py::none();
+    return d;
+  }
+  if (r.type == RawValue::kBytes) return Bytes(r.w);
+  return Scalar(r);
 }
 
 // Key bytes -> position in the caller's key list, built once per decoder so a lookup needs no
@@ -236,51 +239,6 @@ bool SplitKeyValue(Wire kv, Wire* key, Wire* value) {
     }
   }
   return has_key;
-}
-
-// One KeyValue: if its key is in `keys`, its scalar value goes to out[position]. Returns the key.
-std::string_view PickScalar(Wire kv, const KeyTable& keys, py::tuple& out) {
-  Wire key{nullptr, nullptr}, value{nullptr, nullptr};
-  if (!SplitKeyValue(kv, &key, &value)) return {};
-  size_t i = keys.Find(key.View());
-  if (i < keys.size()) out[i] = Scalar(value);  // (a key equal to one of ours is valid UTF-8)
-  return key.View();
-}
-
-py::tuple Nones(size_t n) {
-  py::tuple t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = py::none();
-  return t;
-}
-
-// One AnyValue's scalar, not yet a Python object. The last value field on the wire wins (oneof); an
-// array, kvlist or bytes value reads as absent (kNone), a double as kOther.
-struct RawScalar {
-  enum Type : uint8_t { kNone, kStr, kInt, kBool, kOther } type = kNone;
-  int64_t i = 0;
-  Wire s{nullptr, nullptr};
-};
-
-RawScalar ReadScalar(Wire v) {
-  RawScalar out;
-  while (v.More()) {
-    uint32_t f, wt;
-    v.Tag(&f, &wt);
-    if (f == 1 && wt == kLen) {
-      out.type = RawScalar::kStr;
-      out.s = v.Sub();
-    } else if ((f == 2 || f == 3) && wt == kVarint) {
-      out.type = f == 2 ? RawScalar::kBool : RawScalar::kInt;
-      out.i = int64_t(v.Varint());
-    } else if (f == 4 && wt == kFixed64) {
-      v.Fixed64();
-      out.type = RawScalar::kOther;
-    } else {
-      v.Skip(wt);
-      if (f >= 5 && f <= 7 && wt == kLen) out.type = RawScalar::kNone;
-    }
-  }
-  return out;
 }
 
 // Python str objects for the strings that repeat in every span (names, communicators, functions, ...):
@@ -370,10 +328,16 @@ class SpanDecoder {
     py::object last_tid_obj;
     Wire req{base, base + buf.size()};
     for (Wire rs; req.Next(1, &rs);) {
-      py::tuple rvals = Nones(3);
       // The resource may come after the spans on the wire: read it first.
-      for (Wire scan = rs, res; scan.Next(1, &res);)
-        for (Wire kv; res.Next(1, &kv);) PickScalar(kv, resource_keys_, rvals);
+      RawValue rvals[3];
+      for (Wire scan = rs, res; scan.Next(1, &res);) {
+        for (Wire kv; res.Next(1, &kv);) {
+          Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+          if (!SplitKeyValue(kv, &key, &value)) continue;
+          size_t i = resource_keys_.Find(key.View());
+          if (i < 3) rvals[i] = ReadValue(value);
+        }
+      }
       py::object resource = Resource(rvals);
       for (Wire ss; rs.Next(2, &ss);) {
         for (Wire sp; ss.Next(2, &sp);) {
@@ -388,9 +352,11 @@ class SpanDecoder {
   }
 
  private:
-  // One Resource object per process (each batch repeats it), from a bounded cache.
-  py::object Resource(const py::tuple& vals) const {
-    py::tuple key = py::make_tuple(Text(vals[0]), IntOr(vals[1], -1), Text(vals[2]));  // (host, pid, job)
+  // One Resource object per process (each batch repeats it), from a bounded cache. (host, pid, job):
+  // a value of the wrong type reads as absent, as for span attributes.
+  py::object Resource(const RawValue (&vals)[3]) const {
+    py::tuple key = py::make_tuple(Str(vals[0]), py::int_(vals[1].type == RawValue::kInt ? vals[1].i : -1),
+                                   Str(vals[2]));
     PyObject* cached = PyDict_GetItem(resources_.ptr(), key.ptr());  // borrowed; str/int keys cannot raise
     if (cached != nullptr) return py::reinterpret_borrow<py::object>(cached);
     if (py::len(resources_) >= 4096) resources_.clear();
@@ -399,10 +365,7 @@ class SpanDecoder {
     return r;
   }
 
-  static py::object Text(py::handle v) { return v.is_none() ? py::str("") : py::str(v); }
-  static py::object IntOr(py::handle v, int64_t otherwise) {
-    return PyLong_CheckExact(v.ptr()) ? py::reinterpret_borrow<py::object>(v) : py::int_(otherwise);  // not bool
-  }
+  py::object Str(const RawValue& v) const { return v.type == RawValue::kStr ? strings_.Get(v.w) : py::str(""); }
 
   Kind Classify(std::string_view name) const {
     if (name.substr(0, names_[kOp].size()) == names_[kOp]) return kOp;
@@ -419,7 +382,7 @@ class SpanDecoder {
     size_t span_len = size_t(sp.end - sp.p);
     Wire tid{nullptr, nullptr}, sid{nullptr, nullptr}, name_w{nullptr, nullptr};
     uint64_t start = 0, end = 0;
-    RawScalar vals[kAttrs];
+    RawValue vals[kAttrs];
     int64_t flows_at = -1;
     while (sp.More()) {
       const uint8_t* field_start = sp.p;
@@ -441,34 +404,33 @@ class SpanDecoder {
         Wire key{nullptr, nullptr}, value{nullptr, nullptr};
         if (!SplitKeyValue(sp.Sub(), &key, &value)) continue;
         size_t i = attr_keys_.Find(key.View());
-        if (i < kAttrs) vals[i] = ReadScalar(value);
+        if (i < kAttrs) vals[i] = ReadValue(value);
         if (key.View().substr(0, flow_prefix_.size()) == flow_prefix_) flows_at = field_start - span_start;
       } else {
         sp.Skip(wt);
       }
     }
     // Every string we read is decoded (and so checked as UTF-8), as protobuf would, before any is judged.
-    py::object strs[kAttrs];
-    for (int i = 0; i < kAttrs; ++i)
-      if (vals[i].type == RawScalar::kStr) strs[i] = strings_.Get(vals[i].s);
+    py::object strs[kAttrs];  // "" where the value is not a string
+    for (int i = 0; i < kAttrs; ++i) strs[i] = Str(vals[i]);
     py::object name = name_w.p ? strings_.Get(name_w) : py::str("");
     Kind kind = Classify(name_w.p ? name_w.View() : std::string_view());
     if (kind == kRootCause || kind == kUnknown) return kind;
     if (tid.end - tid.p != 16 || sid.end - sid.p != 8) return kUnknown;
-    auto is_int = [&](int a) { return vals[a].type == RawScalar::kInt; };
+    auto is_int = [&](int a) { return vals[a].type == RawValue::kInt; };
     auto int_or = [&](int a, int64_t otherwise) { return py::int_(is_int(a) ? vals[a].i : otherwise); };
-    auto str_or = [&](int a) { return vals[a].type == RawScalar::kStr ? strs[a] : py::str(""); };
     int64_t r = is_int(aRank) ? vals[aRank].i : -1, n = is_int(aNranks) ? vals[aNranks].i : -1;
-    if (vals[aComm].type != RawScalar::kNone && vals[aComm].type != RawScalar::kStr) return kUnknown;
+    RawValue::Type comm = vals[aComm].type;  // a string, or absent (an array, kvlist or bytes reads as absent)
+    if (comm == RawValue::kBool || comm == RawValue::kInt || comm == RawValue::kDouble) return kUnknown;
     if (kind != kSummary && (r < 0 || n <= 0 || r >= n || n > (int64_t(1) << 20))) return kUnknown;
-    if (kind == kOp && vals[aState].type == RawScalar::kStr && vals[aState].s.View() == in_flight_) kind = kInflight;
+    if (kind == kOp && vals[aState].type == RawValue::kStr && vals[aState].w.View() == in_flight_) kind = kInflight;
     if (kind == kStatusSpan) {
-      std::string_view st = vals[aStatus].type == RawScalar::kStr ? vals[aStatus].s.View() : std::string_view();
+      std::string_view st = vals[aStatus].type == RawValue::kStr ? vals[aStatus].w.View() : std::string_view();
       bool known = false;
       for (const auto& k : status_kinds_) known |= st == k;
       if (!known) return kUnknown;
     }
-    py::object func = str_or(aFunc);
+    py::object func = strs[aFunc];
     if (kind == kOp && PyUnicode_GET_LENGTH(func.ptr()) == 0)
       func = py::str(name_w.View().substr(names_[kOp].size()));
     int64_t recent = is_int(aRecent) ? std::clamp(vals[aRecent].i, int64_t(0), recent_max_) : 0;
@@ -492,21 +454,21 @@ class SpanDecoder {
     set(kEnd, py::int_(end));
     set(kRank, py::int_(r));
     set(kNranks, py::int_(n));
-    set(kComm, str_or(aComm));
+    set(kComm, strs[aComm]);
     set(kSeq, int_or(aSeq, -1));
     set(kFunc, func);
     set(kSnapshot, int_or(aSnapshot, -1));
-    set(kStatus, str_or(aStatus));
-    set(kAnomaly, str_or(aAnomaly));
+    set(kStatus, strs[aStatus]);
+    set(kAnomaly, strs[aAnomaly]);
     set(kBaseline, int_or(aBaseline, 0));
     set(kGlobalRank, int_or(aGlobalRank, -1));
     set(kBytes, int_or(aBytes, 0));
     set(kLastProgress, int_or(aLastProgress, 0));
     set(kResource, resource);
-    set(kStopped, py::bool_(vals[aStopped].type == RawScalar::kBool && vals[aStopped].i != 0));
+    set(kStopped, py::bool_(vals[aStopped].type == RawValue::kBool && vals[aStopped].i != 0));
     set(kFlowAt, py::int_(flows_at));
     set(kCount, int_or(aCount, -1));
-    set(kDatatype, str_or(aDatatype));
+    set(kDatatype, strs[aDatatype]);
     set(kRecent, py::int_(recent));
     set(kRaw, py::make_tuple(data, py::int_(span_start - base), py::int_(span_len)));
     // A SpanRef holds strings, numbers, bytes and its Resource: it can be in no reference cycle, so
@@ -622,10 +584,7 @@ class FlowDecoder {
       Wire key{nullptr, nullptr}, value{nullptr, nullptr};
       if (!SplitKeyValue(kv, &key, &value)) continue;
       size_t i = keys_.Find(key.View());
-      if (i < keys_.size()) {
-        (*cols)[i].clear();  // the last attribute with the key wins, as in a dict
-        Column(value, i, &(*cols)[i]);
-      }
+      if (i < keys_.size()) Column(value, i, &(*cols)[i]);  // the last attribute with the key wins, as in a dict
     }
     size_t rows = (*cols)[0].size();
     size_t w = keys_.size();
@@ -634,28 +593,20 @@ class FlowDecoder {
     return rows;
   }
 
-  // One attribute's array (the last ArrayValue on the wire wins; a scalar value is no array).
+  // One attribute's array (a scalar value is no array: no rows).
   void Column(Wire v, size_t i, std::vector<int64_t>* col) const {
-    while (v.More()) {
-      uint32_t f, wt;
-      v.Tag(&f, &wt);
-      if (f != 5 || wt != kLen) {
-        v.Skip(wt);
-        if (f >= 1 && f <= 7) col->clear();  // another value kind replaces the array (oneof)
+    col->clear();
+    RawValue r = ReadValue(v);
+    if (r.type != RawValue::kArray) return;
+    for (Wire arr = r.w; arr.More();) {
+      int64_t x;
+      if (!names_[i] && SmallInt(&arr, &x)) {
+        if (col->size() < kMaxArray) col->push_back(x);
         continue;
       }
-      col->clear();
-      Wire arr = v.Sub();
-      while (arr.More()) {
-        int64_t x;
-        if (!names_[i] && SmallInt(&arr, &x)) {
-          if (col->size() < kMaxArray) col->push_back(x);
-          continue;
-        }
-        Wire el;
-        if (!arr.Next(1, &el)) break;
-        if (col->size() < kMaxArray) col->push_back(Element(el, i));
-      }
+      Wire el;
+      if (!arr.Next(1, &el)) break;
+      if (col->size() < kMaxArray) col->push_back(Element(ReadValue(el), i));
     }
   }
 
@@ -680,27 +631,9 @@ class FlowDecoder {
     return false;
   }
 
-  int64_t Element(Wire el, size_t i) const {
-    bool is_str = false, is_int = false;
-    int64_t n = 0;
-    std::string_view s;
-    while (el.More()) {  // the last value field wins (oneof)
-      uint32_t f, wt;
-      el.Tag(&f, &wt);
-      if (f >= 1 && f <= 7) is_str = is_int = false;
-      if (f == 1 && wt == kLen) {
-        Wire w = el.Sub();
-        s = w.View();
-        is_str = true;
-      } else if (f == 3 && wt == kVarint) {
-        n = int64_t(el.Varint());
-        is_int = true;
-      } else {
-        el.Skip(wt);
-      }
-    }
-    if (!names_[i]) return is_int ? n : 0;
-    if (!is_str) s = {};
+  int64_t Element(const RawValue& el, size_t i) const {
+    if (!names_[i]) return el.type == RawValue::kInt ? el.i : 0;
+    std::string_view s = el.type == RawValue::kStr ? el.w.View() : std::string_view();
     const auto& values = *names_[i];  // a handful: a scan beats a hash
     size_t j = 0;
     while (j < values.size() && values[j] != s) ++j;

@@ -83,7 +83,7 @@ def _model(req: trace_service_pb2.ExportTraceServiceRequest):
     for rs in req.resource_spans:
         r = {kv.key: _pb_value(kv.value) for kv in rs.resource.attributes}
         host, pid, job = (r.get(k) for k in RES_KEYS)
-        res = S.Resource(host="" if host is None else str(host), pid=_int(pid, -1), job="" if job is None else str(job))
+        res = S.Resource(host=_str(host), pid=_int(pid, -1), job=_str(job))
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 seen += 1
