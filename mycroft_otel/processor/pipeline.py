@@ -452,8 +452,17 @@ class Processor:
         if self._stalling.get(st.job, 0) >= max(1_000_000_000, took):
             self.counts["slow_candidates"] += 1
             return None
-        # a fault persists, jitter moves around: the same culprit must come back before we name it
         self._fill_identity(st, f)
+        # a named slowdown's symptoms: a flow into or out of its culprit (a slow GPU drains the flows into it
+        # slowly), a collective slow as a whole with its culprit among the ranks (conformance slow_gpu and
+        # pp_slow_transfer: slow_flow and slow_proxy verdicts after the right one)
+        near = list(st.op) if f.reason == slowdown.WHOLE else [f.peer] if f.peer is not None else []
+        named = self._slow_incident(f.job, st.comm, near, mono)
+        if named is not None:
+            st.explained_by = named
+            self.counts["deduped"] += 1
+            return None
+        # a fault persists, jitter moves around: the same culprit must come back before we name it
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
         key = (f.job, f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
         seen = [v for v in self._slow_votes.get(key, []) if mono - v.at <= SLOW_WINDOW_S and v.trace_id != st.trace_id]
@@ -488,6 +497,17 @@ class Processor:
         f.onset_ns = min((v.onset_ns for v in seen if v.onset_ns > 0), default=f.onset_ns)
         f.evidence += f" (seen in {len(seen)} collectives)"
         return self._emit(st, f, now_ns, mono, dt)
+
+    def _slow_incident(self, job: str, comm: str, ranks: list[int], mono: float) -> bytes | None:
+        """The live slowdown incident (its trace id) whose culprit process is one of these ranks of the
+        communicator, if any (keyed as _emit keys them)."""
+        for r in ranks:
+            proc = self.store.proc_of.get((comm, r))
+            for who in ((proc[2],) if proc is not None and proc[1] == "g" else None, (comm, (r,))):
+                hit = self._incidents.get((sc.KIND_SLOWDOWN, job, who)) if who is not None else None
+                if hit is not None and mono - hit[0] <= INCIDENT_WINDOW_S:
+                    return hit[1]
+        return None
 
     def _fill_identity(self, st, f: rca.Finding) -> None:
         """The job, and global ranks and hosts of culprits that sent nothing in this trace (from other

@@ -54,6 +54,10 @@ SOFT_HISTORY = 8  # ... and only once the communicator's own history holds this 
 STRONG_RATIO = 500.0  # so far beyond any jitter that two collectives suffice (confidence 0.95, pipeline.STRONG_CONFIRM)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 
+# Finding.reason of a culprit inferred from the collective being slow as a whole (its ranks' counters name
+# nobody): any slow member explains that, so the pipeline drops it while a culprit among them is named.
+WHOLE = "whole"
+
 _NO_ARRIVAL = np.iinfo(np.int64).max
 
 
@@ -390,7 +394,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
             i = int(m.sent_of[low])
             r = int(ranks[i])
             cands.append((1.5, Finding(
-                kind=sc.KIND_SLOWDOWN, category="slow_proxy", ranks=[r], confidence=0.6,
+                kind=sc.KIND_SLOWDOWN, category="slow_proxy", ranks=[r], confidence=0.6, reason=WHOLE,
                 evidence=(f"rank {r}'s send steps waited {acc[low] / 1e3:.0f} us on GPU and network vs "
                           f"{med / 1e3:.0f} us for the others in {st.func} {st.seq}: the rest of its time went "
                           f"between GPU-ready and transmission (its proxy posted late)"),
@@ -402,7 +406,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
         if all_flagged and bases and durs[0] >= 4 * max(factor, 2.0) / 2 * statistics.median(bases):
             r = missing[0]
             cands.append((0.5, Finding(
-                kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[r], confidence=0.6,
+                kind=sc.KIND_SLOWDOWN, category="late_rank", ranks=[r], confidence=0.6, reason=WHOLE,
                 evidence=(f"all {n} other ranks waited {float(np.median(durs)) / 1e6:.1f} ms in {st.func} "
                           f"{st.seq} (>= {durs[0] / statistics.median(bases):.0f}x their baseline) while rank {r} "
                           f"was not slow at all: it arrived late"), onset_ns=first)))

@@ -185,6 +185,29 @@ def test_two_traces_suffice_when_the_culprit_says_it_persists(recent, named):
     assert [(v.category, v.finding.ranks) for v in vs] == ([("slow_gpu", [3])] if named else [])
 
 
+def test_a_flow_into_a_named_slow_gpu_is_its_symptom():
+    """Once rank 3's slow GPU is named, a slow flow into rank 3 (the GPU drains it slowly) is that incident,
+    while a slow flow between two other ranks is a fault of its own."""
+    def make(seq):
+        ring = Ring(8, nch=2, seq=seq)
+        ring.slow_gpu(3)
+        return ring
+    proc = Processor(env={})
+    vs = []
+    for seq in (17, 18, 19):
+        proc.ingest_request(make(seq).request())
+        vs += proc.tick() or _settle(proc)
+    assert [(v.category, v.finding.ranks) for v in vs] == [("slow_gpu", [3])]
+    deduped = proc.counts["deduped"]
+    for seq, sender in ((20, 2), (21, 2), (22, 2), (23, 5), (24, 5), (25, 5)):
+        ring = Ring(8, nch=2, seq=seq)
+        ring.slow_flow(sender, 1)
+        proc.ingest_request(ring.request())
+        vs += proc.tick() or _settle(proc)
+    assert [(v.category, v.finding.ranks, v.finding.peer) for v in vs[1:]] == [("slow_flow", [5], 6)]
+    assert proc.counts["deduped"] >= deduped + 3
+
+
 def test_slow_but_no_clear_culprit_is_silent():
     ring = Ring(8)
     ring.slow()  # everybody uniformly slow: no culprit worth naming
