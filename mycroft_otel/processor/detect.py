@@ -49,14 +49,19 @@ class Baselines:
         return d
 
     def add(self, key: tuple, duration_ns: float) -> None:
-        if duration_ns > 0:
-            self.window(key).append(float(duration_ns))
+        add_sample(self.window(key), duration_ns)
 
     def get(self, key: tuple) -> float | None:
         d = self.samples.get(key)
         if d is None or len(d) < WARMUP:
             return None
         return statistics.median(d)
+
+
+def add_sample(window: deque, duration_ns: float) -> None:
+    """One collective's duration into a key's window (Baselines.window); a span without one adds nothing."""
+    if duration_ns > 0:
+        window.append(float(duration_ns))
 
 
 def stall_ns(st: TraceState, now_ns: int) -> int:

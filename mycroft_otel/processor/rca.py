@@ -81,6 +81,13 @@ class RankView:
             self._flows = [] if self.ref is None else flows_of(self.ref)
         return self._flows
 
+    @staticmethod
+    def load_flows(views: list[RankView]) -> None:
+        """Decodes the flows of several views in one pass over their spans (cheaper than one by one)."""
+        todo = [v for v in views if v._flows is None and v.ref is not None]
+        for v, flows in zip(todo, flows_by_span([v.ref for v in todo])):
+            v._flows = flows
+
     def send_flow(self, channel: int, peer: int) -> Flow | None:
         alt = None
         for f in self.flows:
@@ -259,10 +266,7 @@ def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
         # further away the pipeline drains later); only the ranks the walks visit get decoded
         by_stop = sorted(stalled, key=lambda r: (views[r].ref.last_progress_ns, r))
         stalled = by_stop[:MAX_STARTS // 4]
-    # the starts' flows in one pass (the rest as the walks reach them)
-    starts = [views[r] for r in stalled if views[r]._flows is None]
-    for v, flows in zip(starts, flows_by_span([v.ref for v in starts])):
-        v._flows = flows
+    RankView.load_flows([views[r] for r in stalled])  # the starts' in one pass; the rest as the walks reach them
     memo: dict[int, list[tuple]] = {}
     direct: dict[int, tuple[list[tuple], list[int]]] = {}
 
