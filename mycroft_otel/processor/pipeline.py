@@ -40,6 +40,10 @@ SLOW_WINDOW_S = 30.0   # ... within this window
 LOCAL_CONFIRM = 5      # ... or at the second strict one, when the culprit's agent flagged this many of its
                        #     last RECENT_WINDOW (8) collectives slow (mycroft.anomaly.recent)
 
+WARMUP_SEQ = 8         # a communicator's first collectives name no slowdown: NCCL connects peers and registers
+                       #     buffers on first use, so they are slow by construction (and jitter against a short
+                       #     history: conformance mismatch_func named a healthy rank's NIC at collective 10)
+
 MEASURE_BATCH = 256    # completed collectives measured in one pass over their flows
 
 _SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
@@ -440,6 +444,9 @@ class Processor:
             return None
         if f.category == "coll_mismatch":
             return self._emit(st, f, now_ns, mono, dt)
+        if 0 <= st.seq < WARMUP_SEQ:
+            self.counts["slow_candidates"] += 1
+            return None
         # while a collective of this job is stalling, slow collectives around it are its symptoms -- once it
         # has stalled for longer than this one took (under a heavy slowdown every collective stalls a while)
         took = max((r.end_ns for r in st.op.values()), default=0) - min((r.start_ns for r in st.op.values()), default=0)

@@ -208,6 +208,25 @@ def test_a_flow_into_a_named_slow_gpu_is_its_symptom():
     assert proc.counts["deduped"] >= deduped + 3
 
 
+def test_a_communicators_first_collectives_name_no_slowdown():
+    """NCCL connects peers and registers buffers on first use: a communicator's first collectives are
+    slow by construction, so their outliers are no votes (a mismatch there is still named)."""
+    proc = Processor(env={})
+    vs = []
+    for seq in range(1, 7):
+        ring = Ring(8, nch=2, seq=seq)
+        ring.slow_gpu(3)
+        proc.ingest_request(ring.request())
+        vs += proc.tick() or _settle(proc)
+    assert vs == []
+    for seq in (8, 9, 10):
+        ring = Ring(8, nch=2, seq=seq)
+        ring.slow_gpu(3)
+        proc.ingest_request(ring.request())
+        vs += proc.tick() or _settle(proc)
+    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 10)]
+
+
 def test_slow_but_no_clear_culprit_is_silent():
     ring = Ring(8)
     ring.slow()  # everybody uniformly slow: no culprit worth naming

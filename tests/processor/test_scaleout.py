@@ -105,7 +105,7 @@ def _traffic() -> list:
               ("slow_gpu", (0,))]
     for i, (name, args) in enumerate(faults):
         rings = []
-        seq = 5
+        seq = 10  # past a communicator's warm-up (pipeline.WARMUP_SEQ)
         want = {0: 3, 1: 3} if name in ("late", "slow_flow", "slow_gpu") else {0: 1, 1: 0}
         while any(want.values()):
             ring = Ring(8, nch=2, comm=0x1000 + i, seq=seq, global_base=100 * i)
