@@ -365,7 +365,7 @@ class SpanDecoder {
     return r;
   }
 
-  py::object Str(const RawValue& v) const { return v.type == RawValue::kStr ? strings_.Get(v.w) : py::str(""); }
+  py::object Str(const RawValue& v) const { return v.type == RawValue::kStr ? strings_.Get(v.w) : py::object(empty_); }
 
   Kind Classify(std::string_view name) const {
     if (name.substr(0, names_[kOp].size()) == names_[kOp]) return kOp;
@@ -484,6 +484,7 @@ class SpanDecoder {
   // call (Resource() runs Python code), so each is only touched by steps that run no Python code.
   mutable StrCache strings_;
   mutable py::dict resources_;
+  py::str empty_{""};
   std::vector<py::object> kinds_;
   std::vector<std::string> names_, status_kinds_;
   std::string in_flight_, flow_prefix_;
