@@ -238,9 +238,15 @@ def _recovered_stall(st: TraceState) -> Finding | None:
         snap = min(ref.end_ns for ref in st.inflight.values())
         if yv.state == COMPLETED and yv.ref is not None:
             waiters = sorted(st.inflight)
-            stall_s = (snap - min(ref.start_ns for ref in st.inflight.values())) / 1e9
+            starts = sorted(ref.start_ns for ref in st.inflight.values())
+            stall_s = (snap - starts[0]) / 1e9
+            # it arrived late when it started after most of the time they had waited when seen (a late rank
+            # launches after its peers; a late proxy's rank launched with them)
+            late = yv.ref.start_ns - starts[len(starts) // 2]
             if yv.ref.start_ns > snap:  # it had not even started when they were seen waiting
                 cat, why = "late_rank", "had not started yet"
+            elif late >= (snap - starts[len(starts) // 2]) / 2:
+                cat, why = "late_rank", f"started {late / 1e6:.0f} ms after them"
             else:
                 cat, why = "slow_proxy", "was running but did not move its flows (its proxy was late)"
             f = Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[y], confidence=0.8,

@@ -284,3 +284,29 @@ def test_two_jobs_on_the_same_hosts_are_two_incidents():
     vs = sorted(proc.tick() + proc.tick(), key=lambda v: v.comm)
     assert [(v.category, v.finding.ranks, v.finding.job) for v in vs] == [
         ("process_exited", [3], "job-a"), ("gpu_stalled", [3], "job-b")]
+
+
+@pytest.mark.parametrize("late_s,apart_s,category", [(3.0, 10.0, "late_rank"), (0.0, 10.0, "slow_proxy"),
+                                                     (0.0, 0.1, None)])
+def test_a_stall_that_recovered_names_the_rank_waited_for(late_s, apart_s, category):
+    """The others were seen waiting on rank 3 (in-flight snapshots), then the collective completed: rank 3
+    started late (it launched after most of their wait) or its proxy did not move its flows (it launched
+    with them). Three such stalls, each after the last: a slowdown. Three stalls at once are one event (a
+    process descheduled once stalls the collectives in flight together)."""
+    proc = Processor(env={})
+    vs = []
+    base = time.time_ns() - 60_000_000_000
+    for i, seq in enumerate((20, 21, 22)):
+        t0 = base + int(i * apart_s * 1e9)
+        seen = Ring(8, nch=2, seq=seq, t0=t0)
+        seen.absent(3, "none")  # snapshots 4 s into the collective: everybody else waits, rank 3 sent nothing
+        done = Ring(8, nch=2, seq=seq, t0=t0)
+        done.slow()
+        for rv in done.ranks.values():
+            rv.end += 4_100_000_000
+        done.ranks[3].start += int(late_s * 1e9)
+        proc.ingest_request(seen.request())
+        proc.ingest_request(done.request())
+        vs += proc.tick() or _settle(proc)
+    assert [(v.category, v.finding.ranks) for v in vs] == ([(category, [3])] if category else [])
+    assert all("stalled, then recovered" in v.finding.evidence for v in vs)
