@@ -29,10 +29,14 @@ N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6
           "those flows was stalled in the trace (the NIC aggregation needs both ends)")
 L_RANK = ("late_rank: in 1 of 4 runs this stop (a full CI run) a healthy rank's flows read >= 50x the reference in "
           "3 collectives before the fault (slow_nic at rank 3, collective 22: 8 ranks, an agent and a processor "
-          "on 2 loaded cores), and the late rank 1 was then named slow_proxy, not late_rank")
+          "on 2 loaded cores), and the late rank 1 was then named slow_proxy, not late_rank. Fifth stop: a stall "
+          "that recovered names a rank that launched after half of the others' wait late_rank (a full CI run had "
+          "named it slow_proxy), and the pre-fault outliers remain possible")
 S_FLOW = ("slow_flow: in 1 of 3 full CI runs of the fourth stop, 2 slowdown verdicts came before the fault: "
           "slow_gpu at rank 2 in collective 15 and slow_nic at rank 1 in collective 18, on 2 loaded cores. These are "
-          "pre-fault false positives of late_rank's kind, while the communicator's history is still short")
+          "pre-fault false positives of late_rank's kind, while the communicator's history is still short. Fifth "
+          "stop, 1 of 3 runs: slow_flow at rank 3 (no channel: three distinct stalls of >= 1 s that recovered) at "
+          "collective 35, before the fault; overlapping stalls now count once, distinct ones still add up")
 F_SEND = ("flow_send_stalled: in 1 of 3 full CI runs of the fourth stop, a slow_proxy verdict at rank 4 (the stalled "
           "flow's receiver, collective 17) came before the hang's verdict. The same run had slow_proxy false "
           "positives in late_rank and mismatch_count: slowdown false positives of a loaded host (the 3-recurrence "
