@@ -39,6 +39,8 @@ SOFT_WINDOW_S = 5.0    # ... within this window
 SLOW_WINDOW_S = 30.0   # ... within this window
 LOCAL_CONFIRM = 5      # ... or at the second strict one, when the culprit's agent flagged this many of its
                        #     last RECENT_WINDOW (8) collectives slow (mycroft.anomaly.recent)
+LOCAL_CONFIRM_SOFT = 7 # ... or at the LOCAL_SOFT_VOTES-th milder one, when it flagged this many (behind trace-ID
+LOCAL_SOFT_VOTES = 3   #     routing each processor sees only its share of a mild fault's collectives)
 
 WARMUP_SEQ = 8         # a communicator's first collectives name no slowdown: NCCL connects peers and registers
                        #     buffers on first use, so they are slow by construction (and jitter against a short
@@ -491,13 +493,15 @@ class Processor:
         # in such a stretch named a healthy rank (conformance slow_flow, before the fault). A fault flags all.
         # Yet the flags say only that the rank's collectives were slow -- every member of a communicator with a
         # slow member sees that, and so does every rank of a loaded host -- so the outlier itself must come back
-        # once, strictly: 5 flags and one strict outlier after a milder one, or 7 flags and two milder ones,
-        # named healthy ranks of a loaded host (conformance pp_slow_transfer before the fault, healthy_jittery).
+        # at least once strictly, or twice more mildly: 5 flags and one strict outlier after a milder one, or 7
+        # flags and two milder ones, named healthy ranks of a loaded host (conformance pp_slow_transfer before
+        # the fault, healthy_jittery).
         # (not for a stall that recovered: on an overloaded host healthy collectives stall now and then)
         local = 0 if f.recovered else max((st.op[r].recent for r in [*f.ranks, f.peer] if r in st.op), default=0)
         strict = sum(v.strength >= 1 for v in seen)
         enough = (strict >= SLOW_CONFIRM or sum(v.strength == 2 for v in seen) >= STRONG_CONFIRM
-                  or len(soft) >= SOFT_CONFIRM or (strict >= 2 and local >= LOCAL_CONFIRM))
+                  or len(soft) >= SOFT_CONFIRM or (strict >= 2 and local >= LOCAL_CONFIRM)
+                  or (len(seen) >= LOCAL_SOFT_VOTES and local >= LOCAL_CONFIRM_SOFT))
         if not enough:
             self.counts["slow_candidates"] += 1
             return None
