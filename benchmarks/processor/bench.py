@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import gc
 import statistics
 import sys
 import time
@@ -87,6 +88,9 @@ def throughput(payloads: list[bytes], nspans: int, rounds: int) -> dict:
     # rounds' own ratios: drift on a shared machine moves both alike.
     parse, ingest, ratios = [], [], []
     for _ in range(rounds):
+        # each round starts clean: the last round's processor (its store of SpanRefs) is freed here, not
+        # in the middle of the next round's timing
+        gc.collect()
         parse.append(_parse_only(payloads))
         took, verdicts = _processor(payloads)
         ingest.append(took)
