@@ -110,6 +110,12 @@ def _identity(f: rca.Finding) -> set:
     return out
 
 
+def _culprit(comm: str, global_ranks: list[int], ranks: list[int]) -> tuple:
+    """Who a slowdown names, for its votes and incidents: its processes' global ranks, else the communicator's
+    ranks (a slow GPU shows in all the communicators of its process)."""
+    return tuple(global_ranks) or (comm, tuple(ranks))
+
+
 class _Vote(NamedTuple):
     """One slow collective that named a culprit (a candidate slowdown)."""
 
@@ -473,7 +479,7 @@ class Processor:
             return None
         # a fault persists, jitter moves around: the same culprit must come back before we name it
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
-        key = (f.job, f.category, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)), f.channel)
+        key = (f.job, f.category, _culprit(st.comm, f.global_ranks, f.ranks), f.channel)
         seen = [v for v in self._slow_votes.get(key, []) if mono - v.at <= SLOW_WINDOW_S and v.trace_id != st.trace_id]
         strength = 0 if f.reason == "soft" else 2 if f.confidence >= 0.95 else 1
         stalled = ((min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values()))
@@ -511,11 +517,12 @@ class Processor:
 
     def _slow_incident(self, job: str, comm: str, ranks: list[int], mono: float) -> bytes | None:
         """The live slowdown incident (its trace id) whose culprit process is one of these ranks of the
-        communicator, if any (keyed as _emit keys them)."""
+        communicator, if any (named by its global rank, or by its rank when that was not known yet)."""
         for r in ranks:
             proc = self.store.proc_of.get((comm, r))
-            for who in ((proc[2],) if proc is not None and proc[1] == "g" else None, (comm, (r,))):
-                hit = self._incidents.get((sc.KIND_SLOWDOWN, job, who)) if who is not None else None
+            known = [proc[2]] if proc is not None and proc[1] == "g" else []
+            for who in {_culprit(comm, known, [r]), _culprit(comm, [], [r])}:
+                hit = self._incidents.get((sc.KIND_SLOWDOWN, job, who))
                 if hit is not None and mono - hit[0] <= INCIDENT_WINDOW_S:
                     return hit[1]
         return None
@@ -565,7 +572,7 @@ class Processor:
         if f.kind == sc.KIND_SLOWDOWN and f.category != "coll_mismatch":
             # one slowdown incident per culprit process, whatever communicator, category or channel
             # shows it next (a slow GPU slows all its communicators; a slow flow shows on sibling channels)
-            key = (f.kind, f.job, tuple(f.global_ranks) or (st.comm, tuple(f.ranks)))
+            key = (f.kind, f.job, _culprit(st.comm, f.global_ranks, f.ranks))
             # ... and, for milder outliers, per host: its other ranks wait for it in their intra-node (TP)
             # collectives, so their next collectives start late and read as a slow GPU or flow of their
             # own -- symptoms (a strong outlier on the same host is a fault of its own)

@@ -242,10 +242,11 @@ def _recovered_stall(st: TraceState) -> Finding | None:
             stall_s = (snap - starts[0]) / 1e9
             # it arrived late when it started after most of the time they had waited when seen (a late rank
             # launches after its peers; a late proxy's rank launched with them)
-            late = yv.ref.start_ns - starts[len(starts) // 2]
+            mid = starts[len(starts) // 2]
+            late = yv.ref.start_ns - mid
             if yv.ref.start_ns > snap:  # it had not even started when they were seen waiting
                 cat, why = "late_rank", "had not started yet"
-            elif late >= (snap - starts[len(starts) // 2]) / 2:
+            elif late >= (snap - mid) / 2:
                 cat, why = "late_rank", f"started {late / 1e6:.0f} ms after them"
             else:
                 cat, why = "slow_proxy", "was running but did not move its flows (its proxy was late)"

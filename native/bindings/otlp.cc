@@ -413,7 +413,7 @@ class SpanDecoder {
     // Every string we read is decoded (and so checked as UTF-8), as protobuf would, before any is judged.
     py::object strs[kAttrs];  // "" where the value is not a string
     for (int i = 0; i < kAttrs; ++i) strs[i] = Str(vals[i]);
-    py::object name = name_w.p ? strings_.Get(name_w) : py::str("");
+    py::object name = name_w.p ? strings_.Get(name_w) : py::object(empty_);
     Kind kind = Classify(name_w.p ? name_w.View() : std::string_view());
     if (kind == kRootCause || kind == kUnknown) return kind;
     if (tid.end - tid.p != 16 || sid.end - sid.p != 8) return kUnknown;

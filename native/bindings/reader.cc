@@ -96,14 +96,7 @@ class RingReader {
 
   py::array Live() const {
     std::vector<mycroft::shm::LiveSnapshot> snaps;
-    bool open;
-    {
-      py::gil_scoped_release nogil;
-      std::lock_guard<std::mutex> lock(mu_);
-      open = reader_.is_open();
-      if (open) reader_.Live(&snaps);
-    }
-    if (!open) Closed();
+    WithoutGil([&] { reader_.Live(&snaps); });
     py::array_t<LiveOp> arr{py::ssize_t(snaps.size())};
     LiveOp* dst = arr.mutable_data();
     for (size_t i = 0; i < snaps.size(); ++i) {
@@ -116,15 +109,8 @@ class RingReader {
   py::tuple Read(uint64_t cursor, int64_t max_records, bool skip_unpublished) const {
     std::vector<RingRecord> recs;
     mycroft::shm::ReadResult rr;
-    bool open;
-    {
-      py::gil_scoped_release nogil;
-      std::lock_guard<std::mutex> lock(mu_);
-      open = reader_.is_open();
-      size_t max = max_records < 0 ? SIZE_MAX : size_t(max_records);
-      if (open) rr = reader_.Read(cursor, max, &recs, skip_unpublished);
-    }
-    if (!open) Closed();
+    size_t max = max_records < 0 ? SIZE_MAX : size_t(max_records);
+    WithoutGil([&] { rr = reader_.Read(cursor, max, &recs, skip_unpublished); });
     py::array_t<RingRecord> arr{py::ssize_t(recs.size())};
     if (!recs.empty()) std::memcpy(arr.mutable_data(), recs.data(), recs.size() * sizeof(RingRecord));
     return py::make_tuple(std::move(arr), rr.next_cursor, rr.overwritten);
@@ -137,6 +123,19 @@ class RingReader {
   }
 
  private:
+  // Runs `copy` on the open mapping without the GIL, under mu_ (Close waits for it); raises when closed.
+  template <typename F>
+  void WithoutGil(F&& copy) const {
+    bool open;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      open = reader_.is_open();
+      if (open) copy();
+    }
+    if (!open) Closed();
+  }
+
   ShmHeader CopyHeader() const {
     std::lock_guard<std::mutex> lock(mu_);
     if (!reader_.is_open()) Closed();
