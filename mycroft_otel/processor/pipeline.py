@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -42,6 +43,10 @@ LOCAL_CONFIRM = 5      # ... or at the second strict one, when the culprit's age
 LOCAL_CONFIRM_SOFT = 7 # ... or at the LOCAL_SOFT_VOTES-th milder one, when it flagged this many (behind trace-ID
 LOCAL_SOFT_VOTES = 3   #     routing each processor sees only its share of a mild fault's collectives)
 
+DENSE = 0.5            # ... and it named that culprit in at least this share of the collectives analysed since
+                       #     (in each communicator it named it in): a fault slows most of its culprit's
+                       #     collectives from its onset on, a loaded host's jitter picks a rank now and then
+ANALYSED_KEPT = 256    # collective numbers kept per communicator for DENSE
 WARMUP_SEQ = 8         # a communicator's first collectives name no slowdown: NCCL connects peers and registers
                        #     buffers on first use, so they are slow by construction (and jitter against a short
                        #     history: conformance mismatch_func named a healthy rank's NIC at collective 10)
@@ -124,6 +129,8 @@ class _Vote(NamedTuple):
     onset_ns: int
     strength: int       # 0 milder outlier, 1 strict, 2 beyond any jitter (slowdown.STRONG_RATIO)
     stalled: tuple[int, int] | None  # a stall that recovered: (start, last in-flight snapshot) of its in-flight ranks
+    comm: str
+    seq: int
 
 
 def _distinct(votes: list[_Vote]) -> list[_Vote]:
@@ -138,6 +145,24 @@ def _distinct(votes: list[_Vote]) -> list[_Vote]:
             until = v.stalled[1]
         out.append(v)
     return out
+
+
+def _dense(votes: list[_Vote], analysed: dict[str, deque]) -> list[_Vote]:
+    """The longest run of the latest votes that named their culprit in at least DENSE of the collectives this
+    processor analysed between the run's first and last vote, per communicator (by collective number: analysis
+    order is completion order). A vote of long ago, before the fault, does not dilute the votes of a fault that
+    started since; votes spread thinly over many healthy collectives fall."""
+    span: dict[str, tuple[int, int]] = {}  # comm -> the run's lowest and highest collective number in it
+    best = votes[-1:]
+    for k in range(len(votes) - 1, -1, -1):
+        v = votes[k]
+        first, last = span.get(v.comm, (v.seq, v.seq))
+        span[v.comm] = (min(first, v.seq), max(last, v.seq))
+        # distinct numbers: the Send/Recv pairs of one p2p group are traces of the same collective number
+        total = sum(len({s for s in analysed.get(c, ()) if a <= s <= b}) for c, (a, b) in span.items())
+        if len(votes) - k >= DENSE * total:
+            best = votes[k:]
+    return best
 
 
 class Processor:
@@ -171,6 +196,7 @@ class Processor:
         self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._slow_votes: dict[tuple, list[_Vote]] = {}
         self._history: dict[str, dict] = {}
+        self._analysed: dict[str, deque] = {}  # comm -> its latest collectives analysed for a slowdown (seq)
         self._job_history: dict[str, dict] = {}  # job -> its recent per-step values, all communicators
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -433,7 +459,9 @@ class Processor:
             hist = self._history.get(st.comm)
             if hist is None:
                 if len(self._history) > 4096:
-                    self._history.pop(next(iter(self._history)))
+                    old = next(iter(self._history))
+                    del self._history[old]
+                    self._analysed.pop(old, None)
                 hist = self._history[st.comm] = slowdown.new_history(256)
             job = st.job
             jh = self._job_history.get(job)
@@ -448,11 +476,14 @@ class Processor:
             self.counts["analysis_errors"] += 1
             return None
         dt = time.perf_counter() - t0
+        warm = not 0 <= st.seq < WARMUP_SEQ
         if f is None or f.confidence < 0.5:
+            if warm:
+                self._analysed_seq(st)
             return None
         if f.category == "coll_mismatch":
             return self._emit(st, f, now_ns, mono, dt)
-        if 0 <= st.seq < WARMUP_SEQ:
+        if not warm:
             self.counts["slow_candidates"] += 1
             return None
         # while a collective of this job is stalling, slow collectives around it are its symptoms -- once it
@@ -484,14 +515,15 @@ class Processor:
         strength = 0 if f.reason == "soft" else 2 if f.confidence >= 0.95 else 1
         stalled = ((min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values()))
                    if f.recovered and st.inflight else None)
-        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled))
+        self._analysed_seq(st)
+        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled, st.comm, st.seq))
         self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
         if len(self._slow_votes) > 4096:
             for k in [k for k, v in self._slow_votes.items() if mono - v[-1].at > SLOW_WINDOW_S]:
                 del self._slow_votes[k]
         # milder outliers (flagged by the culprit's own agent, below the bars) must persist longer
         # (and close together: a fault slows every collective, jitter comes back now and then)
-        seen = _distinct(seen)
+        seen = _distinct(_dense(seen, self._analysed))
         soft = [v for v in seen if mono - v.at <= SOFT_WINDOW_S]
         # ... or the culprit's own agent has flagged most of its recent collectives slow (carried in this trace,
         # so one processor of several, seeing only its share of the collectives, needs fewer traces). Most,
@@ -514,6 +546,12 @@ class Processor:
         f.onset_ns = min((v.onset_ns for v in seen if v.onset_ns > 0), default=f.onset_ns)
         f.evidence += f" (seen in {len(seen)} collectives)"
         return self._emit(st, f, now_ns, mono, dt)
+
+    def _analysed_seq(self, st) -> None:
+        seqs = self._analysed.get(st.comm)
+        if seqs is None:
+            seqs = self._analysed[st.comm] = deque(maxlen=ANALYSED_KEPT)
+        seqs.append(st.seq)
 
     def _slow_incident(self, job: str, comm: str, ranks: list[int], mono: float) -> bytes | None:
         """The live slowdown incident (its trace id) whose culprit process is one of these ranks of the

@@ -310,3 +310,20 @@ def test_a_stall_that_recovered_names_the_rank_waited_for(late_s, apart_s, categ
         vs += proc.tick() or _settle(proc)
     assert [(v.category, v.finding.ranks) for v in vs] == ([(category, [3])] if category else [])
     assert all("stalled, then recovered" in v.finding.evidence for v in vs)
+
+
+def test_outliers_spread_over_healthy_collectives_name_nobody():
+    """A loaded host's jitter makes a healthy rank the outlier now and then; a fault makes its culprit the
+    outlier of most collectives from its onset on. Three strict outliers of rank 3, each among six healthy
+    collectives, name nobody; three in a row after them name it (the sparse ones before do not dilute them)."""
+    proc = Processor(env={})
+    vs = []
+    for seq in range(20, 44):
+        ring = Ring(8, nch=2, seq=seq)
+        if seq in (22, 29, 36, 41, 42, 43):
+            ring.slow_gpu(3)
+        proc.ingest_request(ring.request())
+        vs += proc.tick()
+        if seq == 40:
+            assert vs == [], [v.summary() for v in vs]
+    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 43)]
