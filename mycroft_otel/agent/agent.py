@@ -42,7 +42,7 @@ MAX_RECORDS_PER_READ = 4096
 MAX_READS_PER_POLL = 8
 MAX_STATUS_BACKOFF_NS = 60_000_000_000
 HISTORY = 64  # unexported completions kept per ring, for when a local peer flags the same collective
-FLAGGED = 4096  # (comm, seq) flagged anomalous by some local rank, remembered
+FLAGGED = 4096  # (comm, trace) flagged anomalous by some local rank, remembered
 RECENT_ON_STALL = 4  # unexported completions of the communicator exported with a rank's first stalled snapshot
 VECTOR_MIN = 24  # batches of at least this many spans go through the vectorised encoder
 STALE_RING_NS = 600_000_000_000  # a crashed writer's ring older than this at discovery is history, not evidence
@@ -75,7 +75,7 @@ class _Ctx:
     exit_next: int = 0
     done: bool = False            # process exited and reported: nothing more to read
     marked: tuple = ()            # (cursor, last_seq, last_end) last handed to the exporter
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # recent unexported (seq, record)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # recent unexported (trace, record)
 
 
 class Agent:
@@ -272,17 +272,20 @@ class Agent:
                 ctx.slow_marks.append(an is not None and an[0] == sc.ANOMALY_SLOW)
                 if ctx.slow_marks[-1]:
                     an = (*an[:3], sum(ctx.slow_marks))
-            if an is not None and coll and self.s.peer_export:
-                self._flag((ctx.src.comm_hash, seqs[i]))
+            # a local peer's flag exports this rank's side too, by trace: a collective's other ranks, a
+            # Send's Recv (conformance pp_slow_transfer: the slow Send exported, the Recv it fed sampled away,
+            # and a transfer with one end only cannot be compared with the others)
+            if an is not None and self.s.peer_export:
+                self._flag((ctx.src.comm_hash, traces[i]))
             exported = (an is not None or sampled(traces[i], self.bound)
-                        or (coll and (ctx.src.comm_hash, seqs[i]) in self.flagged))
+                        or (ctx.src.comm_hash, traces[i]) in self.flagged)
             if exported:
                 keep.append(i)
                 anomalies.append(an)
-            elif coll and self.s.peer_export:  # compact copy: the op and its valid flows (~1 KB instead of 6 KB)
+            elif self.s.peer_export:  # compact copy: the op and its valid flows (~1 KB instead of 6 KB)
                 r = recs[i]
                 flows = r["flows"][:int(r["op"]["n_flows"])].copy()
-                ctx.history.append((seqs[i], {"op": r["op"].copy(), "flows": flows}))
+                ctx.history.append((traces[i], {"op": r["op"].copy(), "flows": flows}))
             ctx.summary.add(sp.func_name(funcs[i]), seqs[i], nbytes[i], end[i] - arrive, exported)
             if kinds[i] == sp.KIND_COLL and seqs[i] > ctx.last_seq:
                 ctx.last_seq = seqs[i]
@@ -305,7 +308,8 @@ class Agent:
                 self.flagged.popitem(last=False)
 
     def _peer_flagged(self, pending: dict[str, list[bytes]]) -> None:
-        """Export the other local ranks' spans of collectives a local rank found anomalous.
+        """Export the other local ranks' spans of collectives (and the other end of p2p transfers) a local
+        rank found anomalous.
 
         The processor compares ranks within a trace (arrival, flow and GPU times); a slowdown that
         only some ranks' local rule flags would otherwise reach it with most ranks sampled away.

@@ -131,6 +131,7 @@ class _Vote(NamedTuple):
     stalled: tuple[int, int] | None  # a stall that recovered: (start, last in-flight snapshot) of its in-flight ranks
     comm: str
     seq: int
+    inferred: bool      # its culprit inferred from the collective being slow as a whole (slowdown.WHOLE)
 
 
 def _distinct(votes: list[_Vote]) -> list[_Vote]:
@@ -511,12 +512,19 @@ class Processor:
         # a fault persists, jitter moves around: the same culprit must come back before we name it
         # the same culprit process recurring, in this communicator or another one (a slow GPU slows them all)
         key = (f.job, f.category, _culprit(st.comm, f.global_ranks, f.ranks), f.channel)
+        inferred = f.reason == slowdown.WHOLE
+        if inferred and self._direct_candidate(f.job, st.comm, key[2], mono):
+            # a culprit inferred from a slow whole yields to one that counters point at directly while that
+            # one collects its votes (conformance slow_gpu: slow_proxy at a healthy rank first, every
+            # collective being slow behind the slow GPU); a stray vote elsewhere holds nothing up
+            self.counts["slow_candidates"] += 1
+            return None
         seen = [v for v in self._slow_votes.get(key, []) if mono - v.at <= SLOW_WINDOW_S and v.trace_id != st.trace_id]
         strength = 0 if f.reason == "soft" else 2 if f.confidence >= 0.95 else 1
         stalled = ((min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values()))
                    if f.recovered and st.inflight else None)
         self._analysed_seq(st)
-        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled, st.comm, st.seq))
+        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled, st.comm, st.seq, inferred))
         self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
         if len(self._slow_votes) > 4096:
             for k in [k for k, v in self._slow_votes.items() if mono - v[-1].at > SLOW_WINDOW_S]:
@@ -546,6 +554,16 @@ class Processor:
         f.onset_ns = min((v.onset_ns for v in seen if v.onset_ns > 0), default=f.onset_ns)
         f.evidence += f" (seen in {len(seen)} collectives)"
         return self._emit(st, f, now_ns, mono, dt)
+
+    def _direct_candidate(self, job: str, comm: str, culprit: tuple, mono: float) -> bool:
+        """Another culprit in this communicator came back lately on evidence of its own (not inferred): two
+        strict votes within SOFT_WINDOW_S."""
+        for (j, _cat, who, _ch), votes in self._slow_votes.items():
+            if j == job and who != culprit and sum(
+                    v.comm == comm and v.strength >= 1 and not v.inferred and mono - v.at <= SOFT_WINDOW_S
+                    for v in votes[-3:]) >= 2:
+                return True
+        return False
 
     def _analysed_seq(self, st) -> None:
         seqs = self._analysed.get(st.comm)

@@ -12,7 +12,7 @@ from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent.sampling import Baselines, sample_bound, sampled
 from agent_helpers import make_agent
-from agent_shm import FakeReader, FakeRing
+from agent_shm import KIND_RECV, KIND_SEND, RECV, SEND, FakeReader, FakeRing
 
 JOB, COMM = "job-1", 0x5F3A9C0E12AB44D1
 MS = 1_000_000
@@ -215,4 +215,26 @@ def test_local_peers_of_an_anomalous_collective_are_exported(tmp_path, otel_env)
     got = {(s["attrs"][sc.COLL_SEQ], s["attrs"][sc.RANK]): s["attrs"].get(sc.ANOMALY)
            for s in otel_env.sink.named("nccl.AllReduce")}
     assert got == {(20, 0): None, (20, 1): sc.ANOMALY_SLOW, (20, 2): None}
+    agent.close()
+
+
+def test_the_other_end_of_an_anomalous_transfer_is_exported(tmp_path, otel_env):
+    """A slow Send flags itself; the Recv it fed (another local rank, not slow by its own rule) goes out with it,
+    in the transfer's trace: one end alone cannot be compared with anything."""
+    send = FakeRing(tmp_path / "s", rank=0, nranks=2)
+    recv = FakeRing(tmp_path / "r", rank=1, nranks=2)
+    t = time.monotonic_ns() - 10_000 * MS
+    for n in range(21):
+        dur = 40 * MS if n == 20 else 5 * MS
+        send.complete(send.make_op(kind=KIND_SEND, func=SEND, peer=1, start_ns=t, end_ns=t + dur))
+        recv.complete(recv.make_op(kind=KIND_RECV, func=RECV, peer=0, start_ns=t + dur - 5 * MS, end_ns=t + dur))
+        t += 60 * MS
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.poll_once()
+    assert agent.queue.flush(10)
+    trace = ids.p2p_trace_id(JOB, COMM, 0, 1, 20)
+    got = {(s["name"], s["attrs"][sc.RANK]): s["attrs"].get(sc.ANOMALY)
+           for s in otel_env.sink.spans if s["trace_id"] == trace}
+    assert got == {("nccl.Send", 0): sc.ANOMALY_SLOW, ("nccl.Recv", 1): None}
+    assert {s["trace_id"] for s in otel_env.sink.spans if s["name"] in ("nccl.Send", "nccl.Recv")} == {trace}
     agent.close()

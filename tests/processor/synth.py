@@ -330,6 +330,15 @@ class Ring:
         for f in self.flows(c, False):
             f.gpu_wait *= factor
 
+    def slow_proxy(self, c: int) -> None:
+        """Rank c's proxy posts late: everybody's transfer is slow, and c's send steps wait least on GPU and
+        network (its time goes between GPU-ready and transmission)."""
+        self.slow()
+        for r in self.ranks:
+            if r != c:
+                for f in self.flows(r, True):
+                    f.net_wait *= 4
+
     def request(self, ranks: list[int] | None = None) -> trace_service_pb2.ExportTraceServiceRequest:
         rs = [self.ranks[r] for r in (ranks if ranks is not None else sorted(self.ranks)) if r in self.ranks]
         return request([(r, rank_span(self.tid, self.n, self.comm, self.seq, r)) for r in rs])

@@ -327,3 +327,28 @@ def test_outliers_spread_over_healthy_collectives_name_nobody():
         if seq == 40:
             assert vs == [], [v.summary() for v in vs]
     assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 43)]
+
+
+def test_a_culprit_inferred_from_a_slow_whole_yields_to_direct_evidence():
+    """slow_proxy is inferred from a collective slow as a whole (the rank whose sends waited least); while
+    rank 3's GPU is the direct outlier of the collectives in between, rank 5's inferred proxy collects no votes
+    and rank 3 is named (conformance slow_gpu: slow_proxy at a healthy rank first, behind a slow GPU)."""
+    proc = Processor(env={})
+    vs = []
+    for seq in range(20, 26):
+        ring = Ring(8, nch=2, seq=seq)
+        ring.slow_proxy(5) if seq % 2 == 0 else ring.slow_gpu(3)
+        proc.ingest_request(ring.request())
+        vs += proc.tick() or _settle(proc)
+    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 25)]
+
+
+def test_slow_proxy_is_named():
+    proc = Processor(env={})
+    vs = []
+    for seq in range(20, 23):
+        ring = Ring(8, nch=2, seq=seq)
+        ring.slow_proxy(5)
+        proc.ingest_request(ring.request())
+        vs += proc.tick() or _settle(proc)
+    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_proxy", [5], 22)]
