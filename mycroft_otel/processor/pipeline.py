@@ -121,6 +121,15 @@ def _culprit(comm: str, global_ranks: list[int], ranks: list[int]) -> tuple:
     return tuple(global_ranks) or (comm, tuple(ranks))
 
 
+class _HeldSlow(NamedTuple):
+    """A slow collective analysed while a collective of its job stalled (Processor._analyse_slow)."""
+
+    since: float        # monotonic seconds
+    finding: rca.Finding
+    analysis_s: float
+    took: int           # ns, its ranks' first start to last end
+
+
 class _Vote(NamedTuple):
     """One slow collective that named a culprit (a candidate slowdown)."""
 
@@ -196,6 +205,7 @@ class Processor:
         self._incidents: dict[tuple, tuple[float, bytes]] = {}
         self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._slow_votes: dict[tuple, list[_Vote]] = {}
+        self._held_slow: dict[bytes, _HeldSlow] = {}  # trace id -> slow collective waiting for a stall's outcome
         self._history: dict[str, dict] = {}
         self._analysed: dict[str, deque] = {}  # comm -> its latest collectives analysed for a slowdown (seq)
         self._job_history: dict[str, dict] = {}  # job -> its recent per-step values, all communicators
@@ -327,6 +337,8 @@ class Processor:
                 v = self._analyse_slow(st, m, now_ns, mono)
                 if v is not None:
                     out.append(v)
+            if self._held_slow:
+                out += self._release_held(now_ns, mono)
             for k, (t, _) in list(self._incidents.items()):
                 if mono - t > INCIDENT_WINDOW_S:
                     del self._incidents[k]
@@ -487,18 +499,54 @@ class Processor:
         if not warm:
             self.counts["slow_candidates"] += 1
             return None
-        # while a collective of this job is stalling, slow collectives around it are its symptoms -- once it
-        # has stalled for longer than this one took (under a heavy slowdown every collective stalls a while)
+        # while a collective of this job is stalling, slow collectives around it may be its symptoms -- once it
+        # has stalled for longer than this one took (under a heavy slowdown every collective stalls a while):
+        # this one waits until the stall is named a hang (then it was a symptom) or recovers (a slow p2p
+        # transfer stalls the collectives of its ranks' process for seconds: conformance pp_slow_transfer)
         took = max((r.end_ns for r in st.op.values()), default=0) - min((r.start_ns for r in st.op.values()), default=0)
-        if self._stalling is None:  # per job, the longest stall among the traces not named yet (once a tick)
+        if self._stall_of(st.job, now_ns) >= max(1_000_000_000, took):
+            if len(self._held_slow) >= 4096:
+                self._held_slow.pop(next(iter(self._held_slow)))
+            self._held_slow[st.trace_id] = _HeldSlow(mono, f, dt, took)
+            self.counts["slow_candidates"] += 1
+            return None
+        return self._vote(st, f, now_ns, mono, dt)
+
+    def _stall_of(self, job: str, now_ns: int) -> int:
+        """The longest stall among the job's traces not named yet (ns; computed once a tick)."""
+        if self._stalling is None:
             self._stalling = {}
             for tid in self._hang_cand:
                 o = self.store.get(tid)
                 if o is not None and o.verdict is None:
                     self._stalling[o.job] = max(self._stalling.get(o.job, 0), detect.stall_ns(o, now_ns))
-        if self._stalling.get(st.job, 0) >= max(1_000_000_000, took):
-            self.counts["slow_candidates"] += 1
-            return None
+        return self._stalling.get(job, 0)
+
+    def _release_held(self, now_ns: int, mono: float) -> list[Verdict]:
+        """The held slow collectives whose job stalls no longer: a hang named since explains them, else they
+        vote as usual."""
+        out = []
+        for tid, d in list(self._held_slow.items()):
+            st = self.store.get(tid)
+            if st is None or st.verdict is not None or st.explained_by is not None:
+                del self._held_slow[tid]
+                continue
+            hang = next((h for t, h, who in reversed(self._hang_culprits)
+                         if t >= d.since and any(j == st.job for j, _, _ in who)), None)
+            if hang is not None:
+                del self._held_slow[tid]
+                st.explained_by = hang
+                self.counts["deduped"] += 1
+            elif self._stall_of(st.job, now_ns) < max(1_000_000_000, d.took):
+                del self._held_slow[tid]
+                v = self._vote(st, d.finding, now_ns, mono, d.analysis_s)
+                if v is not None:
+                    out.append(v)
+        return out
+
+    def _vote(self, st, f: rca.Finding, now_ns: int, mono: float, dt: float) -> Verdict | None:
+        """A slowdown finding, unless a named incident explains it, counted toward its culprit's recurrence;
+        the verdict when it has recurred enough."""
         self._fill_identity(st, f)
         # a named slowdown's symptoms: a flow into or out of its culprit (a slow GPU drains the flows into it
         # slowly), a collective slow as a whole with its culprit among the ranks (conformance slow_gpu and

@@ -404,11 +404,19 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
         if med >= 100 * STEP_FLOOR_NS and acc[low] <= 0.6 * med and bool((rest >= 0.8 * med).all()):
             i = int(m.sent_of[low])
             r = int(ranks[i])
+            # a rank that launched last waits least too (everybody was ready for it): late, not its proxy
+            # (its first posted step is late either way; its launch tells them apart, as in _recovered_stall)
+            launched = refs[i].start_ns - _median(np.delete(np.array([ref.start_ns for ref in refs], np.float64), i))
+            if launched >= 0.3 * makespan:
+                cat, ev = "late_rank", (f"rank {r} launched {st.func} {st.seq} {launched / 1e6:.0f} ms after the "
+                                        f"others, who then waited for it ({med / 1e3:.0f} us per send step vs "
+                                        f"its {acc[low] / 1e3:.0f} us)")
+            else:
+                cat, ev = "slow_proxy", (f"rank {r}'s send steps waited {acc[low] / 1e3:.0f} us on GPU and network vs "
+                                         f"{med / 1e3:.0f} us for the others in {st.func} {st.seq}: the rest of its "
+                                         f"time went between GPU-ready and transmission (its proxy posted late)")
             cands.append((1.5, Finding(
-                kind=sc.KIND_SLOWDOWN, category="slow_proxy", ranks=[r], confidence=0.6, reason=WHOLE,
-                evidence=(f"rank {r}'s send steps waited {acc[low] / 1e3:.0f} us on GPU and network vs "
-                          f"{med / 1e3:.0f} us for the others in {st.func} {st.seq}: the rest of its time went "
-                          f"between GPU-ready and transmission (its proxy posted late)"),
+                kind=sc.KIND_SLOWDOWN, category=cat, ranks=[r], confidence=0.6, reason=WHOLE, evidence=ev,
                 onset_ns=int(arrival[i]))))
     # the late rank's own collective was short, so the agent did not export it: everybody else waited
     if not cands and len(missing) == 1 and n >= 2:

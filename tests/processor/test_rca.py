@@ -352,3 +352,22 @@ def test_slow_proxy_is_named():
         proc.ingest_request(ring.request())
         vs += proc.tick() or _settle(proc)
     assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_proxy", [5], 22)]
+
+
+def test_slow_collectives_during_a_stall_wait_for_its_outcome():
+    """While a collective of the job stalls, slow collectives around it may be its symptoms: they wait. Once
+    it completes (a stall that recovered, no hang), they count as usual and rank 3's slow GPU is named."""
+    proc = Processor(env={"MYCROFT_STALL_MS": "60000"}, settle_s=0.2)
+    stuck = Ring(8, nch=2, comm=0x1111, seq=30)
+    stuck.gpu_stall(6)
+    proc.ingest_request(stuck.request())
+    vs = proc.tick()
+    for seq in (20, 21, 22):
+        ring = Ring(8, nch=2, seq=seq)
+        ring.slow_gpu(3)
+        proc.ingest_request(ring.request())
+        vs += proc.tick() or _settle(proc)
+    assert vs == [], [v.summary() for v in vs]
+    proc.ingest_request(Ring(8, nch=2, comm=0x1111, seq=30).request())  # the stalled collective completes
+    vs += proc.tick() + _settle(proc)
+    assert [(v.category, v.finding.ranks) for v in vs] == [("slow_gpu", [3])]
