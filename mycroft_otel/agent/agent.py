@@ -372,7 +372,13 @@ class Agent:
         called (NCCL's steps run on as one stream per connection): its culprit is stuck, or idle, collectives
         later, and the processor needs the culprit's own record of the mismatched one to compare signatures."""
         for _ in range(min(RECENT_ON_STALL, len(ctx.history))):
-            out.append(ctx.builder.op_span_generic(ctx.history.pop()[1]))
+            trace, rec = ctx.history.pop()
+            out.append(ctx.builder.op_span_generic(rec))
+            # ... and the local peers' records of the same collectives: the culprit may be one of them,
+            # running on (conformance mismatch_func: the rank that called AllGather instead of AllReduce ran
+            # ahead, and its record of that collective was never exported beside the waiters')
+            if self.s.peer_export:
+                self._flag((ctx.src.comm_hash, trace))
 
     # --- status evidence ------------------------------------------------------------------------
     def _status(self, now: int, pending: dict[str, list[bytes]], pstate: dict[int, str]) -> None:
