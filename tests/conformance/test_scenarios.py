@@ -19,10 +19,14 @@ from scenarios import SCENARIOS
 M_COUNT = ("mismatch_count: this harness keeps the culprit's reported count and only gives it more steps per "
            "flow (real NCCL reports the other count, which rca.check_mismatch compares, with the culprit's record "
            "exported once it waits); steps alone are not compared (they differ by position in a tree), so the "
-           "hang reads as rank_absent at a rank that moved on")
+           "hang reads as rank_absent at a rank that moved on. Sixth stop: a wait's recent completions now bring "
+           "the local peers' records of the same collectives; named right in 1 of 2 full conformance runs")
 P_P2P = ("pp_slow_transfer: a p2p trace holds only 2 values, so slowdown._outlier needs 8 values of the pp "
          "communicator's own history first, and that history grows only from analysed p2p traces; in about 1 run "
-         "of 5 (2 of the last 10 full runs) the slow transfers are not named within 25 s")
+         "of 5 (2 of the last 10 full runs) the slow transfers are not named within 25 s. Sixth stop: the Recv end of "
+         "a flagged Send is exported (agent peer export by trace), a floor-level reference no longer makes a "
+         "bystander's p2p wait a 2-vote outlier, and slow collectives during a stall wait instead of being dropped; "
+         "named right in 5 of 5 runs since (3 beside busy loops)")
 N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6 of them beside 2 busy loops) the "
           "second communicator's hang was named at rank 5, whose flows go into rank 4's dead NIC; suspected: rank "
           "4's own snapshot of that collective had not arrived when it was analysed, so only the sender side of "
