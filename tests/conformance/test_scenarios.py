@@ -26,7 +26,8 @@ P_P2P = ("pp_slow_transfer: a p2p trace holds only 2 values, so slowdown._outlie
          "of 5 (2 of the last 10 full runs) the slow transfers are not named within 25 s. Sixth stop: the Recv end of "
          "a flagged Send is exported (agent peer export by trace), a floor-level reference no longer makes a "
          "bystander's p2p wait a 2-vote outlier, and slow collectives during a stall wait instead of being dropped; "
-         "named right in 5 of 5 runs since (3 beside busy loops)")
+         "named right in both full conformance runs since (one beside 2 busy loops) and in the replays of the 2 "
+         "runs recorded beside 3 busy loops")
 N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6 of them beside 2 busy loops) the "
           "second communicator's hang was named at rank 5, whose flows go into rank 4's dead NIC; suspected: rank "
           "4's own snapshot of that collective had not arrived when it was analysed, so only the sender side of "
