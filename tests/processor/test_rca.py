@@ -148,6 +148,18 @@ def _settle(proc):
     return proc.tick()
 
 
+def _feed(proc, seqs, fault) -> list:
+    """8-rank, 2-channel collectives ``seqs`` of one communicator, ``fault(ring, seq)`` applied to each, one at
+    a time; the verdicts."""
+    vs = []
+    for seq in seqs:
+        ring = Ring(8, nch=2, seq=seq)
+        fault(ring, seq)
+        proc.ingest_request(ring.request())
+        vs += proc.tick() or _settle(proc)
+    return vs
+
+
 @pytest.mark.parametrize("fault,cat,chan", [("slow_flow", "slow_flow", 1), ("slow_nic", "slow_nic", None),
                                             ("slow_gpu", "slow_gpu", None)])
 def test_slowdowns(fault, cat, chan):
@@ -212,18 +224,9 @@ def test_a_communicators_first_collectives_name_no_slowdown():
     """NCCL connects peers and registers buffers on first use: a communicator's first collectives are
     slow by construction, so their outliers are no votes (a mismatch there is still named)."""
     proc = Processor(env={})
-    vs = []
-    for seq in range(1, 7):
-        ring = Ring(8, nch=2, seq=seq)
-        ring.slow_gpu(3)
-        proc.ingest_request(ring.request())
-        vs += proc.tick() or _settle(proc)
+    vs = _feed(proc, range(1, 7), lambda ring, seq: ring.slow_gpu(3))
     assert vs == []
-    for seq in (8, 9, 10):
-        ring = Ring(8, nch=2, seq=seq)
-        ring.slow_gpu(3)
-        proc.ingest_request(ring.request())
-        vs += proc.tick() or _settle(proc)
+    vs += _feed(proc, (8, 9, 10), lambda ring, seq: ring.slow_gpu(3))
     assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 10)]
 
 
@@ -333,24 +336,13 @@ def test_a_culprit_inferred_from_a_slow_whole_yields_to_direct_evidence():
     """slow_proxy is inferred from a collective slow as a whole (the rank whose sends waited least); while
     rank 3's GPU is the direct outlier of the collectives in between, rank 5's inferred proxy collects no votes
     and rank 3 is named (conformance slow_gpu: slow_proxy at a healthy rank first, behind a slow GPU)."""
-    proc = Processor(env={})
-    vs = []
-    for seq in range(20, 26):
-        ring = Ring(8, nch=2, seq=seq)
-        ring.slow_proxy(5) if seq % 2 == 0 else ring.slow_gpu(3)
-        proc.ingest_request(ring.request())
-        vs += proc.tick() or _settle(proc)
+    vs = _feed(Processor(env={}), range(20, 26),
+               lambda ring, seq: ring.slow_proxy(5) if seq % 2 == 0 else ring.slow_gpu(3))
     assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 25)]
 
 
 def test_slow_proxy_is_named():
-    proc = Processor(env={})
-    vs = []
-    for seq in range(20, 23):
-        ring = Ring(8, nch=2, seq=seq)
-        ring.slow_proxy(5)
-        proc.ingest_request(ring.request())
-        vs += proc.tick() or _settle(proc)
+    vs = _feed(Processor(env={}), range(20, 23), lambda ring, seq: ring.slow_proxy(5))
     assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_proxy", [5], 22)]
 
 
@@ -362,11 +354,7 @@ def test_slow_collectives_during_a_stall_wait_for_its_outcome():
     stuck.gpu_stall(6)
     proc.ingest_request(stuck.request())
     vs = proc.tick()
-    for seq in (20, 21, 22):
-        ring = Ring(8, nch=2, seq=seq)
-        ring.slow_gpu(3)
-        proc.ingest_request(ring.request())
-        vs += proc.tick() or _settle(proc)
+    vs += _feed(proc, (20, 21, 22), lambda ring, seq: ring.slow_gpu(3))
     assert vs == [], [v.summary() for v in vs]
     proc.ingest_request(Ring(8, nch=2, comm=0x1111, seq=30).request())  # the stalled collective completes
     vs += proc.tick() + _settle(proc)
