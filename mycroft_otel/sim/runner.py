@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import signal
 import sys
 import threading
@@ -345,6 +346,16 @@ def _wait_until(epoch: int, duration_ns: float, progress: Progress, stop) -> Non
         time.sleep(min(0.2, (end - now) / 1e9))
 
 
+def _wait_ready(ready: dict[int, int], host: int, timeout_s: float = 30.0) -> None:
+    """Block until ``host`` said its contexts exist (or it died, or ``timeout_s``); once per host."""
+    fd = ready.get(host, -1)
+    if fd < 0:
+        return
+    select.select([fd], [], [], timeout_s)
+    os.close(fd)
+    ready[host] = -1
+
+
 def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truths) -> dict:
     from mycroft_otel import _native
 
@@ -357,15 +368,19 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
     sys.stderr.flush()
     pids: dict[int, int] = {}
     pipes: dict[int, int] = {}
+    ready: dict[int, int] = {}  # host -> read end that gets one byte once its contexts (and rings) exist
     for host, ctxs in sorted(hosts_ctx.items()):
         rfd, wfd = os.pipe()
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the simulated host: its own Driver, its ranks' contexts, two calling threads
             code = 0
             os.close(rfd)
+            os.close(ready_r)
             try:
                 driver = _driver(cfg)
                 ctx_map = _init_contexts(driver, sim, ctxs, cfg)
+                os.write(ready_w, b"1")
                 mine = [_remap(streams[(host, th)], ctx_map) for th in (USER, PROXY, KERNEL) if (host, th) in streams]
                 got: list[dict] = []
                 ths = [threading.Thread(target=lambda r=rows: got.append(driver.replay(r, epoch)), daemon=True)
@@ -385,21 +400,27 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
                 code = 1
             os._exit(code)
         os.close(wfd)
+        os.close(ready_w)
         pids[host] = pid
         pipes[host] = rfd
+        ready[host] = ready_r
     # Signals for the process faults, at their onset.
     actions = []
     for t in truths:
         if t.get("signal"):
             host = int(t["culprit_hosts"][0].removeprefix("sim-node"))
-            actions.append((epoch + t["onset_sim_ns"], pids[host], getattr(signal, t["signal"]), t))
+            actions.append((epoch + t["onset_sim_ns"], host, getattr(signal, t["signal"]), t))
     actions.sort(key=lambda a: a[0])
     stopped = []
     end = epoch + duration_ns
     while True:
         now = _native.monotonic_ns()
         while actions and actions[0][0] <= now:
-            _, pid, sig, t = actions.pop(0)
+            _, host, sig, t = actions.pop(0)
+            pid = pids[host]
+            # a host slow to start (a loaded machine) is signalled once its rings exist, not before: a
+            # process fault is about a process that had joined the job
+            _wait_ready(ready, host)
             try:
                 os.kill(pid, sig)
                 t["signal_sent_ns"] = time.time_ns()
@@ -435,6 +456,9 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
                     pass
                 deadline = float("inf")
             time.sleep(0.01)
+    for fd in ready.values():
+        if fd >= 0:
+            os.close(fd)
     stats: dict = {}
     for host, fd in pipes.items():
         with os.fdopen(fd, "rb") as f:
