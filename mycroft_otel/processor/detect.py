@@ -71,6 +71,21 @@ def stall_ns(st: TraceState, now_ns: int) -> int:
     return max(0, now_ns - max(st.last_progress_ns, st.first_evidence_ns))
 
 
+def seen_stalled(st: TraceState) -> bool:
+    """Every waiting rank's latest snapshot was taken after the last progress anywhere in the trace: the
+    picture the walk follows is of the stall, not of a collective still moving (snapshots come once per
+    period; a fault between two of them leaves the earlier ones showing ranks that were only behind)."""
+    for r, ref in st.inflight.items():
+        if r in st.op:
+            continue
+        s = st.status.get(r)
+        if s is not None and s.status == sc.STATUS_PROCESS_EXITED:
+            continue
+        if ref.end_ns < st.last_progress_ns:
+            return False
+    return True
+
+
 def is_hung(st: TraceState, now_ns: int, stall_ms: float) -> bool:
     s = stall_ns(st, now_ns)
     if s <= 0:

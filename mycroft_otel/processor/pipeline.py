@@ -309,6 +309,8 @@ class Processor:
                 if st is None or st.verdict is not None or st.explained_by is not None:
                     self._hang_cand.pop(tid, None)
                     continue
+                # finishing the collective before this one is progress for this one (they run in order)
+                st.last_progress_ns = max(st.last_progress_ns, self.store.runnable_ns(st))
                 if now_ns - max(st.last_progress_ns, st.first_evidence_ns) < soonest_ns:
                     continue  # not hung yet whatever it holds: look again on a later tick
                 if not st.has_hang_evidence():
@@ -317,7 +319,10 @@ class Processor:
                     continue
                 # evidence still arriving (a restart, a late node): wait until the set of ranks is stable
                 settling = (st.heard_from() < st.nranks and mono - st.ranks_changed_mono < self.settle_s)
-                if not settling and detect.is_hung(st, now_ns, self.stall_ms) and not self.store.queued(st):
+                # a picture taken before the stall waits for the next snapshots (for one more stall at most:
+                # an agent that stopped sending must not hide a hang)
+                if (not settling and detect.is_hung(st, now_ns, self.stall_ms) and not self.store.queued(st)
+                        and (detect.seen_stalled(st) or detect.is_hung(st, now_ns, 2 * self.stall_ms))):
                     v = self._analyse_hang(st, now_ns, mono)
                     if v is not None:
                         out.append(v)

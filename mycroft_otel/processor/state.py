@@ -231,6 +231,18 @@ class TraceStore:
         self.evicted_ttl += n
         return n
 
+    def runnable_ns(self, st: TraceState) -> int:
+        """When this collective could start to move at its in-flight ranks: the latest of their completions
+        of the communicator's previous collective (0 when unknown). NCCL runs a communicator's collectives in
+        order, so a snapshot taken while the previous one ran shows no progress that is not a stall of this
+        one (conformance gpu_stall_v5_16ch: a collective launched early read as stalled since its launch)."""
+        if st.func in ("Send", "Recv"):  # p2p traces are not numbered into trace_at
+            return 0
+        o = self.traces.get(self.trace_at.get((st.comm, st.seq - 1), b""))
+        if o is None:
+            return 0
+        return max((o.op[r].end_ns for r in st.inflight if r in o.op), default=0)
+
     def queued(self, st: TraceState) -> bool:
         """A waiting rank of this collective still has an earlier collective of the same communicator in
         flight: NCCL runs them in order, so this one's lack of progress is the earlier one's.

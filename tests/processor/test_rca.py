@@ -94,6 +94,38 @@ def test_no_verdict_before_stall_threshold():
     assert len(proc.tick(when + 3_100_000_000)) == 1
 
 
+def test_a_picture_taken_before_the_stall_waits_for_the_next_snapshot():
+    """A waiting rank's latest snapshot older than the last progress shows a collective still moving; the
+    walk waits for a newer one, for one more stall period at most (an agent that stopped sending)."""
+    t = time.time_ns() - 60_000_000_000
+    ring = Ring(8, t0=t)
+    ring.gpu_stall(3)
+    ring.ranks[5].end = t  # rank 5's snapshot: taken before the stall began
+    proc, vs = _run(ring, now_ns=t + 3_500_000_000)
+    assert vs == []
+    assert [v.finding.ranks for v in proc.tick(t + 6_500_000_000)] == [[3]]
+    proc, vs = _run(ring, now_ns=t + 3_500_000_000)
+    ring.ranks[5].end = t + 3_000_000_000  # the next snapshot arrives
+    proc.ingest_request(ring.request())
+    assert [v.finding.ranks for v in proc.tick(t + 3_600_000_000)] == [[3]]
+
+
+def test_a_collective_queued_behind_the_one_before_stalls_from_its_end():
+    """NCCL runs a communicator's collectives in order: one launched early shows no progress until the one
+    before completes, and that time is no stall."""
+    t = time.time_ns() - 60_000_000_000
+    before = Ring(8, seq=17, t0=t, dur_ns=2_000_000_000)
+    ring = Ring(8, seq=18, t0=t)
+    ring.gpu_stall(3, k=0)
+    for rv in ring.ranks.values():
+        rv.end = t + 2_500_000_000  # snapshots after the one before completed
+    proc = Processor(env={}, settle_s=0.2)
+    proc.ingest_request(before.request())
+    proc.ingest_request(ring.request())
+    assert proc.tick(t + 3_500_000_000) == []  # 3.5 s since launch, 1.5 s since it could move
+    assert [(v.category, v.finding.ranks) for v in proc.tick(t + 5_100_000_000)] == [("gpu_stalled", [3])]
+
+
 def test_progress_resets_stall():
     ring = Ring(8)
     ring.gpu_stall(3)
