@@ -46,7 +46,7 @@ LOCAL_SOFT_VOTES = 3   #     routing each processor sees only its share of a mil
 DENSE = 0.5            # ... and it named that culprit in at least this share of the collectives analysed since
                        #     (in each communicator it named it in): a fault slows most of its culprit's
                        #     collectives from its onset on, a loaded host's jitter picks a rank now and then
-ANALYSED_KEPT = 256    # collective numbers kept per communicator for DENSE
+ANALYSED_KEPT = 256    # collectives kept per communicator for DENSE: (number, the ranks of a p2p transfer)
 WARMUP_SEQ = 8         # a communicator's first collectives name no slowdown: NCCL connects peers and registers
                        #     buffers on first use, so they are slow by construction (and jitter against a short
                        #     history: conformance mismatch_func named a healthy rank's NIC at collective 10)
@@ -141,6 +141,7 @@ class _Vote(NamedTuple):
     comm: str
     seq: int
     inferred: bool      # its culprit inferred from the collective being slow as a whole (slowdown.WHOLE)
+    rank: int           # the culprit's rank in ``comm``
 
 
 def _distinct(votes: list[_Vote]) -> list[_Vote]:
@@ -158,18 +159,20 @@ def _distinct(votes: list[_Vote]) -> list[_Vote]:
 
 
 def _dense(votes: list[_Vote], analysed: dict[str, deque]) -> list[_Vote]:
-    """The longest run of the latest votes that named their culprit in at least DENSE of the collectives this
-    processor analysed between the run's first and last vote, per communicator (by collective number: analysis
-    order is completion order). A vote of long ago, before the fault, does not dilute the votes of a fault that
-    started since; votes spread thinly over many healthy collectives fall."""
-    span: dict[str, tuple[int, int]] = {}  # comm -> the run's lowest and highest collective number in it
+    """The longest run of the latest votes that named their culprit in at least DENSE of the collectives it took
+    part in that this processor analysed between the run's first and last vote, per communicator (by collective
+    number: analysis order is completion order). A vote of long ago, before the fault, does not dilute the votes
+    of a fault that started since; votes spread thinly over many healthy collectives fall. A p2p group's
+    transfers share their number and each involves two ranks: the culprit's own transfers are what count
+    (conformance healthy_jittery: two bystander p2p votes among a group's 8 transfers read as dense)."""
+    span: dict[str, tuple[int, int, int]] = {}  # comm -> the run's lowest and highest number in it, the culprit
     best = votes[-1:]
     for k in range(len(votes) - 1, -1, -1):
         v = votes[k]
-        first, last = span.get(v.comm, (v.seq, v.seq))
-        span[v.comm] = (min(first, v.seq), max(last, v.seq))
-        # distinct numbers: the Send/Recv pairs of one p2p group are traces of the same collective number
-        total = sum(len({s for s in analysed.get(c, ()) if a <= s <= b}) for c, (a, b) in span.items())
+        first, last, _ = span.get(v.comm, (v.seq, v.seq, v.rank))
+        span[v.comm] = (min(first, v.seq), max(last, v.seq), v.rank)
+        total = sum(sum(a <= s <= b and (pair is None or r in pair) for s, pair in analysed.get(c, ()))
+                    for c, (a, b, r) in span.items())
         if len(votes) - k >= DENSE * total:
             best = votes[k:]
     return best
@@ -577,7 +580,8 @@ class Processor:
         stalled = ((min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values()))
                    if f.recovered and st.inflight else None)
         self._analysed_seq(st)
-        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled, st.comm, st.seq, inferred))
+        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled, st.comm, st.seq, inferred,
+                          f.ranks[0] if f.ranks else -1))
         self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
         if len(self._slow_votes) > 4096:
             for k in [k for k, v in self._slow_votes.items() if mono - v[-1].at > SLOW_WINDOW_S]:
@@ -622,7 +626,7 @@ class Processor:
         seqs = self._analysed.get(st.comm)
         if seqs is None:
             seqs = self._analysed[st.comm] = deque(maxlen=ANALYSED_KEPT)
-        seqs.append(st.seq)
+        seqs.append((st.seq, tuple(st.op) if st.func in slowdown.P2P else None))
 
     def _slow_incident(self, job: str, comm: str, ranks: list[int], mono: float) -> bytes | None:
         """The live slowdown incident (its trace id) whose culprit process is one of these ranks of the

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import pytest
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import Processor
+from mycroft_otel.processor.pipeline import _dense, _Vote
 
 from synth import Ring
 
@@ -391,3 +393,18 @@ def test_slow_collectives_during_a_stall_wait_for_its_outcome():
     proc.ingest_request(Ring(8, nch=2, comm=0x1111, seq=30).request())  # the stalled collective completes
     vs += proc.tick() + _settle(proc)
     assert [(v.category, v.finding.ranks) for v in vs] == [("slow_gpu", [3])]
+
+
+def test_dense_counts_the_culprits_own_p2p_transfers():
+    """A p2p group's transfers share one number, each with two ranks: a rank named in 2 of the 3 groups it took
+    part in is not dense when those groups held 6 of its transfers; a rank named in each of its groups' slow
+    transfer is."""
+    def vote(rank, seq):
+        return _Vote(0.0, bytes([rank, seq]), 0, 1, None, "pp", seq, False, rank)
+
+    ring = [(r, (r + 1) % 8) for r in range(8)]  # every rank sends to the next one in each group
+    analysed = {"pp": deque((seq, pair) for seq in (12, 13, 14) for pair in ring)}
+    assert len(_dense([vote(5, 12), vote(5, 14)], analysed)) == 1
+    assert len(_dense([vote(2, 12), vote(2, 13), vote(2, 14)], analysed)) == 3
+    collectives = {"pp": deque((seq, None) for seq in (12, 13, 14))}
+    assert len(_dense([vote(5, 12), vote(5, 14)], collectives)) == 2
