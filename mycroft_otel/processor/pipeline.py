@@ -256,8 +256,8 @@ class Processor:
                 duration = ref.end_ns - ref.start_ns
                 if base is not None and duration >= self.slow_factor * base:
                     st.anomalous = True
-                else:
-                    detect.add_sample(window, duration)
+                elif duration > 0:  # (detect.add_sample, inline: this runs once per span)
+                    window.append(float(duration))
             # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
             # cannot see a slowdown that hides in the job's skew)
             if (st.anomalous or len(st.op) >= 3) and st.verdict is None and not st.analysed_slow:

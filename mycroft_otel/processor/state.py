@@ -52,6 +52,7 @@ class TraceState:
     analysed_slow: bool = False
     spans: int = 0
     ranks_changed_mono: float = 0.0  # when a rank was last heard from for the first time in this trace
+    indexed: bool = False          # filed in TraceStore.trace_at (or a p2p transfer, which is not)
 
     # -- views -----------------------------------------------------------------------------
 
@@ -177,8 +178,10 @@ class TraceStore:
                 if len(self.seq_of) > 4 * self.max_traces + 65536:
                     self.seq_of.clear()
                 self.seq_of[ck] = ref.seq
-            if not ref.name.endswith(("Send", "Recv")):
-                self.trace_at[(ref.comm, ref.seq)] = tid
+            if not st.indexed:  # once per trace (p2p transfers share their group's number: not indexed)
+                st.indexed = True
+                if not ref.name.endswith(("Send", "Recv")):
+                    self.trace_at[(ref.comm, ref.seq)] = tid
         if ck not in self.proc_of:
             key = proc_key(ref)
             if key is not None:
