@@ -27,7 +27,7 @@ from mycroft_otel import config, ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
 from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
-from mycroft_otel.processor.state import TraceStore, proc_key
+from mycroft_otel.processor.state import P2P, TraceStore, proc_key
 
 log = logging.getLogger("mycroft_otel.processor")
 
@@ -626,7 +626,7 @@ class Processor:
         seqs = self._analysed.get(st.comm)
         if seqs is None:
             seqs = self._analysed[st.comm] = deque(maxlen=ANALYSED_KEPT)
-        seqs.append((st.seq, tuple(st.op) if st.func in slowdown.P2P else None))
+        seqs.append((st.seq, tuple(st.op) if st.func in P2P else None))
 
     def _slow_incident(self, job: str, comm: str, ranks: list[int], mono: float) -> bytes | None:
         """The live slowdown incident (its trace id) whose culprit process is one of these ranks of the

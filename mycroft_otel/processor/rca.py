@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flows_by_span, flows_of
-from mycroft_otel.processor.state import TraceState
+from mycroft_otel.processor.state import P2P, TraceState
 
 # Rank states as the analysis sees them.
 COMPLETED, IN_FLIGHT, NOT_ENTERED, EXITED, STOPPED, MISSING = (
@@ -130,7 +130,7 @@ def build_views(st: TraceState) -> dict[int, RankView]:
 
 
 def _signature(ref: SpanRef) -> tuple | None:
-    func = "Send/Recv" if ref.func in ("Send", "Recv") else ref.func  # a p2p trace holds both halves of one transfer
+    func = "Send/Recv" if ref.func in P2P else ref.func  # a p2p trace holds both halves of one transfer
     if not func:
         return None
     return (func, ref.count if ref.count >= 0 else None, ref.datatype or None)

@@ -37,12 +37,8 @@ from mycroft_otel import semconv as sc
 from mycroft_otel.processor import rca
 from mycroft_otel.processor.rca import COMPLETED, IN_FLIGHT, Finding, RankView, build_views
 from mycroft_otel.processor.spans import SpanRef, evidence_attributes, flow_table
-from mycroft_otel.processor.state import TraceState
+from mycroft_otel.processor.state import P2P, TraceState
 
-# A Recv posted before its Send waits for the sender's compute (a pipeline stage, its own upstream Recv):
-# in p2p, a peer that started late is the dependency working, not a late rank. A late rank shows in its
-# collectives; a p2p transfer is judged on how it moved once both ends were there.
-P2P = ("Send", "Recv")
 _FROM_HANG = {"net_send_stalled": "slow_proxy", "net_delivery_stalled": "slow_flow", "gpu_stalled": "slow_gpu",
               "rank_absent": "late_rank"}
 
@@ -259,6 +255,9 @@ def _recovered_stall(st: TraceState) -> Finding | None:
             else:
                 cat, why = "slow_proxy", "was running but did not move its flows (its proxy was late)"
             if cat == "late_rank" and st.func in P2P:
+                # a Recv posted before its Send waits for the sender's compute (a pipeline stage, its own
+                # upstream Recv): a peer that started late is the dependency at work, not a late rank. A late
+                # rank shows in its collectives; a transfer is judged on how it moved once both ends were there.
                 return None
             f = Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[y], confidence=0.8,
                         evidence=(f"stalled, then recovered: rank{'s' if len(waiters) > 1 else ''} "
@@ -271,7 +270,7 @@ def _recovered_stall(st: TraceState) -> Finding | None:
     if f is None or f.category not in _FROM_HANG or f.reason == "silent":
         return None  # a rank we did not hear from in a collective that completed was simply not slow
     cat = _FROM_HANG[f.category]
-    if cat == "late_rank" and st.func in P2P:
+    if cat == "late_rank" and st.func in P2P:  # (as above)
         return None
     f.kind = sc.KIND_SLOWDOWN
     f.recovered = True

@@ -19,6 +19,7 @@ from mycroft_otel.processor.spans import INFLIGHT, OP, STATUS, SpanRef
 from mycroft_otel import semconv as sc
 
 ProcKey = tuple  # (host, "g", global_rank, job) or (host, "p", pid, job)
+P2P = ("Send", "Recv")  # one trace per transfer: a p2p group's transfers share its number (not in trace_at)
 
 
 def proc_key(ref: SpanRef) -> ProcKey | None:
@@ -180,7 +181,7 @@ class TraceStore:
                 self.seq_of[ck] = ref.seq
             if not st.indexed:  # once per trace (p2p transfers share their group's number: not indexed)
                 st.indexed = True
-                if not ref.name.endswith(("Send", "Recv")):
+                if ref.func not in P2P:
                     self.trace_at[(ref.comm, ref.seq)] = tid
         if ck not in self.proc_of:
             key = proc_key(ref)
@@ -239,7 +240,7 @@ class TraceStore:
         of the communicator's previous collective (0 when unknown). NCCL runs a communicator's collectives in
         order, so a snapshot taken while the previous one ran shows no progress that is not a stall of this
         one (conformance gpu_stall_v5_16ch: a collective launched early read as stalled since its launch)."""
-        if st.func in ("Send", "Recv"):  # p2p traces are not numbered into trace_at
+        if st.func in P2P:
             return 0
         o = self.traces.get(self.trace_at.get((st.comm, st.seq - 1), b""))
         if o is None:
