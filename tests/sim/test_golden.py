@@ -39,8 +39,35 @@ def test_comparator_agrees_with_the_simulators_own_rings(tmp_path, plugin):
     assert any("nSteps" in d for d in golden.compare(cap))
 
 
-@pytest.mark.skipif(not FIXTURE.exists(), reason="no real NCCL capture yet (run scripts/gpu_check.sh on a GPU)")
-def test_real_nccl_capture_matches_the_model():
+def _real_capture() -> tuple[dict, list[str]]:
     cap = json.loads(FIXTURE.read_text())
     assert not cap.get("dry_run"), "the fixture must come from a real GPU run"
-    assert golden.compare(cap) == []
+    return cap, golden.compare(cap)
+
+
+# tests/sim/fixtures/gpu_check.json: scripts/gpu_check.sh on an H200, torch 2.11, NCCL 2.28.9 (docs/gpu-check.md)
+def test_real_nccl_capture_is_complete_and_consistent():
+    cap, diffs = _real_capture()
+    assert cap["nccl"].startswith("2.28") and {r["abi_version"] for r in cap["rings"]} == {5}
+    for r in cap["rings"]:
+        assert r["in_flight"] == 0 and r["overwritten"] == 0 and r["records"] == r["ops_completed"] > 0, r["file"]
+        assert r["dropped"]["dropped_bad_descr"] == 0 and r["dropped"]["dropped_flows"] == 0, r["file"]
+    # every completed flow's counters agree, every send has its receive on the same channel
+    assert [d for d in diffs if "nSteps" not in d and "kernel channels" not in d] == []
+
+
+@pytest.mark.xfail(strict=True, reason="NCCL 2.28's SIMPLE ring proxies move each chunk in chunkSteps/sliceSteps = 2 "
+                   "slices: 12 steps per flow for a 4-rank AllReduce, 6 for AllGather and ReduceScatter; the "
+                   "simulator's step model (engine.step_sizes) counts one step per chunk (docs/gpu-check.md)")
+def test_real_nccl_step_counts_match_the_model():
+    _, diffs = _real_capture()
+    assert [d for d in diffs if "nSteps" in d] == []
+
+
+@pytest.mark.xfail(strict=True, reason="in 4 of the 256 captured real collectives one KernelCh stop never reached the "
+                   "op, and each rank counted 2-4 bad handles: NCCL 2.28 (v5) stops KernelCh events from its proxy "
+                   "thread; presumably a stop that comes after the op's proxy work completed it (docs/gpu-check.md)")
+def test_real_nccl_every_kernel_channel_stops():
+    cap, diffs = _real_capture()
+    assert [d for d in diffs if "kernel channels" in d] == []
+    assert all(r["dropped"]["dropped_bad_handle"] == 0 for r in cap["rings"])
