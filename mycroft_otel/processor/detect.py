@@ -75,15 +75,7 @@ def seen_stalled(st: TraceState) -> bool:
     """Every waiting rank's latest snapshot was taken after the last progress anywhere in the trace: the
     picture the walk follows is of the stall, not of a collective still moving (snapshots come once per
     period; a fault between two of them leaves the earlier ones showing ranks that were only behind)."""
-    for r, ref in st.inflight.items():
-        if r in st.op:
-            continue
-        s = st.status.get(r)
-        if s is not None and s.status == sc.STATUS_PROCESS_EXITED:
-            continue
-        if ref.end_ns < st.last_progress_ns:
-            return False
-    return True
+    return all(ref.end_ns >= st.last_progress_ns for ref in st.waiters())
 
 
 def is_hung(st: TraceState, now_ns: int, stall_ms: float) -> bool:

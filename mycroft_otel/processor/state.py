@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from mycroft_otel.processor.spans import INFLIGHT, OP, STATUS, SpanRef
 from mycroft_otel import semconv as sc
@@ -68,15 +69,19 @@ class TraceState:
         """Ranks whose latest evidence is in flight (no completed span yet)."""
         return [r for r in self.inflight if r not in self.op]
 
-    def has_hang_evidence(self) -> bool:
-        """Some rank that is alive waits in this collective (a dead or idle rank alone is no hang)."""
+    def waiters(self) -> Iterator[SpanRef]:
+        """The latest snapshots of the ranks that are alive and wait in this collective (in flight, not
+        completed, their process not exited)."""
         for r, ref in self.inflight.items():
             if r in self.op:
                 continue
             s = self.status.get(r)
             if s is None or s.status != sc.STATUS_PROCESS_EXITED:
-                return True
-        return False
+                yield ref
+
+    def has_hang_evidence(self) -> bool:
+        """Some rank that is alive waits in this collective (a dead or idle rank alone is no hang)."""
+        return next(self.waiters(), None) is not None
 
     def heard_from(self) -> int:
         return len(set(self.op) | set(self.inflight) | set(self.status))
