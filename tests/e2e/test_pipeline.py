@@ -57,39 +57,27 @@ _ORDER = [("late_rank", 5), ("slow_flow", 7), ("slow_nic", 0), ("slow_gpu", 6), 
           ("coll_mismatch", 5)]  # fmt: skip
 # (process_exited blames its whole host, sim-node003, for 120 s: no later hang scenario uses that host.)
 _BY_NAME = {sc.name: sc for sc in builtin(STALL_MS)}
-# Two processors split a job's collectives by trace ID, so each sees half of the slow ones. The slowdowns run
-# 8 s longer than in `eval` (one processor), so that each processor sees as many as it needs. A factor-8 slow
-# GPU reads ~30x, below the strict bar, so it needs 3 milder votes. In the catalogue's 12 s, a CI run and a
-# local run each ended both attempts with no verdict.
-_SLOWDOWNS = {"late_rank", "slow_flow", "slow_nic", "slow_gpu", "slow_proxy"}
 CATALOGUE = []
 for _name, _rank in _ORDER:
     _sc = _BY_NAME[_name]
     _kind, _, _params = _sc.fault.partition(":")
     _params = ",".join([f"rank={_rank}"] + [p for p in _params.split(",") if p and not p.startswith("rank=")])
-    CATALOGUE.append(type(_sc)(_sc.name, f"{_kind}:{_params}", _sc.topology, _sc.seed,
-                               _sc.duration_s + (8.0 if _name in _SLOWDOWNS else 0.0), _sc.env))
-# The processor misses slow_proxy in about 1 run of 4 (`mycroft-otel eval --only slow_proxy`): its signature (one
-# rank's send steps wait much less than everybody's) shows in every other collective only, and 3 are needed.
-PROCESSOR_MISSES = {"slow_proxy"}
-# With 2 processors the mismatched collective and the ones queued behind it land on different processors
-# (trace-ID routing); the one holding only a queued collective may name gpu_stalled first (1 processor: right).
-SCALE_OUT_MISSES = {"coll_mismatch"}
-# A factor-8 slow GPU reads ~30x, below the strict bar: each of the 2 processors needs 3 milder votes from its half
-# of the collectives. Two CI runs of the seventh stop ended both attempts with no verdict (also with 8 s more);
-# locally the module passed. eval (one processor) names it in 1.4 s.
-SCALE_OUT_MARGINAL = {"slow_gpu"}
+    CATALOGUE.append(type(_sc)(_sc.name, f"{_kind}:{_params}", _sc.topology, _sc.seed, _sc.duration_s, _sc.env))
+# Known misses, each an xfail that may pass:
+# - slow_proxy: the processor misses it in about 1 run of 4 (`mycroft-otel eval --only slow_proxy`): its signature
+#   (one rank's send steps wait much less than everybody's) shows in every other collective only, and 3 are needed.
+# - coll_mismatch: with 2 processors the mismatched collective and the ones queued behind it land on different
+#   processors (trace-ID routing); the one holding only a queued collective may name gpu_stalled first.
+# - slow_gpu: a factor-8 slow GPU reads ~30x, below the strict bar, so each of the 2 processors needs 3 milder votes
+#   from its half of the collectives. Two CI runs of the seventh stop ended both attempts with no verdict (one of
+#   them with the job 8 s longer); locally the module passed. eval (one processor) names it in 1.4 s.
+KNOWN_MISSES = {"slow_proxy": "the processor names no verdict for it (eval too)",
+                "coll_mismatch": "cross-trace analysis split over processors",
+                "slow_gpu": "slow_gpu is marginal with 2 processors (see KNOWN_MISSES)"}
 
 
 def _param(sc):
-    marks = []
-    if sc.name in PROCESSOR_MISSES:
-        marks.append(pytest.mark.xfail(reason="the processor names no verdict for it (eval too)", strict=False))
-    if sc.name in SCALE_OUT_MARGINAL:
-        marks.append(pytest.mark.xfail(reason="slow_gpu is marginal with 2 processors (see SCALE_OUT_MARGINAL)",
-                                       strict=False))
-    if sc.name in SCALE_OUT_MISSES:
-        marks.append(pytest.mark.xfail(reason="cross-trace analysis split over processors", strict=False))
+    marks = [pytest.mark.xfail(reason=KNOWN_MISSES[sc.name], strict=False)] if sc.name in KNOWN_MISSES else []
     return pytest.param(sc, id=sc.name, marks=marks)
 
 
