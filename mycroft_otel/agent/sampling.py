@@ -217,8 +217,10 @@ class FlowRule:
         e = self._get(d, key)
         hit = (e.n >= self.warmup and x >= self.factor * e.value
                and x - e.value >= max(self.min_step_ns, 4 * e.dev))
-        # clipped update: a sustained slowdown stays visible for a while, a new regime is absorbed slowly
-        e.add(min(x, 2 * self.factor * e.value) if e.n >= self.warmup else x, self.alpha / 4 if hit else self.alpha)
+        # clipped and slow while above: a sustained slowdown stays flagged for dozens of collectives (the
+        # processor names it only once it recurs; at alpha/4 a slow GPU's flags stopped after ~15, before one
+        # processor of two behind trace-ID routing had seen enough), a new regime is still absorbed in the end
+        e.add(min(x, 2 * self.factor * e.value) if e.n >= self.warmup else x, self.alpha / 16 if hit else self.alpha)
         return hit
 
     def classify(self, func: int, nbytes: int, flows: Any) -> bool:

@@ -209,9 +209,9 @@ class Processor:
         self._hang_culprits: list[tuple[float, bytes, set]] = []
         self._slow_votes: dict[tuple, list[_Vote]] = {}
         self._held_slow: dict[bytes, _HeldSlow] = {}  # trace id -> slow collective waiting for a stall's outcome
-        self._history: dict[str, dict] = {}
+        self._history: dict[tuple, dict] = {}  # (comm, func or p2p, size bucket) -> its recent per-step values
         self._analysed: dict[str, deque] = {}  # comm -> its latest collectives analysed for a slowdown (seq)
-        self._job_history: dict[str, dict] = {}  # job -> its recent per-step values, all communicators
+        self._job_history: dict[str, dict] = {}  # job -> the same, all communicators and sizes (a fallback)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0, "slow_candidates": 0}
@@ -477,13 +477,18 @@ class Processor:
         t0 = time.perf_counter()
         try:
             base = detect.trace_baseline(st, self.baselines)
-            hist = self._history.get(st.comm)
+            # per-step waits depend on the chunk size, so on the message size: a communicator alternating a
+            # large and a small collective would otherwise judge the small one's waits by the large one's
+            # (conformance slow_gpu alternates 4 and 8 MiB AllReduces: one processor of two missed it);
+            # a transfer's two ends are one measure. The job's history, the reference while this one is thin,
+            # pools everything: split by size it stayed too thin for a pipeline's transfers (pp_slow_transfer)
+            size = detect.baseline_key(st.comm, "p2p" if st.func in P2P else st.func,
+                                       next(iter(st.op.values())).nbytes if st.op else 0)
+            hist = self._history.get(size)
             if hist is None:
                 if len(self._history) > 4096:
-                    old = next(iter(self._history))
-                    del self._history[old]
-                    self._analysed.pop(old, None)
-                hist = self._history[st.comm] = slowdown.new_history(256)
+                    del self._history[next(iter(self._history))]
+                hist = self._history[size] = slowdown.new_history(256)
             job = st.job
             jh = self._job_history.get(job)
             if jh is None:
@@ -625,6 +630,8 @@ class Processor:
     def _analysed_seq(self, st) -> None:
         seqs = self._analysed.get(st.comm)
         if seqs is None:
+            if len(self._analysed) > 4096:
+                del self._analysed[next(iter(self._analysed))]
             seqs = self._analysed[st.comm] = deque(maxlen=ANALYSED_KEPT)
         seqs.append((st.seq, tuple(st.op) if st.func in P2P else None))
 

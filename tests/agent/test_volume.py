@@ -10,7 +10,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
-from mycroft_otel.agent.sampling import Baselines, sample_bound, sampled
+import numpy as np
+
+from mycroft_otel.agent.sampling import Baselines, FlowRule, sample_bound, sampled
+from mycroft_otel.native import FLOW_DTYPE
 from agent_helpers import make_agent
 from agent_shm import KIND_RECV, KIND_SEND, RECV, SEND, FakeReader, FakeRing
 
@@ -35,6 +38,29 @@ def test_baselines_slow_and_late():
     b2 = Baselines(factor=2.0, warmup=2, min_excess_ns=MS)
     for i in range(10):
         assert b2.classify(4, 8, i * 1000, i * 1000 + (10 if i % 2 else 100)) is None
+
+
+def _gpu_flows(wait_per_step_ns: float) -> np.ndarray:
+    """One receive and one send flow of 8 steps; the receive side's GPU waited this long per step."""
+    f = np.zeros(2, dtype=FLOW_DTYPE)
+    f["n_steps"] = 8
+    f["dir"] = [1, 0]
+    f["peer"] = [1, 2]
+    f["gpu_wait_ns"][0] = int(8 * wait_per_step_ns)
+    f["net_wait_ns"][1] = 8 * 10_000
+    return f
+
+
+def test_flow_rule_keeps_a_sustained_slowdown_flagged_then_absorbs_it():
+    rng = np.random.default_rng(3)
+    rule = FlowRule()
+    healthy = [rule.classify(4, 1 << 22, _gpu_flows(rng.lognormal(np.log(15e3), 0.3))) for _ in range(40)]
+    assert sum(healthy) <= 2
+    # a GPU 25x slower from now on: flagged long enough for the processor to see it recur ...
+    slow = [rule.classify(4, 1 << 22, _gpu_flows(375e3 * rng.uniform(0.9, 1.1))) for _ in range(300)]
+    assert all(slow[:40]), slow.index(False)
+    # ... yet a lasting new regime is not flagged forever
+    assert not any(slow[-50:])
 
 
 def test_sampling_is_consistent_across_ranks(tmp_path, otel_env):
