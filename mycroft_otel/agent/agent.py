@@ -361,6 +361,13 @@ class Agent:
         anomaly = sc.ANOMALY_STALLED if now - last >= self.s.inflight_after_ns else sc.ANOMALY_SLOW
         if anomaly == sc.ANOMALY_STALLED and inf.anomaly != sc.ANOMALY_STALLED:
             self._recent(ctx, out)
+            if self.s.peer_export:
+                # ... and the local peers' side of this very collective: which of them completed it tells a
+                # rank waiting for data its peers never send (called with a larger count) from one waiting
+                # for a peer that is stuck too (conformance mismatch_count's last collective: only the
+                # culprit's snapshots reached the processor, which then blamed a silent peer)
+                self._flag((ctx.src.comm_hash, ctx.builder.trace_id(int(op["kind"]), int(op["seq"]),
+                                                                     int(op["root_or_peer"]))))
         inf.anomaly = anomaly
         out.append(ctx.builder.inflight_span(slot, k, ctx.src.to_real(now), anomaly, stopped))
         ctx.had_inflight[int(op["op_id"])] = anomaly

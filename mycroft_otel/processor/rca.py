@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flows_by_span, flows_of
+from mycroft_otel.processor.spans import Flow, SpanRef, evidence_attributes, flow_table, flows_by_span, flows_of
 from mycroft_otel.processor.state import P2P, TraceState
 
 # Rank states as the analysis sees them.
@@ -165,6 +167,94 @@ def check_mismatch(st: TraceState) -> Finding | None:
                   f"at collective {st.seq} of communicator {st.comm}"),
         onset_ns=min(ref_of[r].start_ns for r in culprits),
     )
+
+
+# --- step counts: the two ends of a connection ---------------------------------------------------
+
+# A connection's two ends move the same steps: NCCL derives a channel's steps from the collective's count, so a
+# send flow and its receiver's recv flow from that sender on the same channel announce the same number. A
+# rank called with another count than its peers (every rank still reporting its own count -- or the same
+# one, as a buggy caller may) shows as a rank whose connections all disagree with its neighbours'.
+STEP_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS)
+_KEY_PEER_BITS, _KEY_CHANNEL_BITS = 21, 8
+
+
+def receiver_steps(dst: np.ndarray, channel: np.ndarray, sender: np.ndarray, rx_span: np.ndarray,
+                   rx_channel: np.ndarray, rx_peer: np.ndarray, rx_steps: np.ndarray) -> np.ndarray:
+    """Per send flow (its receiver's span index ``dst``, ``channel``, its sender's rank): the steps its
+    receiver's recv flow from that sender on that channel announced, -1 where that flow is not known."""
+    def key(span, ch, peer):
+        return ((span.astype(np.int64) << (_KEY_CHANNEL_BITS + _KEY_PEER_BITS))
+                | ((ch & ((1 << _KEY_CHANNEL_BITS) - 1)) << _KEY_PEER_BITS)
+                | np.clip(peer, 0, (1 << _KEY_PEER_BITS) - 1))
+    out = np.full(len(dst), -1, dtype=np.int64)
+    if not len(dst) or not len(rx_span):
+        return out
+    have = key(rx_span, rx_channel, rx_peer)
+    order = np.argsort(have, kind="stable")
+    want = key(dst, channel, sender)
+    at = np.minimum(np.searchsorted(have[order], want), len(have) - 1)
+    hit = (have[order[at]] == want) & (rx_peer[order[at]] >= 0)
+    out[hit] = rx_steps[order[at[hit]]]
+    return out
+
+
+def step_mismatch(st: TraceState, sender: np.ndarray, receiver: np.ndarray, channel: np.ndarray, sent: np.ndarray,
+                  expected: np.ndarray, final_s: np.ndarray | None = None,
+                  final_r: np.ndarray | None = None) -> Finding | None:
+    """The rank whose connections disagree on their step counts (per send flow: sender and receiver rank,
+    channel, the steps the sender announced and those its receiver expects; -1 unknown). ``final_*``: the end's
+    span completed (all its steps announced); an end still in flight may announce more, so only more than a
+    completed other end counts against it. None unless every disagreeing connection has one rank in common and
+    at least two do (one alone may be a lost record; in a ring the rank's in- and outgoing connections both
+    disagree)."""
+    known = (sent > 0) & (expected > 0)
+    if final_s is None or final_r is None:
+        bad = known & (sent != expected)
+    else:
+        bad = known & (((final_s & final_r) & (sent != expected)) | (~final_s & final_r & (sent > expected))
+                       | (final_s & ~final_r & (expected > sent)))
+    n = int(bad.sum())
+    if n < 2:
+        return None
+    ends = np.concatenate((sender[bad], receiver[bad]))
+    ranks, hits = np.unique(ends, return_counts=True)
+    culprit = [int(r) for r in ranks[hits == n]]
+    if len(culprit) != 1:
+        return None
+    r = culprit[0]
+    k = int(np.flatnonzero(bad)[0])
+    s, d, mine = int(sender[k]), int(receiver[k]), (int(sent[k]) if int(sender[k]) == r else int(expected[k]))
+    theirs = int(expected[k]) if s == r else int(sent[k])
+    return Finding(
+        kind=sc.KIND_HANG, category="coll_mismatch", ranks=[r], confidence=0.9,
+        evidence=(f"rank {r}'s {n} connections disagree with its peers' on the steps of {st.func} {st.seq} "
+                  f"(rank {s} -> rank {d}, channel {int(channel[k])}: rank {r} {mine} steps, the peer {theirs}): "
+                  f"it was called with another count than its peers"),
+        onset_ns=min((ref.start_ns for ref in (st.op.get(r), st.inflight.get(r)) if ref is not None), default=0))
+
+
+def check_step_mismatch(st: TraceState) -> Finding | None:
+    """:func:`step_mismatch` over the trace's completed and latest in-flight spans."""
+    refs = [*st.op.values(), *(ref for r, ref in st.inflight.items() if r not in st.op)]
+    if len(refs) < 2:
+        return None
+    table, counts = flow_table(refs, STEP_COLUMNS)
+    if not len(table):
+        return None
+    span = np.repeat(np.arange(len(refs)), counts)
+    rank = np.array([ref.rank for ref in refs], dtype=np.int64)
+    final = np.arange(len(refs)) < len(st.op)
+    ch, send, peer, steps = table[:, 0], table[:, 1] == 1, table[:, 2], table[:, 3]
+    by_rank = np.argsort(rank, kind="stable")
+    out = np.flatnonzero(send)
+    at = np.minimum(np.searchsorted(rank[by_rank], peer[out]), len(refs) - 1)
+    ok = rank[by_rank[at]] == peer[out]
+    out, dst = out[ok], by_rank[at[ok]]
+    src = span[out]
+    rx = np.flatnonzero(~send)
+    expected = receiver_steps(dst, ch[out], rank[src], span[rx], ch[rx], peer[rx], steps[rx])
+    return step_mismatch(st, rank[src], rank[dst], ch[out], steps[out], expected, final[src], final[dst])
 
 
 def _ranks(rs: list[int]) -> str:
@@ -341,7 +431,7 @@ def _classify_flow(views: dict[int, RankView], s: int, d: int, ch: int) -> tuple
 
 def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Finding | None:
     views = build_views(st) if views is None else views
-    mm = check_mismatch(st)
+    mm = check_mismatch(st) or check_step_mismatch(st)
     if mm is not None:
         _decorate(st, views, mm)
         return mm

@@ -108,6 +108,8 @@ class Measures:
     net: np.ndarray        # ... and network wait per step, less the time its receiver was not there yet
     sent_of: np.ndarray    # the ranks (indices) with send flows that had steps ...
     sent_wait: np.ndarray  # ... and their send steps' GPU + network wait per step (the proxy's share is the rest)
+    steps: np.ndarray      # per send flow into a completed rank: the steps it announced ...
+    expected: np.ndarray   # ... and those its receiver's flow from it announced (-1: not known)
 
 
 # The flow counters the comparisons read (the rest of each span is not decoded for them).
@@ -160,6 +162,10 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     out_rows, src, dst = out_rows[ok], src[ok], order[at[ok]]
     early = np.maximum(0.0, (arrival[dst] - arrival[src]).astype(np.float64))
     net = np.maximum(0.0, table[out_rows, F_NET_WAIT] - np.minimum(steps[out_rows], 8) * early) / steps[out_rows]
+    # the other end's step count (rca.step_mismatch)
+    rx = np.flatnonzero(recv)
+    expected = rca.receiver_steps(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
+                                  table[rx, F_PEER], table[rx, F_STEPS])
     # proxy: the send steps' GPU + network wait per step
     sent = send & (table[:, F_STEPS] > 0)
     sent_of = np.flatnonzero(np.bincount(row[sent], minlength=len(refs)))
@@ -182,7 +188,8 @@ def measure(traces: list[TraceState]) -> list[Measures]:
             duration=duration[r[t]:r[t + 1]], end=max(ends[r[t]:r[t + 1]]),
             gpu_of=gpu_at[g[t]:g[t + 1]], gpu=gpu[g[t]:g[t + 1]],
             src=src_at[f[t]:f[t + 1]], dst=dst_at[f[t]:f[t + 1]], channel=channel[f[t]:f[t + 1]],
-            net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], sent_wait=sent_wait[p[t]:p[t + 1]]))
+            net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], sent_wait=sent_wait[p[t]:p[t + 1]],
+            steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]]))
     return out
 
 
@@ -302,8 +309,12 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     if not st.op:
         return recovered
     m = measure([st])[0] if m is None else m
-    history = history if history is not None else {}
     refs, ranks, arrival = m.refs, m.ranks, m.arrival
+    mm = rca.step_mismatch(st, ranks[m.src], ranks[m.dst], m.channel, m.steps, m.expected)
+    if mm is not None:
+        rca._decorate(st, build_views(st), mm)
+        return mm
+    history = history if history is not None else {}
     n = len(refs)
     heard = len(st.op.keys() | st.inflight.keys() | st.status.keys())
     missing = ([r for r in range(st.nranks) if r not in st.op and r not in st.inflight and r not in st.status]

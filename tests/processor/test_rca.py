@@ -83,6 +83,52 @@ def test_mismatch():
     assert "count" in v.finding.evidence
 
 
+def _steps(ring, rank: int, steps: int, channels=None) -> None:
+    """Rank ``rank``'s flows (on ``channels``, default all) announce ``steps`` steps, all of them moved."""
+    for f in ring.ranks[rank].flows:
+        if channels is None or f.channel in channels:
+            f.steps = f.posted = f.ready = f.transmitted = f.done = steps
+
+
+@pytest.mark.parametrize("seq", [3, 12])
+def test_a_rank_whose_connections_all_disagree_on_the_steps_was_called_with_another_count(seq):
+    """Every rank reports the same count, but rank 6 moves twice the steps on each of its connections (the
+    conformance mismatch_count): completed, its collectives are a mismatch, not a slowdown -- warm-up or not."""
+    proc = Processor(env={})
+    vs = _feed(proc, [seq], lambda ring, _: _steps(ring, 6, 32))
+    assert [(v.category, v.finding.ranks) for v in vs] == [("coll_mismatch", [6])]
+    assert "steps" in vs[0].finding.evidence and "rank 6 32 steps, the peer 16" in vs[0].finding.evidence
+
+
+def test_a_hung_rank_that_expects_more_steps_than_its_peers_sent():
+    """Real NCCL: the rank called with the larger count waits for data its finished peers never send."""
+    ring = Ring(8)
+    ring.hang_all(16)
+    for r, rv in ring.ranks.items():
+        if r != 6:
+            rv.kind, rv.end = "op", rv.last_progress
+            for f in rv.flows:
+                f.wait, f.end = "", rv.last_progress
+    for f in ring.ranks[6].flows:
+        f.steps = 32
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks) == ("coll_mismatch", [6])
+
+
+def test_one_connection_alone_that_disagrees_is_no_mismatch():
+    """One flow's steps off (a ProxyOp record lost) names nobody; neither do the fewer steps of a rank still
+    in flight (its later ProxyOps have not started)."""
+    proc = Processor(env={})
+    vs = _feed(proc, [12], lambda ring, _: _steps(ring, 3, 8, channels=[1]) or ring.ranks[3].flows.pop(2))
+    assert vs == []
+    ring = Ring(8)
+    ring.gpu_stall(3)
+    for f in ring.ranks[3].flows:
+        f.steps = 8
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks) == ("gpu_stalled", [3])
+
+
 def test_no_verdict_before_stall_threshold():
     ring = Ring(8)
     when = time.time_ns() - 1_000_000_000  # stalled 1 s ago only

@@ -56,6 +56,17 @@ def test_real_nccl_capture_is_complete_and_consistent():
     assert [d for d in diffs if "nSteps" not in d and "kernel channels" not in d] == []
 
 
+def test_real_nccl_both_ends_of_a_connection_announce_the_same_steps():
+    """The processor's step-mismatch rule (rca.step_mismatch) relies on it."""
+    cap, _ = _real_capture()
+    steps = {(ring["comm_hash"], op["kind"], op["seq"], ring["rank"], f["channel"], f["dir"], f["peer"]): f["n_steps"]
+             for ring in cap["rings"] for op in ring["captured"] for f in op["flows"]}
+    pairs = [(n, steps.get((c, k, s, p, ch, "recv", r)))
+             for (c, k, s, r, ch, d, p), n in steps.items() if d == "send"]
+    pairs = [(a, b) for a, b in pairs if b is not None]
+    assert len(pairs) >= 500 and all(a == b for a, b in pairs)
+
+
 @pytest.mark.xfail(strict=True, reason="NCCL 2.28's SIMPLE ring proxies move each chunk in chunkSteps/sliceSteps = 2 "
                    "slices: 12 steps per flow for a 4-rank AllReduce, 6 for AllGather and ReduceScatter; the "
                    "simulator's step model (engine.step_sizes) counts one step per chunk (docs/gpu-check.md)")
