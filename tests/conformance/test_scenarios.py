@@ -16,11 +16,6 @@ import pytest
 from harness import check, check_secondary
 from scenarios import SCENARIOS
 
-M_COUNT = ("mismatch_count: this harness keeps the culprit's reported count and only gives it more steps per "
-           "flow (real NCCL reports the other count, which rca.check_mismatch compares, with the culprit's record "
-           "exported once it waits); steps alone are not compared (they differ by position in a tree), so the "
-           "hang reads as rank_absent at a rank that moved on. Sixth stop: a wait's recent completions now bring "
-           "the local peers' records of the same collectives; named right in 1 of 2 full conformance runs")
 P_P2P = ("pp_slow_transfer: a p2p trace holds only 2 values, so slowdown._outlier needs 8 values of the pp "
          "communicator's own history first, and that history grows only from analysed p2p traces; in about 1 run "
          "of 5 (2 of the last 10 full runs) the slow transfers are not named within 25 s. Sixth stop: the Recv end of "
@@ -52,13 +47,14 @@ F_SEND = ("flow_send_stalled: in 1 of 3 full CI runs of the fourth stop, a slow_
 # GPU and secondary slowdown verdicts at neighbours (the completed counters' outlier first, one incident per
 # culprit process); p2p slowdowns unnamed (the history learnt the slow values); Send compared with Recv (867874d);
 # an absent rank deferred while its process-mate waited in the same collective (C); the mismatched collective's
-# culprit record never exported (M: the agent now exports a waiting rank's last completions).
+# culprit record never exported (M: the agent now exports a waiting rank's last completions); mismatch_count, whose
+# culprit reports its peers' count but moves twice their steps (named by its connections' step counts since the
+# eighth stop, rca.step_mismatch; before, a flaky rank_absent or net_send_stalled collectives later).
 # Deterministic failures: strict xfail (a fix turns them into a failing XPASS: then remove the entry). None now.
 XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
 # Timing-dependent ones (the wrong verdict wins a race in some runs): non-strict xfail, same precise cause.
-# mismatch_count is named right in some runs (the culprit's progress into later collectives shows in time).
-FLAKY = {"mismatch_count": M_COUNT, "pp_slow_transfer": P_P2P, "late_rank": L_RANK, "slow_flow": S_FLOW,
+FLAKY = {"pp_slow_transfer": P_P2P, "late_rank": L_RANK, "slow_flow": S_FLOW,
          "flow_send_stalled": F_SEND}
 FLAKY_SECONDARY = {"nic_down": N_DOWN}
 
