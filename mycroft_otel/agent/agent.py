@@ -405,6 +405,12 @@ class Agent:
                 continue
             if finalized:
                 if not ctx.busy:
+                    # a local peer still in a collective of this communicator may wait for data this rank never
+                    # sent: its last completions say which collectives it finished before it left (conformance
+                    # mismatch_count at the job's last collective: the culprit, called with a larger count, was
+                    # left waiting on peers that had completed and gone)
+                    if self.s.peer_export and any(p.busy for p in by_comm.get(src.comm_hash, ()) if p is not ctx):
+                        self._recent(ctx, out)
                     self._retire(ctx)  # the communicator is destroyed and its ring drained this poll
                 continue
             if ctx.busy:
