@@ -42,6 +42,8 @@ LOCAL_CONFIRM = 5      # ... or at the second strict one, when the culprit's age
                        #     last RECENT_WINDOW (8) collectives slow (mycroft.anomaly.recent)
 LOCAL_CONFIRM_SOFT = 7 # ... or at the LOCAL_SOFT_VOTES-th milder one, when it flagged this many (behind trace-ID
 LOCAL_SOFT_VOTES = 3   #     routing each processor sees only its share of a mild fault's collectives)
+WEAK_CONFIRM = 8       # ... when they are weak outliers (slowdown.WEAK_RATIO): naming the culprit in this many of
+WEAK_OF = 10           #     the communicator's latest collectives analysed here (a loaded host's healthy ranks: 6)
 
 DENSE = 0.5            # ... and it named that culprit in at least this share of the collectives analysed since
                        #     (in each communicator it named it in): a fault slows most of its culprit's
@@ -580,20 +582,20 @@ class Processor:
             # collective being slow behind the slow GPU); a stray vote elsewhere holds nothing up
             self.counts["slow_candidates"] += 1
             return None
-        seen = [v for v in self._slow_votes.get(key, []) if mono - v.at <= SLOW_WINDOW_S and v.trace_id != st.trace_id]
-        strength = 0 if f.reason == "soft" else 2 if f.confidence >= 0.95 else 1
+        votes = [v for v in self._slow_votes.get(key, []) if mono - v.at <= SLOW_WINDOW_S and v.trace_id != st.trace_id]
+        strength = -1 if f.reason == "weak" else 0 if f.reason == "soft" else 2 if f.confidence >= 0.95 else 1
         stalled = ((min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values()))
                    if f.recovered and st.inflight else None)
         self._analysed_seq(st)
-        seen.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled, st.comm, st.seq, inferred,
-                          f.ranks[0] if f.ranks else -1))
-        self._slow_votes[key] = seen[-SOFT_CONFIRM * 2:]
+        votes.append(_Vote(mono, st.trace_id, f.onset_ns, strength, stalled, st.comm, st.seq, inferred,
+                           f.ranks[0] if f.ranks else -1))
+        self._slow_votes[key] = votes[-2 * max(SOFT_CONFIRM, WEAK_OF):]
         if len(self._slow_votes) > 4096:
             for k in [k for k, v in self._slow_votes.items() if mono - v[-1].at > SLOW_WINDOW_S]:
                 del self._slow_votes[k]
         # milder outliers (flagged by the culprit's own agent, below the bars) must persist longer
         # (and close together: a fault slows every collective, jitter comes back now and then)
-        seen = _distinct(_dense(seen, self._analysed))
+        seen = _distinct(_dense([v for v in votes if v.strength >= 0][-2 * SOFT_CONFIRM - 1:], self._analysed))
         soft = [v for v in seen if mono - v.at <= SOFT_WINDOW_S]
         # ... or the culprit's own agent has flagged most of its recent collectives slow (carried in this trace,
         # so one processor of several, seeing only its share of the collectives, needs fewer traces). Most,
@@ -607,9 +609,18 @@ class Processor:
         # (not for a stall that recovered: on an overloaded host healthy collectives stall now and then)
         local = 0 if f.recovered else max((st.op[r].recent for r in [*f.ranks, f.peer] if r in st.op), default=0)
         strict = sum(v.strength >= 1 for v in seen)
-        enough = (strict >= SLOW_CONFIRM or sum(v.strength == 2 for v in seen) >= STRONG_CONFIRM
-                  or len(soft) >= SOFT_CONFIRM or (strict >= 2 and local >= LOCAL_CONFIRM)
-                  or (len(seen) >= LOCAL_SOFT_VOTES and local >= LOCAL_CONFIRM_SOFT))
+        enough = strength >= 0 and (
+            strict >= SLOW_CONFIRM or sum(v.strength == 2 for v in seen) >= STRONG_CONFIRM
+            or len(soft) >= SOFT_CONFIRM or (strict >= 2 and local >= LOCAL_CONFIRM)
+            or (len(seen) >= LOCAL_SOFT_VOTES and local >= LOCAL_CONFIRM_SOFT))
+        if not enough and st.func not in P2P:
+            # weak outliers: the same culprit in nearly every collective of the communicator, one after another
+            # (a GPU 30x slower per step read 8-15x a loaded host's noisy reference, top in 15 of 15 collectives;
+            # healthy ranks of a loaded host were top at >= 6x, flagged, in at most 6 of 10 -- recorded runs)
+            latest = list(self._analysed.get(st.comm, ()))[-WEAK_OF:]
+            mine = {v.seq for v in votes if v.comm == st.comm}
+            if len(latest) >= WEAK_OF and sum(q in mine for q, _ in latest) >= WEAK_CONFIRM:
+                enough, seen = True, [v for v in votes if v.comm == st.comm and v.seq >= latest[0][0]]
         if not enough:
             self.counts["slow_candidates"] += 1
             return None
@@ -696,7 +707,7 @@ class Processor:
             # ... and, for milder outliers, per host: its other ranks wait for it in their intra-node (TP)
             # collectives, so their next collectives start late and read as a slow GPU or flow of their
             # own -- symptoms (a strong outlier on the same host is a fault of its own)
-            for (t, tid, job, hosts) in self._slow_hosts if f.reason == "soft" else ():
+            for (t, tid, job, hosts) in self._slow_hosts if f.reason in slowdown.MILD else ():
                 if mono - t <= INCIDENT_WINDOW_S and job == f.job and hosts & set(f.hosts):
                     st.explained_by = tid
                     self.counts["deduped"] += 1

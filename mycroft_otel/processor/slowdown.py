@@ -20,7 +20,9 @@ In order:
 
 Below the bars, a milder outlier (>= SOFT_RATIO) is a candidate only when the culprit's own
 agent flagged the collective slow (its flows or GPU far above their own history); it ranks
-below every other candidate and needs more recurrences (pipeline.SOFT_CONFIRM).
+below every other candidate and needs more recurrences (pipeline.SOFT_CONFIRM). A weak one
+(>= WEAK_RATIO, flagged too) ranks lower still and must name the same rank in most of the
+communicator's latest collectives (pipeline.WEAK_CONFIRM of WEAK_OF).
 
 Each verdict here is a *candidate*: the pipeline emits it only when the same culprit
 and category recur (a fault persists; jitter moves around).
@@ -50,9 +52,12 @@ NET_RATIO = 50.0
 LATE_RATIO = 50.0  # the last arrival's lateness over the transfer time (healthy skew stays well below)
 SOFT_RATIO = 12.0  # a milder outlier, when the culprit's own local rule flagged the collective (needs SOFT_CONFIRM)
 SOFT_GPU_RATIO = 20.0  # the GPU's (healthy GPU waits per step reach ~14x the median on a loaded machine)
+WEAK_RATIO = 6.0  # weaker still, flagged too: a candidate only when it names one rank in most collectives in a row
 SOFT_HISTORY = 8  # ... and only once the communicator's own history holds this many earlier collectives' values
 STRONG_RATIO = 500.0  # so far beyond any jitter that two collectives suffice (confidence 0.95, pipeline.STRONG_CONFIRM)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
+# Finding.reason of the milder outliers: "soft" (>= SOFT_*), "weak" (>= WEAK_RATIO); each needs more recurrences
+MILD = ("soft", "weak")
 
 # Finding.reason of a culprit inferred from the collective being slow as a whole (its ranks' counters name
 # nobody): any slow member explains that, so the pipeline drops it while a culprit among them is named.
@@ -222,6 +227,14 @@ def _outlier(values: np.ndarray, floor: float, history: np.ndarray, bar: float):
     return (top, top_v, r, r >= STRONG_RATIO and med >= floor) if r >= bar else None
 
 
+def _grade(o, strict: float, soft: float) -> str:
+    """An outlier's reason: "" beyond the strict bar, "soft" beyond the soft one, else "weak"."""
+    val, ratio = o[1], o[2]
+    if ratio >= strict and val >= STEP_FLOOR_NS * strict:
+        return ""
+    return "soft" if ratio >= soft and val >= STEP_FLOOR_NS * soft else "weak"
+
+
 def _reference(history: dict, name: str) -> np.ndarray:
     own = history.get(name)
     if own is not None and len(own) >= 8:
@@ -329,22 +342,23 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     def flagged(i: int) -> bool:  # the rank's own local rule found this collective slow
         return refs[i].anomaly == sc.ANOMALY_SLOW
 
-    def known(name: str, k: int) -> bool:  # milder outliers only once the communicator has a history of its own
-        return len(history.get(name, ())) >= min(SOFT_HISTORY * k, 200)
+    def known(name: str, k: int) -> bool:  # milder outliers only once there is a history to tell them from jitter
+        # (the communicator's for this size, or the job's: a job alternating sizes fills each size's slowly)
+        need = min(SOFT_HISTORY * k, 200)
+        return len(history.get(name, ())) >= need or len(history.get("job", {}).get(name, ())) >= need
 
     # GPU: receive-side GPU wait per step (data there, not consumed)
     gpu, gpu_of = m.gpu, m.gpu_of
     # (a milder outlier counts when the rank itself flagged it: it needs more recurrences)
-    o = _outlier(gpu, STEP_FLOOR_NS, _reference(history, "gpu"),
-                 SOFT_GPU_RATIO if known("gpu", len(gpu)) else GPU_RATIO)
-    soft = o is not None and (o[1] < STEP_FLOOR_NS * GPU_RATIO or o[2] < GPU_RATIO)
-    if soft and not flagged(int(gpu_of[o[0]])):
-        o, soft = None, False
+    o = _outlier(gpu, STEP_FLOOR_NS, _reference(history, "gpu"), WEAK_RATIO if known("gpu", len(gpu)) else GPU_RATIO)
+    mild = _grade(o, GPU_RATIO, SOFT_GPU_RATIO) if o is not None else ""
+    if mild and not flagged(int(gpu_of[o[0]])):
+        o, mild = None, ""
     if o is not None:
         i, val, ratio, strong = int(gpu_of[o[0]]), o[1], o[2], o[3]
         r = int(ranks[i])
-        cands.append((3.0 + min(ratio, 20) / 10 - 4.0 * soft, Finding(
-            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r], reason="soft" if soft else "",
+        cands.append((3.0 + min(ratio, 20) / 10 - 4.0 * (mild != "") - 4.0 * (mild == "weak"), Finding(
+            kind=sc.KIND_SLOWDOWN, category="slow_gpu", ranks=[r], reason=mild,
             confidence=0.95 if strong else round(min(0.9, 0.5 + 0.01 * ratio), 3),
             evidence=(f"rank {r}'s GPU took {val / 1e3:.0f} us per step to consume received data, {ratio:.0f}x "
                       f"the other ranks, in {st.func} {st.seq}"), onset_ns=int(arrival[i]))))
@@ -352,11 +366,11 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     # network: send-side wait per step, less the time the receiver was not there yet
     net, src, dst = m.net, m.src, m.dst
     # (a milder outlier counts when its sender or receiver flagged it: it needs more recurrences)
-    o = _outlier(net, STEP_FLOOR_NS, _reference(history, "net"), SOFT_RATIO if known("net", len(net)) else NET_RATIO)
-    soft = o is not None and (o[1] < STEP_FLOOR_NS * NET_RATIO or o[2] < NET_RATIO)
-    if soft and not (flagged(int(src[o[0]])) or flagged(int(dst[o[0]]))):
-        o, soft = None, False
-    bar = SOFT_RATIO if soft else NET_RATIO
+    o = _outlier(net, STEP_FLOOR_NS, _reference(history, "net"), WEAK_RATIO if known("net", len(net)) else NET_RATIO)
+    mild = _grade(o, NET_RATIO, SOFT_RATIO) if o is not None else ""
+    if mild and not (flagged(int(src[o[0]])) or flagged(int(dst[o[0]]))):
+        o, mild = None, ""
+    bar = {"": NET_RATIO, "soft": SOFT_RATIO, "weak": WEAK_RATIO}[mild]
     if o is not None:
         k, val, ratio, strong = o
         s_i, d_i = int(src[k]), int(dst[k])
@@ -373,8 +387,8 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
         else:
             cat, who, chan, peer = "slow_flow", s, ch, d
             ev = f"flow rank {s} -> rank {d} on channel {ch} waits {ratio:.0f}x the typical wait per step"
-        cands.append((2.0 + min(ratio, 20) / 10 - 4.0 * soft, Finding(
-            kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer, reason="soft" if soft else "",
+        cands.append((2.0 + min(ratio, 20) / 10 - 4.0 * (mild != "") - 4.0 * (mild == "weak"), Finding(
+            kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer, reason=mild,
             confidence=0.95 if strong else round(min(0.9, 0.5 + 0.01 * ratio), 3),
             evidence=ev + f" in {st.func} {st.seq}",
             onset_ns=int(arrival[s_i]))))
@@ -383,13 +397,14 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     # receiver's kernel queues behind the collective that flow delayed, so its other channels show GPU
     # waits -- queueing, not a slow GPU
     # (a slow GPU itself slows every flow into it alike: that reads slow_nic, never one slow_flow)
-    if len(cands) == 2 and cands[0][1].category == "slow_gpu" and cands[1][1].category == "slow_flow":
+    if (len(cands) == 2 and cands[0][1].category == "slow_gpu" and cands[1][1].category == "slow_flow"
+            and cands[1][1].reason != "weak"):
         g, nf = cands[0][1], cands[1][1]
         if g.ranks[0] in (nf.ranks[0], nf.peer):
             cands.pop(0)
     # the history learns what is normal: not from a collective where it just found an outlier of that kind
     # (a p2p trace brings 2 values: two slow ones would soon make slow the norm)
-    found = {"gpu" if c[1].category == "slow_gpu" else "net" for c in cands if c[1].reason != "soft"}
+    found = {"gpu" if c[1].category == "slow_gpu" else "net" for c in cands if c[1].reason not in MILD}
     for name, vals in (("gpu", gpu), ("net", net)):
         if name in found:
             continue
@@ -414,7 +429,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     # healthy one some rank always waits least)
     durs = np.sort(m.duration)
     slow_whole = baseline_ns is not None and durs[n // 2] >= factor * baseline_ns
-    if slow_whole and all(c[1].reason == "soft" for c in cands) and len(m.sent_wait) >= 3:
+    if slow_whole and all(c[1].reason in MILD for c in cands) and len(m.sent_wait) >= 3:
         acc = m.sent_wait
         low = int(np.argmin(acc))
         rest = np.delete(acc, low)
@@ -437,7 +452,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
                 kind=sc.KIND_SLOWDOWN, category=cat, ranks=[r], confidence=0.6, reason=WHOLE, evidence=ev,
                 onset_ns=int(arrival[i]))))
     # the late rank's own collective was short, so the agent did not export it: everybody else waited
-    if not cands and len(missing) == 1 and n >= 2:
+    if all(c[1].reason == "weak" for c in cands) and len(missing) == 1 and n >= 2:
         bases = [ref.baseline_ns for ref in refs if ref.baseline_ns > 0]
         all_flagged = all(ref.anomaly in ("slow", "stalled") for ref in refs)
         if all_flagged and bases and durs[0] >= 4 * max(factor, 2.0) / 2 * statistics.median(bases):
@@ -448,7 +463,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
                           f"{st.seq} (>= {durs[0] / statistics.median(bases):.0f}x their baseline) while rank {r} "
                           f"was not slow at all: it arrived late"), onset_ns=first)))
     cands.sort(key=lambda c: -c[0])
-    if recovered is not None and (not cands or cands[0][1].reason == "soft"):
+    if recovered is not None and (not cands or cands[0][1].reason in MILD):
         return recovered
     if not cands:
         return None
