@@ -53,7 +53,7 @@ LATE_RATIO = 50.0  # the last arrival's lateness over the transfer time (healthy
 SOFT_RATIO = 12.0  # a milder outlier, when the culprit's own local rule flagged the collective (needs SOFT_CONFIRM)
 SOFT_GPU_RATIO = 20.0  # the GPU's (healthy GPU waits per step reach ~14x the median on a loaded machine)
 WEAK_RATIO = 6.0  # weaker still, flagged too: a candidate only when it names one rank in most collectives in a row
-SOFT_HISTORY = 8  # ... and only once the communicator's own history holds this many earlier collectives' values
+SOFT_HISTORY = 8  # ... once the communicator's history for the size, or the job's, holds this many collectives' values
 STRONG_RATIO = 500.0  # so far beyond any jitter that two collectives suffice (confidence 0.95, pipeline.STRONG_CONFIRM)
 STEP_FLOOR_NS = 2000.0  # per-step waits below this are noise
 # Finding.reason of the milder outliers: "soft" (>= SOFT_*), "weak" (>= WEAK_RATIO); each needs more recurrences

@@ -269,7 +269,8 @@ def test_a_weak_outlier_is_named_when_it_is_top_in_nearly_every_collective(patte
     top in 2 of 3 (what a descheduled host does now and then) is not named."""
     proc = Processor(env={}, settle_s=0.05)
     assert _feed(proc, range(8, 28), lambda ring, seq: None) == []  # the communicator's history
-    vs = _feed(proc, range(28, 28 + len(pattern)), lambda ring, seq: _weak_gpu(ring) if pattern[seq - 28] == "1" else None)
+    vs = _feed(proc, range(28, 28 + len(pattern)),
+               lambda ring, seq: _weak_gpu(ring) if pattern[seq - 28] == "1" else None)
     assert [(v.category, v.finding.ranks, v.seq - 28) for v in vs] == (
         [("slow_gpu", [3], named_at)] if named_at is not None else [])
 
