@@ -49,9 +49,8 @@ def stack(e2e_bin_dir, tmp_path_factory):
 # incident, and a slowdown naming the same global rank likewise, whatever the job (its incident identity
 # carries no job id or pid), so scenarios that reuse a culprit back to back would see their verdict deduped.
 #
-# Slowdowns run first, on processors that have seen no other job: a processor keeps ONE job-wide history of
-# per-step waits (pipeline.py `_job_history`) as the reference for every new communicator, whatever job it
-# belongs to, so after a hang elsewhere the reference is inflated and slowdowns stay below the bar.
+# Slowdowns run first: chosen when a processor kept one per-step history for all jobs, which a hang elsewhere
+# inflated; that history is per job now (`pipeline._job_history`), and the order is kept.
 _ORDER = [("late_rank", 5), ("slow_flow", 7), ("slow_nic", 0), ("slow_gpu", 6), ("slow_proxy", 1),
           ("process_exited", 6), ("rank_absent", 3), ("gpu_stalled", 1), ("nic_down", 2), ("flow_stall", 4),
           ("coll_mismatch", 5)]  # fmt: skip
