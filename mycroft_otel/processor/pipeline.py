@@ -484,13 +484,13 @@ class Processor:
             # (conformance slow_gpu alternates 4 and 8 MiB AllReduces: one processor of two missed it);
             # a transfer's two ends are one measure. The job's history, the reference while this one is thin,
             # pools everything: split by size it stayed too thin for a pipeline's transfers (pp_slow_transfer)
-            size = detect.baseline_key(st.comm, "p2p" if st.func in P2P else st.func,
-                                       next(iter(st.op.values())).nbytes if st.op else 0)
-            hist = self._history.get(size)
+            hist_key = detect.baseline_key(st.comm, "p2p" if st.func in P2P else st.func,
+                                           next(iter(st.op.values())).nbytes if st.op else 0)
+            hist = self._history.get(hist_key)
             if hist is None:
                 if len(self._history) > 4096:
                     del self._history[next(iter(self._history))]
-                hist = self._history[size] = slowdown.new_history(256)
+                hist = self._history[hist_key] = slowdown.new_history(256)
             job = st.job
             jh = self._job_history.get(job)
             if jh is None:

@@ -179,6 +179,18 @@ STEP_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS)
 _KEY_PEER_BITS, _KEY_CHANNEL_BITS = 21, 8
 
 
+def lookup(have: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Per value of ``want``, the index of the first equal value in ``have``; -1 where there is none."""
+    out = np.full(len(want), -1, dtype=np.int64)
+    if not len(have) or not len(want):
+        return out
+    order = np.argsort(have, kind="stable")
+    at = np.minimum(np.searchsorted(have[order], want), len(have) - 1)
+    hit = have[order[at]] == want
+    out[hit] = order[at[hit]]
+    return out
+
+
 def receiver_steps(dst: np.ndarray, channel: np.ndarray, sender: np.ndarray, rx_span: np.ndarray,
                    rx_channel: np.ndarray, rx_peer: np.ndarray, rx_steps: np.ndarray) -> np.ndarray:
     """Per send flow (its receiver's span index ``dst``, ``channel``, its sender's rank): the steps its
@@ -187,15 +199,11 @@ def receiver_steps(dst: np.ndarray, channel: np.ndarray, sender: np.ndarray, rx_
         return ((span.astype(np.int64) << (_KEY_CHANNEL_BITS + _KEY_PEER_BITS))
                 | ((ch & ((1 << _KEY_CHANNEL_BITS) - 1)) << _KEY_PEER_BITS)
                 | np.clip(peer, 0, (1 << _KEY_PEER_BITS) - 1))
+    at = lookup(key(rx_span, rx_channel, rx_peer), key(dst, channel, sender))
+    hit = np.flatnonzero(at >= 0)
+    hit = hit[rx_peer[at[hit]] >= 0]  # a negative peer was clipped to rank 0's key
     out = np.full(len(dst), -1, dtype=np.int64)
-    if not len(dst) or not len(rx_span):
-        return out
-    have = key(rx_span, rx_channel, rx_peer)
-    order = np.argsort(have, kind="stable")
-    want = key(dst, channel, sender)
-    at = np.minimum(np.searchsorted(have[order], want), len(have) - 1)
-    hit = (have[order[at]] == want) & (rx_peer[order[at]] >= 0)
-    out[hit] = rx_steps[order[at[hit]]]
+    out[hit] = rx_steps[at[hit]]
     return out
 
 
@@ -224,8 +232,8 @@ def step_mismatch(st: TraceState, sender: np.ndarray, receiver: np.ndarray, chan
         return None
     r = culprit[0]
     k = int(np.flatnonzero(bad)[0])
-    s, d, mine = int(sender[k]), int(receiver[k]), (int(sent[k]) if int(sender[k]) == r else int(expected[k]))
-    theirs = int(expected[k]) if s == r else int(sent[k])
+    s, d = int(sender[k]), int(receiver[k])
+    mine, theirs = (int(sent[k]), int(expected[k])) if s == r else (int(expected[k]), int(sent[k]))
     return Finding(
         kind=sc.KIND_HANG, category="coll_mismatch", ranks=[r], confidence=0.9,
         evidence=(f"rank {r}'s {n} connections disagree with its peers' on the steps of {st.func} {st.seq} "
@@ -246,11 +254,9 @@ def check_step_mismatch(st: TraceState) -> Finding | None:
     rank = np.array([ref.rank for ref in refs], dtype=np.int64)
     final = np.arange(len(refs)) < len(st.op)
     ch, send, peer, steps = table[:, 0], table[:, 1] == 1, table[:, 2], table[:, 3]
-    by_rank = np.argsort(rank, kind="stable")
     out = np.flatnonzero(send)
-    at = np.minimum(np.searchsorted(rank[by_rank], peer[out]), len(refs) - 1)
-    ok = rank[by_rank[at]] == peer[out]
-    out, dst = out[ok], by_rank[at[ok]]
+    dst = lookup(rank, peer[out])
+    out, dst = out[dst >= 0], dst[dst >= 0]
     src = span[out]
     rx = np.flatnonzero(~send)
     expected = receiver_steps(dst, ch[out], rank[src], span[rx], ch[rx], peer[rx], steps[rx])

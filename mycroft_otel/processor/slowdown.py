@@ -159,12 +159,10 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     out_rows = np.flatnonzero(send)
     src = row[out_rows]
     peer = table[out_rows, F_PEER]
-    keys = (trace_of << _RANK_BITS) | ranks
-    order = np.argsort(keys, kind="stable")
-    want = (trace_of[src] << _RANK_BITS) | np.clip(peer, 0, (1 << _RANK_BITS) - 1)
-    at = np.minimum(np.searchsorted(keys[order], want), max(len(refs) - 1, 0))
-    ok = (peer >= 0) & (peer < 1 << 20) & (keys[order[at]] == want) if len(refs) else np.zeros(0, bool)
-    out_rows, src, dst = out_rows[ok], src[ok], order[at[ok]]
+    at = rca.lookup((trace_of << _RANK_BITS) | ranks,
+                    (trace_of[src] << _RANK_BITS) | np.clip(peer, 0, (1 << _RANK_BITS) - 1))
+    ok = (peer >= 0) & (peer < 1 << 20) & (at >= 0)
+    out_rows, src, dst = out_rows[ok], src[ok], at[ok]
     early = np.maximum(0.0, (arrival[dst] - arrival[src]).astype(np.float64))
     net = np.maximum(0.0, table[out_rows, F_NET_WAIT] - np.minimum(steps[out_rows], 8) * early) / steps[out_rows]
     # the other end's step count (rca.step_mismatch)
@@ -228,7 +226,9 @@ def _outlier(values: np.ndarray, floor: float, history: np.ndarray, bar: float):
 
 
 def _grade(o, strict: float, soft: float) -> str:
-    """An outlier's reason: "" beyond the strict bar, "soft" beyond the soft one, else "weak"."""
+    """An outlier's reason: "" beyond the strict bar (or no outlier), "soft" beyond the soft one, else "weak"."""
+    if o is None:
+        return ""
     val, ratio = o[1], o[2]
     if ratio >= strict and val >= STEP_FLOOR_NS * strict:
         return ""
@@ -351,7 +351,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     gpu, gpu_of = m.gpu, m.gpu_of
     # (a milder outlier counts when the rank itself flagged it: it needs more recurrences)
     o = _outlier(gpu, STEP_FLOOR_NS, _reference(history, "gpu"), WEAK_RATIO if known("gpu", len(gpu)) else GPU_RATIO)
-    mild = _grade(o, GPU_RATIO, SOFT_GPU_RATIO) if o is not None else ""
+    mild = _grade(o, GPU_RATIO, SOFT_GPU_RATIO)
     if mild and not flagged(int(gpu_of[o[0]])):
         o, mild = None, ""
     if o is not None:
@@ -367,7 +367,7 @@ def analyse_slowdown(st: TraceState, m: Measures | None = None, baseline_ns: flo
     net, src, dst = m.net, m.src, m.dst
     # (a milder outlier counts when its sender or receiver flagged it: it needs more recurrences)
     o = _outlier(net, STEP_FLOOR_NS, _reference(history, "net"), WEAK_RATIO if known("net", len(net)) else NET_RATIO)
-    mild = _grade(o, NET_RATIO, SOFT_RATIO) if o is not None else ""
+    mild = _grade(o, NET_RATIO, SOFT_RATIO)
     if mild and not (flagged(int(src[o[0]])) or flagged(int(dst[o[0]]))):
         o, mild = None, ""
     bar = {"": NET_RATIO, "soft": SOFT_RATIO, "weak": WEAK_RATIO}[mild]

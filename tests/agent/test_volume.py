@@ -6,12 +6,11 @@ import http.server
 import threading
 import time
 
+import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
-import numpy as np
-
 from mycroft_otel.agent.sampling import Baselines, FlowRule, sample_bound, sampled
 from mycroft_otel.native import FLOW_DTYPE
 from agent_helpers import make_agent
