@@ -24,7 +24,7 @@ uint64_t RealtimeNs() {
 
 namespace mp = mycroft::plugin;
 
-// Not part of NCCL's ABI: only the simulator's driver calls it (docs/native.md, "Virtual time").
+// Not part of NCCL's ABI: only the simulator's driver calls it (docs/simulator.md, "Virtual time").
 // The offset is stored before the pointer so a reader that sees the new clock never pairs it with
 // the previous run's offset on this thread; realtime is read only at init, after this call.
 extern "C" __attribute__((visibility("default"))) void mycroftProfilerSetClock(const uint64_t* mono_ns,
