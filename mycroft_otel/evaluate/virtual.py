@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from mycroft_otel.agent.agent import Agent
 from mycroft_otel.agent.exporter import Transport
 from mycroft_otel.agent.settings import AgentSettings
+from mycroft_otel.evaluate import harness
 from mycroft_otel.evaluate.harness import Outcome
 from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.evaluate.sink import Verdict
@@ -135,7 +136,8 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
                 break
             job.advance_to(t)
             if t == next_poll:
-                agent.poll_once()
+                with agent.queue.held():  # one poll's spans leave together: batching independent of thread timing
+                    agent.poll_once()
                 agent.queue.flush()  # the export thread hands its requests over before the processor looks
                 for payload in transport.take():
                     proc.ingest_payload(payload)
@@ -167,8 +169,6 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
 
 def score(o: VirtualOutcome) -> dict:
     """harness.score's row plus virtual time: latency in simulated seconds and in collectives, speed-up."""
-    from mycroft_otel.evaluate import harness
-
     row = harness.score(o)
     row["sim_s"] = round(o.sim_s, 2)
     row["speedup"] = round(o.sim_s / o.wall_s, 2) if o.wall_s > 0 else None

@@ -118,7 +118,8 @@ def test_agent_runs_on_the_injected_clock(tmp_path, plugin):
     try:
         for k in range(1, 36):
             job.advance_to(k * 100 * MS)
-            agent.poll_once()
+            with agent.queue.held():
+                agent.poll_once()
             assert agent.queue.flush(10)
             for p in transport.take():
                 req = ExportTraceServiceRequest.FromString(p)
