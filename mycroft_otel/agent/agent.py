@@ -81,8 +81,12 @@ class _Ctx:
 class Agent:
     def __init__(self, settings: AgentSettings, transport: Transport | None = None,
                  reader_factory: Callable[[str], Any] | None = None, resource_extra: list | None = None,
-                 health: Health | None = None, only_pid: int | None = None):
+                 health: Health | None = None, only_pid: int | None = None,
+                 clock: Callable[[], int] | None = None):
         self.s = settings
+        # The clock the rings are stamped with (CLOCK_MONOTONIC, ns): in-flight ages, idle periods, snapshot
+        # and summary windows are measured on it. A simulation on virtual time passes its virtual clock.
+        self.now_ns: Callable[[], int] = clock or time.monotonic_ns
         self.only_pid = only_pid  # in-process mode: follow only this process's rings
         self.health = health or Health()
         self.reader_factory = reader_factory or default_reader_factory
@@ -122,7 +126,7 @@ class Agent:
         head = int(reader.ring_head)
         cursor = int(saved.get("cursor", 0))
         src.cursor = cursor if 0 <= cursor <= head else 0
-        now = time.monotonic_ns()
+        now = self.now_ns()
         ctx = _Ctx(src, sp.SpanBuilder(src, self.s.service_name, self.resource_extra, self.s.detail_chunk),
                    Baselines(self.s.slow_factor, self.s.warmup_ops, self.s.slow_min_ns), Summary(now))
         ctx.last_seq = int(saved.get("last_seq", -1))
@@ -145,7 +149,7 @@ class Agent:
             return
         if not ctx.done:
             out: list[bytes] = []
-            self._drain(ctx, out, time.monotonic_ns())  # the mapping outlives the unlink: read the rest
+            self._drain(ctx, out, self.now_ns())  # the mapping outlives the unlink: read the rest
             self._queue(ctx, out)
         self.store.forget(ctx.src.identity.key)
         ctx.src.close()
@@ -166,7 +170,7 @@ class Agent:
             self._close(path)
         for path, ident in scan.appeared:
             self._open(path, ident)
-        now = time.monotonic_ns()
+        now = self.now_ns()
         pstate: dict[int, str] = {}
         pending: dict[str, list[bytes]] = {}
         for path, ctx in list(self.ctxs.items()):

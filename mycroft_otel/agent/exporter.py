@@ -16,11 +16,12 @@ so a restart resumes after the last exported record.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from mycroft_otel.agent import otlp
 from mycroft_otel.agent.health import Health
@@ -145,6 +146,15 @@ class ExportQueue:
             self.health.queue_spans = self._queued
             self._cv.notify()
         return n
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep the export thread from taking items while the caller queues (the caller's own puts still
+        go in: the condition's lock is re-entrant). What is queued inside then leaves in batches that
+        depend only on what was queued, not on when the thread woke: a run on virtual time sends the
+        same requests every time."""
+        with self._cv:
+            yield
 
     def pending(self) -> int:
         with self._cv:

@@ -6,7 +6,11 @@ NCCL_HOSTID=<simulated host>, MYCROFT_RING_DIR, MYCROFT_JOB_ID), so each gets it
 shared-memory file exactly as in a real job. Modes:
 
 * accelerated: no pacing; each collective instance is delivered as soon as it is timed
-  (rows in causal order, one thread), then dropped: memory stays bounded at any scale;
+  (rows in causal order, one thread), then dropped: memory stays bounded at any scale. The plugin
+  runs on virtual time (the driver's clock, set to each row's simulated time before the row is
+  delivered), so the rings hold the exact simulated times: virtual CLOCK_MONOTONIC =
+  VIRTUAL_MONO_EPOCH_NS + the row's t_ns, CLOCK_REALTIME = the run's realtime epoch + the same;
+  virtual.py advances such a job in time order for an agent and processor on the same clock;
 * real-time: every row is delivered at its simulated time from the epoch (CLOCK_MONOTONIC),
   per simulated host user-thread calls from one thread, ProxyOp/ProxyStep/KernelCh from a proxy thread
   (NCCL 2.27-2.30; see _kernel_thread for 2.31+), so a live agent sees the job as in production; a hang
@@ -34,6 +38,9 @@ from mycroft_otel.sim.rows import KERNEL, PROXY, USER, Block, cat_rows, sort_row
 from mycroft_otel.sim.simulation import Simulation
 
 SLOTS = 1 << 22
+#: Virtual CLOCK_MONOTONIC at simulated time 0: 1000 s, a plausible uptime; never 0, which the rings
+#: and the agent read as "not set".
+VIRTUAL_MONO_EPOCH_NS = 1_000_000_000_000
 
 
 def find_plugin() -> str:
@@ -65,6 +72,7 @@ class RunConfig:
     extra_env: dict = field(default_factory=dict)
     on_signal: object = None           # multi-process: called (truth, pid) right after a fault's signal
     quantum_ns: int = 0                # real time: deliver in bursts at multiples of this (0: exact times)
+    realtime_epoch_ns: int | None = None  # virtual time: CLOCK_REALTIME at simulated time 0 (default: now)
 
 
 class Progress:
@@ -157,32 +165,48 @@ def run(sim: Simulation, cfg: RunConfig, progress: Progress | None = None) -> di
     return _run_realtime(sim, cfg, progress)
 
 
+def virtual_epochs(cfg: RunConfig) -> tuple[int, int]:
+    """(virtual CLOCK_MONOTONIC, CLOCK_REALTIME) at simulated time 0 of a run on virtual time.
+
+    Realtime is an epoch fixed per run (the wall clock when it starts, unless the caller fixes it, as a
+    deterministic evaluation does) advancing with simulated time, so spans land where a trace store
+    expects a job that ran now and every ring, agent and processor of the run agrees on it.
+    """
+    real0 = cfg.realtime_epoch_ns if cfg.realtime_epoch_ns is not None else time.time_ns()
+    return VIRTUAL_MONO_EPOCH_NS, int(real0)
+
+
 def _run_accelerated(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     driver = _driver(cfg)
-    t0 = time.monotonic()
-    ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
-    t_init = time.monotonic() - t0
-    stats: dict = {}
-    real0 = time.time_ns()
+    epoch, real0 = virtual_epochs(cfg)
+    driver.use_virtual_clock(epoch, real0 - epoch)  # init stamps the headers at simulated time 0
+    try:
+        t0 = time.monotonic()
+        ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
+        t_init = time.monotonic() - t0
+        stats: dict = {}
 
-    def sink(inst, res) -> None:
-        if not res.blocks:
-            return
-        # Causal order across blocks: a flow's step s+8 starts only after step s stopped (NCCL_STEPS).
-        rows = sort_rows(cat_rows([b.rows for b in res.blocks]))
-        rows["t_ns"] = 0
-        rows["ctx"] = ctx_map[rows["ctx"]]
-        _merge_stats(stats, driver.replay(rows))
+        def sink(inst, res) -> None:
+            if not res.blocks:
+                return
+            # Causal order across blocks: a flow's step s+8 starts only after step s stopped (NCCL_STEPS).
+            # Each row sets the driver's clock to epoch + t_ns: its exact simulated time (no pacing).
+            rows = sort_rows(cat_rows([b.rows for b in res.blocks]))
+            rows["ctx"] = ctx_map[rows["ctx"]]
+            _merge_stats(stats, driver.replay(rows, epoch))
 
-    t1 = time.monotonic()
-    sim.run(sink, progress=lambda f: progress(f, f"{sim.n_rows / 1e6:.1f}M events"))
-    wall = time.monotonic() - t1
+        t1 = time.monotonic()
+        sim.run(sink, progress=lambda f: progress(f, f"{sim.n_rows / 1e6:.1f}M events"))
+        wall = time.monotonic() - t1
+    finally:
+        driver.release_clock()  # the plugin must not keep reading a clock nobody advances
     progress.done()
     truths = sim.truths()
     for t in truths:
         t["onset_ns"] = real0 + t["onset_sim_ns"]
     return {"mode": "accelerated", "truth": truths, "stats": stats, "events": sim.n_rows, "init_s": t_init,
-            "wall_s": wall, "contexts": len(sim.contexts), "steps": sim.steps_done, "driver": driver}
+            "wall_s": wall, "contexts": len(sim.contexts), "steps": sim.steps_done, "driver": driver,
+            "epoch_mono_ns": epoch, "epoch_realtime_ns": real0}
 
 
 def _kernel_thread(cfg: RunConfig) -> int:

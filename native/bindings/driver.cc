@@ -44,6 +44,7 @@
 #include "mycroft/driver_event.h"
 #include "mycroft/nccl_profiler_abi.h"
 #include "mycroft/shm_layout.h"
+#include "mycroft/virtual_clock.h"
 
 namespace mycroft::bindings {
 namespace {
@@ -310,6 +311,10 @@ bool IsProxyStepState(uint32_t s) {
          s == uint32_t(S::ProxyStepRecvFlushWait) || s == uint32_t(S::ProxyStepRecvGPUWait);
 }
 
+// The Driver whose clock the plugin reads (mycroftProfilerSetClock is process-wide, like the clocks it
+// stands in for): at most one per process.
+std::atomic<const void*> g_clock_owner{nullptr};
+
 struct Stats {
   uint64_t rows = 0, delivered = 0, filtered = 0, null_handle = 0, missing_slot = 0, bad_rows = 0, errors = 0;
   uint64_t max_late_ns = 0;
@@ -351,6 +356,40 @@ class Driver {
     finalized_.reset(new std::atomic<bool>[kMaxContexts]);
     self_ = getpid();
     g_debug_level.store(DebugLevelFromEnv(), std::memory_order_relaxed);
+    set_clock_ = reinterpret_cast<mycroft::vclock::SetClockFn>(dlsym(lib_, mycroft::vclock::kSetClockSymbol));
+  }
+
+  ~Driver() { ReleaseClock(); }
+
+  // Virtual time: from now on the plugin stamps everything with this Driver's clock, which starts at
+  // `now_ns` and which each replayed row with t_ns > 0 sets to epoch_ns + t_ns just before it is
+  // delivered (no pacing). realtime_offset_ns is what CLOCK_REALTIME - CLOCK_MONOTONIC reads then.
+  void UseVirtualClock(uint64_t now_ns, int64_t realtime_offset_ns) {
+    if (!set_clock_)
+      throw py::value_error(path_ + ": exports no " + std::string(mycroft::vclock::kSetClockSymbol) +
+                            " (virtual time needs the mycroft-otel plugin)");
+    const void* expected = nullptr;
+    if (!g_clock_owner.compare_exchange_strong(expected, this) && expected != this)
+      throw std::runtime_error("another Driver in this process already sets the plugin's clock");
+    clock_ns_.store(now_ns, std::memory_order_relaxed);
+    set_clock_(reinterpret_cast<const uint64_t*>(&clock_ns_), realtime_offset_ns);
+    virtual_ = true;
+  }
+
+  // Back to the real clocks (idempotent; also when the Driver goes away: the plugin must never read a
+  // clock that no longer exists).
+  void ReleaseClock() {
+    if (!virtual_) return;
+    set_clock_(nullptr, 0);
+    virtual_ = false;
+    g_clock_owner.store(nullptr);
+  }
+
+  bool IsVirtual() const { return virtual_; }
+  uint64_t ClockNs() const { return clock_ns_.load(std::memory_order_relaxed); }
+  void SetClockNs(uint64_t ns) {
+    if (!virtual_) throw std::runtime_error("set_time: the Driver is not on virtual time (use_virtual_clock)");
+    clock_ns_.store(ns, std::memory_order_relaxed);
   }
 
   int version() const { return version_; }
@@ -535,7 +574,11 @@ class Driver {
     for (size_t i = 0; i < n; ++i) {
       const Event& e = rows[i];
       ++st->rows;
-      if (e.t_ns) Pace(epoch_ns + e.t_ns, st);
+      if (e.t_ns) {
+        // virtual time: the row happens at its time (relaxed: the plugin reads it on this thread)
+        if (virtual_) clock_ns_.store(epoch_ns + e.t_ns, std::memory_order_relaxed);
+        else Pace(epoch_ns + e.t_ns, st);
+      }
       if (e.slot >= nslots_) {
         ++st->bad_rows;
         continue;
@@ -649,7 +692,11 @@ class Driver {
   std::unique_ptr<std::atomic<bool>[]> finalized_;
   std::atomic<uint32_t> nctx_{0};
   pid_t self_;
+  mycroft::vclock::SetClockFn set_clock_ = nullptr;  // the plugin's clock setter (absent in other plugins)
+  std::atomic<uint64_t> clock_ns_{0};  // virtual time; std::atomic<uint64_t> is a plain uint64_t in memory
+  bool virtual_ = false;
 };
+static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t) && std::atomic<uint64_t>::is_always_lock_free);
 
 }  // namespace
 
@@ -682,9 +729,17 @@ void RegisterDriver(py::module_& m) {
            "Overwrite the shared mask (what a plugin writing through the pointer later would do).")
       .def("replay", &Driver::Replay, py::arg("events"), py::arg("epoch_ns") = 0, py::arg("raw") = false,
            "Deliver EVENT_DTYPE rows in order with the GIL released. A row with t_ns > 0 waits until "
-           "CLOCK_MONOTONIC epoch_ns + t_ns. raw=True delivers every row as is (no mask/version filter, NULL "
+           "CLOCK_MONOTONIC epoch_ns + t_ns (on virtual time: sets the clock to it instead). raw=True delivers every row as is (no mask/version filter, NULL "
            "handles passed). Returns stats: rows, delivered, filtered, null_handle, missing_slot, bad_rows, "
            "errors (non-success results), max_late_ns, wall_ns.")
+      .def("use_virtual_clock", &Driver::UseVirtualClock, py::arg("now_ns"), py::arg("realtime_offset_ns"),
+           "Put the plugin on this Driver's clock (virtual time): it starts at NOW_NS and every replayed row "
+           "with t_ns > 0 sets it to epoch_ns + t_ns before delivery, without pacing. REALTIME_OFFSET_NS is "
+           "CLOCK_REALTIME - CLOCK_MONOTONIC in that time. One Driver per process; replay from one thread.")
+      .def("release_clock", &Driver::ReleaseClock, "Back to the real clocks (also done when the Driver is freed).")
+      .def_property_readonly("virtual", &Driver::IsVirtual)
+      .def_property("time_ns", &Driver::ClockNs, &Driver::SetClockNs,
+                    "The virtual clock (ns); settable between replays, e.g. to the time of an agent poll.")
       .def("finalize", &Driver::Finalize, py::arg("ctx"), py::arg("force") = false,
            "Call finalize on context CTX (once; force=True calls it again, for hostile tests). Returns the "
            "ncclResult_t.")

@@ -216,12 +216,6 @@ bool CreateShm(Context* c, const Config& cfg, const char* host, uint64_t comm_ha
   return true;
 }
 
-uint64_t RealtimeNs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
-
 }  // namespace
 
 Context* LookupContext(uint32_t index, uint32_t inc) {
@@ -336,7 +330,7 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
 
   {
     Lock lock;
-    ReclaimLocked(NowNs());
+    ReclaimLocked(MonoNs());
     if (!RegisterLocked(c)) {
       MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: more than %u live contexts; profiler disabled", kMaxContexts);
       unlink(c->path);
@@ -369,10 +363,10 @@ Result CoreFinalize(void* context) {
     }
   }
   StRel(c->hdr->finalized_ns, now);
-  c->finalized_at = now;
+  c->finalized_at = MonoNs();
   c->next_retired = g_retired;
   g_retired = c;
-  ReclaimLocked(now);
+  ReclaimLocked(c->finalized_at);
   return Result::Success;
 }
 

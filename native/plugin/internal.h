@@ -32,12 +32,43 @@ template <class T> inline void St(T& f, T v) { __atomic_store_n(&f, v, __ATOMIC_
 template <class T> inline void StRel(T& f, T v) { __atomic_store_n(&f, v, __ATOMIC_RELEASE); }
 template <class T> inline T Add(T& f, T v) { return __atomic_fetch_add(&f, v, __ATOMIC_RELAXED); }
 
-// The one clock read of the hot path (vDSO, no syscall).
-inline uint64_t NowNs() {
+// CLOCK_MONOTONIC (vDSO, no syscall). Besides stamping events, it times the quarantine of
+// finalized contexts (context.cc): memory safety must never follow a clock a caller can set.
+inline uint64_t MonoNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
+
+// ---- virtual time (clock.cc) ----------------------------------------------------------
+// A simulator driving the plugin through the ABI (never NCCL, which does not know the entry
+// point) can hand the plugin a clock of its own with mycroftProfilerSetClock: every timestamp
+// the plugin writes (events, heartbeat, header clock pair, finalize) then reads that clock, so
+// an accelerated run leaves its exact simulated times in the rings. In production the pointer
+// stays null and the branch below is never taken.
+//
+// Relaxed is enough for both loads: the pointer is the only thing published through
+// g_virtual_mono (no other data hangs off it), and whoever sets the clock writes its value on
+// the thread that then calls into the plugin, so program order already makes each call see the
+// time set before it. A callback on another thread may read a value one update old, which is
+// what a real clock read racing with that thread would give too.
+extern std::atomic<const uint64_t*> g_virtual_mono;
+// CLOCK_REALTIME - CLOCK_MONOTONIC while the virtual clock is set (the run's fixed epoch).
+extern std::atomic<int64_t> g_virtual_real_offset;
+
+// The one clock read of the hot path. The vDSO clock is read first and the virtual clock's
+// pointer (null in production: one relaxed load, a plain mov on x86, and a never-taken branch)
+// is tested after it, so the load completes in the shadow of the clock read instead of in
+// front of it; a virtual run pays a clock read it discards, which costs a simulation nothing.
+inline uint64_t NowNs() {
+  const uint64_t t = MonoNs();
+  const uint64_t* v = g_virtual_mono.load(std::memory_order_relaxed);
+  if (__builtin_expect(v != nullptr, 0)) return __atomic_load_n(v, __ATOMIC_RELAXED);
+  return t;
+}
+
+// CLOCK_REALTIME, or the virtual clock's realtime (its monotonic value + the run's offset).
+uint64_t RealtimeNs();
 
 // ---- configuration (config.cc) ------------------------------------------------------
 struct Config {
