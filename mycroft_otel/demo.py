@@ -23,6 +23,7 @@ import threading
 import time
 
 from mycroft_otel import semconv as sc
+from mycroft_otel.cli import command
 
 DEFAULT_FAULT = "nic_down"
 
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         agent_thread = threading.Thread(target=agent.run, args=(stop,), name="demo-agent", daemon=True)
         agent_thread.start()
         # the training job is its own process, as in production (and off this process's GIL)
-        sim_argv = [sys.executable, "-m", "mycroft_otel", "sim", "--topology", topo, "--seed", str(args.seed),
+        sim_argv = command("sim", "--topology", topo, "--seed", str(args.seed),
                     "--realtime", "--duration", f"{duration:g}", "--ring-dir", ring_dir,
                     "--job-id", f"demo-{args.seed}", "--no-progress", "--light" if world >= 32 else "--slow-steps"]
         if name != "healthy":
