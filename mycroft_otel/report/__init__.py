@@ -73,7 +73,7 @@ def render_report(path: str, max_traces: int = 20, replay: bool = False) -> tupl
     if replay:
         for rec in recordings:
             spans += replayed_verdicts(rec, problems)
-    run_ = build(spans, files)
+    run_ = build(spans, files, problems)
     run_.evals = evals
     return page(run_, problems, max_traces, path), run_, problems
 
