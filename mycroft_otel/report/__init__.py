@@ -64,18 +64,23 @@ def replayed_verdicts(recording: str, problems: list[Problem]) -> list:
     return spans_from_request(request_to_json(req), f"{recording} (replayed)", problems)
 
 
-def render_report(path: str, max_traces: int = 20, replay: bool = False) -> tuple[str, Run, list[Problem]]:
-    """(html, run, problems) for a recorded run at ``path``."""
+def render_report(path: str | list[str], max_traces: int = 20,
+                  replay: bool = False) -> tuple[str, Run, list[Problem]]:
+    """(html, run, problems) for a recorded run at ``path`` (a file or directory, or a list of them)."""
     problems: list[Problem] = []
     evals: list = []
     recordings: list[str] = []
-    spans, files = read_path(path, problems, evals, recordings)
+    spans, files = [], []
+    for p in [path] if isinstance(path, str) else path:
+        more, names = read_path(p, problems, evals, recordings)
+        spans += more
+        files += names
     if replay:
         for rec in recordings:
             spans += replayed_verdicts(rec, problems)
     run_ = build(spans, files, problems)
     run_.evals = evals
-    return page(run_, problems, max_traces, path), run_, problems
+    return page(run_, problems, max_traces, path if isinstance(path, str) else ", ".join(path)), run_, problems
 
 
 def _default_output(path: str) -> str:
