@@ -269,3 +269,19 @@ def check_report_page(browser: Chromium, path: str) -> dict:
     stats = browser.image_stats(png, box, (0xE4, 0x57, 0x56))
     return {"url": url, "requests": load.requests, "console_errors": load.console_errors, "probe": probe,
             "screenshot": png, "stats": stats}
+
+
+def assert_report_page(seen: dict, culprit: int) -> None:
+    """What every report page must look like in a browser."""
+    assert seen["console_errors"] == [], seen["console_errors"]
+    assert seen["requests"] == [seen["url"]], seen["requests"]    # itself, nothing else: no CDN, no fonts
+    p = seen["probe"]
+    assert p["found"], "no culprit node in the communicator picture"
+    assert p["rank"] == culprit and f"rank {culprit}" in p["cell"], p
+    assert p["visibility"] == "visible" and p["display"] != "none" and p["opacity"] > 0.9, p
+    assert p["width"] > 10 and p["height"] > 10, p
+    assert 0 <= p["x"] and p["x"] + p["width"] <= p["vw"] and 0 <= p["y"] and p["y"] + p["height"] <= p["vh"], p
+    assert p["on_top"], "the culprit node is covered by another element"
+    s = seen["stats"]
+    assert s["ink"] > 0.02 and s["colours"] > 20, s                # not a blank (or one-colour) screenshot
+    assert s["box_share"] > 0.3, s                                 # the culprit's node is drawn red

@@ -15,7 +15,7 @@ import pytest
 from mycroft_otel.cli import command
 from mycroft_otel.report import render_report
 
-from chromium import Chromium, check_report_page, find_chromium
+from chromium import Chromium, assert_report_page, check_report_page, find_chromium
 from report_synth import request, ring_hang, root_cause, write_run
 
 
@@ -27,22 +27,6 @@ def browser():
     b = Chromium(exe)
     yield b
     b.close()
-
-
-def assert_report_page(seen: dict, culprit: int) -> None:
-    """What every report page must look like in a browser."""
-    assert seen["console_errors"] == [], seen["console_errors"]
-    assert seen["requests"] == [seen["url"]], seen["requests"]    # itself, nothing else: no CDN, no fonts
-    p = seen["probe"]
-    assert p["found"], "no culprit node in the communicator picture"
-    assert p["rank"] == culprit and f"rank {culprit}" in p["cell"], p
-    assert p["visibility"] == "visible" and p["display"] != "none" and p["opacity"] > 0.9, p
-    assert p["width"] > 10 and p["height"] > 10, p
-    assert 0 <= p["x"] and p["x"] + p["width"] <= p["vw"] and 0 <= p["y"] and p["y"] + p["height"] <= p["vh"], p
-    assert p["on_top"], "the culprit node is covered by another element"
-    s = seen["stats"]
-    assert s["ink"] > 0.02 and s["colours"] > 20, s                # not a blank (or one-colour) screenshot
-    assert s["box_share"] > 0.3, s                                 # the culprit's node is drawn red
 
 
 def test_the_checker_sees_console_errors_and_requests(browser, tmp_path):
