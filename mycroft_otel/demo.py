@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         truth = (result.get("out") or {}).get("faults") or []
         rc = _print_verdicts(verdicts, truth[0] if truth else None, time.monotonic() - t0)
-        if args.report and recording and not _write_report(args.report, recording, verdicts, work):
+        source = f"mycroft-otel demo: {world} simulated ranks, fault {fault}, seed {args.seed}"
+        if args.report and recording and not _write_report(args.report, recording, verdicts, work, source):
             rc = rc or 1
         return rc
     finally:
@@ -178,7 +179,7 @@ def _shut_down(stop: threading.Event, agent, processor, receiver) -> None:
     receiver.shutdown()
 
 
-def _write_report(out: str, recording: str, verdicts: list, work: str) -> bool:
+def _write_report(out: str, recording: str, verdicts: list, work: str, source: str) -> bool:
     """The run's HTML report at ``out``: the spans the processor received and its verdicts."""
     from mycroft_otel.processor.exporter import root_cause_span
     from mycroft_otel.report import render_report
@@ -190,7 +191,7 @@ def _write_report(out: str, recording: str, verdicts: list, work: str) -> bool:
         w.write_spans([root_cause_span(v) for v in verdicts])
     finally:
         w.close()
-    html, run_, problems = render_report([recording, vpath], max_traces=REPORT_TRACES)
+    html, run_, problems = render_report([recording, vpath], max_traces=REPORT_TRACES, source=source)
     for p in problems[:5]:
         print(f"mycroft-otel demo: report input: {p}", file=sys.stderr)
     try:

@@ -64,9 +64,10 @@ def replayed_verdicts(recording: str, problems: list[Problem]) -> list:
     return spans_from_request(request_to_json(req), f"{recording} (replayed)", problems)
 
 
-def render_report(path: str | list[str], max_traces: int = 20,
-                  replay: bool = False) -> tuple[str, Run, list[Problem]]:
-    """(html, run, problems) for a recorded run at ``path`` (a file or directory, or a list of them)."""
+def render_report(path: str | list[str], max_traces: int = 20, replay: bool = False,
+                  source: str | None = None) -> tuple[str, Run, list[Problem]]:
+    """(html, run, problems) for a recorded run at ``path`` (a file or directory, or a list of them);
+    ``source`` names the input on the page (default: the paths)."""
     problems: list[Problem] = []
     evals: list = []
     recordings: list[str] = []
@@ -80,7 +81,8 @@ def render_report(path: str | list[str], max_traces: int = 20,
             spans += replayed_verdicts(rec, problems)
     run_ = build(spans, files, problems)
     run_.evals = evals
-    return page(run_, problems, max_traces, path if isinstance(path, str) else ", ".join(path)), run_, problems
+    source = source or (path if isinstance(path, str) else ", ".join(path))
+    return page(run_, problems, max_traces, source), run_, problems
 
 
 def _default_output(path: str) -> str:

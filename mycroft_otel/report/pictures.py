@@ -408,7 +408,7 @@ def topology_svg(t: CollTrace, hops, verdict=None) -> str:
     tree = _tree_levels(n, edges)
     W = 560
     if tree is None:
-        H = 460
+        H = 400
         cx, cy, R = W / 2, H / 2 - 6, min(W, H) / 2 - 50
         pos = {r: (cx + R * math.sin(2 * math.pi * r / n), cy - R * math.cos(2 * math.pi * r / n)) for r in range(n)}
         shape = "ring"

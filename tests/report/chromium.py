@@ -285,3 +285,35 @@ def assert_report_page(seen: dict, culprit: int) -> None:
     s = seen["stats"]
     assert s["ink"] > 0.02 and s["colours"] > 20, s                # not a blank (or one-colour) screenshot
     assert s["box_share"] > 0.3, s                                 # the culprit's node is drawn red
+
+
+def main(argv: list[str]) -> int:
+    """``python3 tests/report/chromium.py REPORT.html OUT.png [WIDTH HEIGHT]``: a screenshot of the
+    report's top WIDTH x HEIGHT CSS pixels (docs/img/report.png is made this way from a demo run)."""
+    if len(argv) not in (2, 4):
+        print(main.__doc__)
+        return 2
+    width, height = (int(argv[2]), int(argv[3])) if len(argv) == 4 else (1000, 1700)
+    exe = find_chromium()
+    if exe is None:
+        print("no Chromium found (scripts/test.sh installs Debian's chromium)")
+        return 1
+    b = Chromium(exe, width=width, height=900)
+    try:
+        session = b.new_page()
+        load = b.load(session, "file://" + os.path.abspath(argv[0]))
+        if load.console_errors or load.requests[1:]:
+            print(f"the page is not clean: {load.console_errors} {load.requests}")
+            return 1
+        png = b.screenshot(session, {"x": 0, "y": 0, "width": width, "height": height})
+    finally:
+        b.close()
+    with open(argv[1], "wb") as f:
+        f.write(png)
+    print(f"{argv[1]}: {len(png)} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))
