@@ -11,8 +11,8 @@ import time
 from mycroft_otel import semconv as sc
 from mycroft_otel.report.model import CollTrace, Run, Verdict
 from mycroft_otel.report.otlp_json import Problem
-from mycroft_otel.report.pictures import (esc, flows_svg, fmt_dur, fmt_time, heatmap_svg, timeline_svg, topology_svg,
-                                          transfers_svg, walk_svg)
+from mycroft_otel.report.communicator import heatmap_svg, topology_svg, transfers_svg
+from mycroft_otel.report.pictures import esc, flows_svg, fmt_dur, fmt_time, timeline_svg, walk_svg
 
 
 CSS = """
