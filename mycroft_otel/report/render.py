@@ -141,7 +141,8 @@ def _pct(v) -> str:
 
 def trace_section(t: CollTrace, verdict_index: dict) -> str:
     hops = t.walk()
-    out = [f'<h3 id="t-{t.trace_id}">{esc(t.func)} #{esc(t.seq)} · communicator {esc(t.comm)} · '
+    out = [f'<section class="trace" id="t-{t.trace_id}">',
+           f"<h3>{esc(t.func)} #{esc(t.seq)} · communicator {esc(t.comm)} · "
            f"{len(t.ranks)}/{t.nranks} ranks reported · {esc(t.state)}</h3>",
            f'<div class="meta mono">trace {esc(t.trace_id)}</div>']
     for v in t.verdicts:
@@ -165,6 +166,7 @@ def trace_section(t: CollTrace, verdict_index: dict) -> str:
         out.append("<h4>Wait chain (link walk)</h4>" + walk_svg(t, hops))
     else:
         out.append(arrivals(t))
+    out.append("</section>")
     return "\n".join(out)
 
 

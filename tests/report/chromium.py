@@ -239,9 +239,12 @@ class Chromium:
 
 
 CULPRIT_PROBE = """(() => {
-  // the first verdict's culprit node in the communicator picture, and what the page says it is
-  const node = document.querySelector("svg.topology [data-culprit-rank]");
-  const cell = document.querySelector(".card td.culprit");
+  // the first verdict's culprit: what its card says, and its node in the picture of its trace
+  const card = document.querySelector(".card");
+  const cell = card && card.querySelector("td.culprit");
+  const link = card && card.querySelector('a[href^="#t-"]');
+  const section = link && document.getElementById(link.getAttribute("href").slice(1));
+  const node = section && section.querySelector("svg.topology [data-culprit-rank]");
   if (!node) return {found: false, cell: cell ? cell.textContent : null};
   node.scrollIntoView({block: "center"});
   const r = node.getBoundingClientRect();
