@@ -185,13 +185,15 @@ def _write_report(out: str, recording: str, verdicts: list, work: str, source: s
     from mycroft_otel.report import render_report
     from mycroft_otel.report.otlp_json import OtlpJsonWriter
 
-    vpath = os.path.join(work, "verdicts.jsonl")
-    w = OtlpJsonWriter(vpath)
-    try:
-        w.write_spans([root_cause_span(v) for v in verdicts])
-    finally:
-        w.close()
-    html, run_, problems = render_report([recording, vpath], max_traces=REPORT_TRACES, source=source)
+    inputs = [recording]
+    if verdicts:
+        inputs.append(os.path.join(work, "verdicts.jsonl"))
+        w = OtlpJsonWriter(inputs[-1])
+        try:
+            w.write_spans([root_cause_span(v) for v in verdicts])
+        finally:
+            w.close()
+    html, run_, problems = render_report(inputs, max_traces=REPORT_TRACES, source=source)
     for p in problems[:5]:
         print(f"mycroft-otel demo: report input: {p}", file=sys.stderr)
     try:

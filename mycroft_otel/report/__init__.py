@@ -10,7 +10,10 @@ processor's ``mycroft.root_cause`` spans; a directory is read file by file (``*.
 recordings through the processor (virtual time, processor/replay.py) to add its verdicts, for
 recordings that do not hold them.
 Content (render.py): the verdicts (category, culprit, evidence, confidence, detection latency)
-and per collective trace a timeline, the culprit's flow counters and the wait chain (model.py).
+and per collective trace a timeline, the culprit's flow counters and the wait chain (model.py,
+pictures.py); for a verdict's trace also the communicator as a ring or tree with the culprit and
+its blocked flows, a ranks x time heat map of wait states and per-flow transfer times
+(communicator.py). Spans with values the pictures cannot trust are named and left out (model.py).
 
 Bad input never stops the report: what could not be read is listed (file, line, what is wrong)
 at the top and on stderr, and everything valid is rendered. Exit status: 0 clean, 1 written
