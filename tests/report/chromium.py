@@ -80,6 +80,12 @@ class Chromium:
         self._reader = threading.Thread(target=self._read, name="cdp-reader", daemon=True)
         self._reader.start()
         self.width, self.height = width, height
+        self._targets: dict[str, str] = {}   # session -> target id
+
+    def close_page(self, session: str) -> None:
+        target = self._targets.pop(session, None)
+        if target:
+            self.send("Target.closeTarget", {"targetId": target})
 
     # --- protocol ---------------------------------------------------------------------------
 
@@ -127,6 +133,7 @@ class Chromium:
     def new_page(self) -> str:
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self._targets[session] = target
         for domain in ("Page", "Runtime", "Network", "Log"):
             self.send(f"{domain}.enable", session=session)
         self.send("Emulation.setDeviceMetricsOverride", {"width": self.width, "height": self.height,
@@ -218,7 +225,10 @@ class Chromium:
           return {width: c.width, height: c.height, ink: ink / (c.width * c.height),
                   colours: colours.size, box_share: inBox ? near / inBox : null};
         })()""" % (base64.b64encode(png).decode(), json.dumps(box), json.dumps(list(rgb) if rgb else None))
-        return self.evaluate(session, js)
+        try:
+            return self.evaluate(session, js)
+        finally:
+            self.close_page(session)
 
     def close(self) -> None:
         try:
@@ -263,9 +273,12 @@ def check_report_page(browser: Chromium, path: str) -> dict:
     culprit node's placement and how it and the whole screenshot look."""
     session = browser.new_page()
     url = "file://" + os.path.abspath(path)
-    load = browser.load(session, url)
-    probe = browser.evaluate(session, CULPRIT_PROBE)
-    png = browser.screenshot(session)
+    try:
+        load = browser.load(session, url)
+        probe = browser.evaluate(session, CULPRIT_PROBE)
+        png = browser.screenshot(session)
+    finally:
+        browser.close_page(session)
     box = None
     if probe.get("found"):
         box = {k: probe[k] for k in ("x", "y", "width", "height")}
