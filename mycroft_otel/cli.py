@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from mycroft_otel.config import ConfigError
@@ -19,10 +20,35 @@ VERBS: dict[str, tuple[str, str]] = {
     "processor": ("mycroft_otel.processor.cli", "OTLP receiver -> root-cause analysis -> root-cause spans; /metrics"),
     "sim": ("mycroft_otel.sim.cli", "simulate a training job with faults through the real plugin ABI"),
     "eval": ("mycroft_otel.evaluate.cli", "run the fault catalogue end to end; print detection/RCA accuracy"),
-    "demo": ("mycroft_otel.demo", "simulated job with a fault, agent and processor in one go: the verdict"),
+    "demo": ("mycroft_otel.demo", "simulated job with a fault, agent and processor in one go: verdict, report.html"),
     "report": ("mycroft_otel.report", "self-contained HTML report of a run"),
     "grafana": ("mycroft_otel.grafana", "grafana provision: push datasources, dashboards and alert rules"),
 }
+
+
+# The child interpreter starts with the working directory (or "" for -c) first on sys.path: a
+# checkout's source tree, without its compiled extension, would shadow the installed package.
+# It drops that entry and puts first the directory this very package was imported from, so
+# parent and child always run the same copy (installed, or a developer's in-place build).
+_CHILD_BOOT = (
+    "import sys\n"
+    "if not getattr(sys.flags, 'safe_path', False) and sys.path and sys.path[0] in ('', '.'):\n"
+    "    del sys.path[0]\n"
+    "root = sys.argv.pop(1)\n"
+    "if root not in sys.path:\n"
+    "    sys.path.insert(0, root)\n"
+    "from mycroft_otel.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def command(*args: str) -> list[str]:
+    """argv that runs ``mycroft-otel ARGS`` in a child process with the package this process runs.
+
+    Never ``python -m mycroft_otel``: that resolves the package against the child's working
+    directory first."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [sys.executable, "-c", _CHILD_BOOT, root, *args]
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:

@@ -3,7 +3,10 @@
 A simulated training job (``nodes x gpus`` ranks, TP inside a node, DP across nodes) drives the
 real NCCL profiler plugin in real time; a fault strikes a few seconds in. The node agent reads the
 shared-memory rings and exports spans over OTLP/gRPC on loopback to the analysis processor, whose
-verdict -- what, where, evidence, detection time -- is printed at the end::
+verdict -- what, where, evidence, detection time -- is printed at the end, and a self-contained
+HTML report of the run (``report.html`` in the working directory; ``mycroft-otel report``'s
+page: the verdict, the communicator with the culprit and the blocked flow, a heat map of the
+ranks' wait states, per-flow transfer times) is written and its path printed::
 
     mycroft-otel demo                        # 64 ranks, a NIC goes down
     mycroft-otel demo --fault gpu_stalled --seed 3
@@ -23,8 +26,12 @@ import threading
 import time
 
 from mycroft_otel import semconv as sc
+from mycroft_otel.cli import command
 
 DEFAULT_FAULT = "nic_down"
+REPORT_NAME = "report.html"
+#: Collective traces the demo's report draws (the verdicts' first).
+REPORT_TRACES = 6
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="picks the victim and the jitter (default %(default)s)")
     p.add_argument("--at", type=float, default=3.0, help="seconds into the run the fault strikes (default 3)")
     p.add_argument("--record", metavar="FILE", help="also record the OTLP the processor receives (for replay)")
+    p.add_argument("--report", metavar="FILE", default=REPORT_NAME,
+                   help="HTML report to write (default: %(default)s in the working directory); '' for none")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds the job runs (default: enough for the fault to be detected)")
 
@@ -95,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     verdicts = []
     processor = Processor(env={"MYCROFT_STALL_MS": str(stall_ms)}, exporter=None)
     processor.listeners.append(verdicts.append)
-    receiver = Receiver(processor, bind="127.0.0.1", grpc_port=port, http_port=None, record=args.record)
+    # the report is drawn from what the processor received: record it (where asked, else in the work dir)
+    recording = args.record or (os.path.join(work, "otlp.rec") if args.report else None)
+    receiver = Receiver(processor, bind="127.0.0.1", grpc_port=port, http_port=None, record=recording)
     agent = None
     stop = threading.Event()
     result: dict = {}
@@ -107,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
         agent_thread = threading.Thread(target=agent.run, args=(stop,), name="demo-agent", daemon=True)
         agent_thread.start()
         # the training job is its own process, as in production (and off this process's GIL)
-        sim_argv = [sys.executable, "-m", "mycroft_otel", "sim", "--topology", topo, "--seed", str(args.seed),
-                    "--realtime", "--duration", f"{duration:g}", "--ring-dir", ring_dir,
-                    "--job-id", f"demo-{args.seed}", "--no-progress", "--light" if world >= 32 else "--slow-steps"]
+        sim_argv = command("sim", "--topology", topo, "--seed", str(args.seed),
+                           "--realtime", "--duration", f"{duration:g}", "--ring-dir", ring_dir,
+                           "--job-id", f"demo-{args.seed}", "--no-progress",
+                           "--light" if world >= 32 else "--slow-steps")
         if name != "healthy":
             sim_argv += ["--fault", fault]
         sim_proc = subprocess.Popen(sim_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -141,21 +153,60 @@ def run(args: argparse.Namespace) -> int:
         if tty:
             sys.stderr.write("\n")
         time.sleep(1.0)  # the last spans through the agent's batcher and one more detection tick
+        _shut_down(stop, agent, processor, receiver)   # the recording is complete once the receiver is closed
+        if "error" in result:
+            print(f"mycroft-otel demo: the simulation failed: {result['error']}", file=sys.stderr)
+            return 1
+        truth = (result.get("out") or {}).get("faults") or []
+        rc = _print_verdicts(verdicts, truth[0] if truth else None, time.monotonic() - t0)
+        source = f"mycroft-otel demo: {world} simulated ranks, fault {fault}, seed {args.seed}"
+        if args.report and recording and not _write_report(args.report, recording, verdicts, work, source):
+            rc = rc or 1
+        return rc
     finally:
-        stop.set()
-        if agent is not None:
-            agent.close(flush_timeout_s=2.0)
-        processor.shutdown()
-        receiver.shutdown()
+        _shut_down(stop, agent, processor, receiver)
         shutil.rmtree(work, ignore_errors=True)
-    if "error" in result:
-        print(f"mycroft-otel demo: the simulation failed: {result['error']}", file=sys.stderr)
-        return 1
-    truth = (result.get("out") or {}).get("faults") or []
-    return _report(verdicts, truth[0] if truth else None, time.monotonic() - t0)
 
 
-def _report(verdicts: list, truth: dict | None, wall_s: float) -> int:
+def _shut_down(stop: threading.Event, agent, processor, receiver) -> None:
+    """Stop the agent, processor and receiver, once (a second call does nothing)."""
+    if stop.is_set():
+        return
+    stop.set()
+    if agent is not None:
+        agent.close(flush_timeout_s=2.0)
+    processor.shutdown()
+    receiver.shutdown()
+
+
+def _write_report(out: str, recording: str, verdicts: list, work: str, source: str) -> bool:
+    """The run's HTML report at ``out``: the spans the processor received and its verdicts."""
+    from mycroft_otel.processor.exporter import root_cause_span
+    from mycroft_otel.report import render_report
+    from mycroft_otel.report.otlp_json import OtlpJsonWriter
+
+    inputs = [recording]
+    if verdicts:
+        inputs.append(os.path.join(work, "verdicts.jsonl"))
+        w = OtlpJsonWriter(inputs[-1])
+        try:
+            w.write_spans([root_cause_span(v) for v in verdicts])
+        finally:
+            w.close()
+    html, run_, problems = render_report(inputs, max_traces=REPORT_TRACES, source=source)
+    for p in problems[:5]:
+        print(f"mycroft-otel demo: report input: {p}", file=sys.stderr)
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(html)
+    except OSError as exc:
+        print(f"mycroft-otel demo: cannot write the report {out}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    print(f"report     {os.path.abspath(out)} ({len(run_.verdicts)} verdict(s), {run_.spans} spans)")
+    return True
+
+
+def _print_verdicts(verdicts: list, truth: dict | None, wall_s: float) -> int:
     print()
     if truth:
         where = f"global rank{'s' if len(truth['culprit_global_ranks']) > 1 else ''} " + \

@@ -10,6 +10,12 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
 step "python dependencies"
 python3 scripts/install_deps.py test
 
+step "headless Chromium for the report's browser tests (installed once)"
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends chromium
+fi
+
 step "native build (in place) + GoogleTest"
 cmake -S . -B build/dev -G Ninja -DMYCROFT_INPLACE=ON -DMYCROFT_BUILD_TESTS=ON >/dev/null
 cmake --build build/dev

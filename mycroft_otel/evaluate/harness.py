@@ -15,12 +15,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 from mycroft_otel import semconv
+from mycroft_otel.cli import command
 from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.evaluate.sink import Sink, Verdict
 
@@ -97,7 +97,7 @@ def run_scenario(sc: Scenario, sink: Sink, stall_ms: int, keep_dir: bool = False
     work = tempfile.mkdtemp(prefix=f"mycroft-eval-{sc.name}-")
     ring_dir = os.path.join(work, "rings")
     os.makedirs(ring_dir, mode=0o700)
-    py = [sys.executable, "-m", "mycroft_otel"]
+    py = command()  # the package this process runs, never one the working directory shadows
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MYCROFT_"))}
     base_env.update({"MYCROFT_STALL_MS": str(stall_ms), "OTEL_BSP_SCHEDULE_DELAY": "200",
                      "PYTHONUNBUFFERED": "1"})

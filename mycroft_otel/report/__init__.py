@@ -10,7 +10,10 @@ processor's ``mycroft.root_cause`` spans; a directory is read file by file (``*.
 recordings through the processor (virtual time, processor/replay.py) to add its verdicts, for
 recordings that do not hold them.
 Content (render.py): the verdicts (category, culprit, evidence, confidence, detection latency)
-and per collective trace a timeline, the culprit's flow counters and the wait chain (model.py).
+and per collective trace a timeline, the culprit's flow counters and the wait chain (model.py,
+pictures.py); for a verdict's trace also the communicator as a ring or tree with the culprit and
+its blocked flows, a ranks x time heat map of wait states and per-flow transfer times
+(communicator.py). Spans with values the pictures cannot trust are named and left out (model.py).
 
 Bad input never stops the report: what could not be read is listed (file, line, what is wrong)
 at the top and on stderr, and everything valid is rendered. Exit status: 0 clean, 1 written
@@ -64,18 +67,25 @@ def replayed_verdicts(recording: str, problems: list[Problem]) -> list:
     return spans_from_request(request_to_json(req), f"{recording} (replayed)", problems)
 
 
-def render_report(path: str, max_traces: int = 20, replay: bool = False) -> tuple[str, Run, list[Problem]]:
-    """(html, run, problems) for a recorded run at ``path``."""
+def render_report(path: str | list[str], max_traces: int = 20, replay: bool = False,
+                  source: str | None = None) -> tuple[str, Run, list[Problem]]:
+    """(html, run, problems) for a recorded run at ``path`` (a file or directory, or a list of them);
+    ``source`` names the input on the page (default: the paths)."""
     problems: list[Problem] = []
     evals: list = []
     recordings: list[str] = []
-    spans, files = read_path(path, problems, evals, recordings)
+    spans, files = [], []
+    for p in [path] if isinstance(path, str) else path:
+        more, names = read_path(p, problems, evals, recordings)
+        spans += more
+        files += names
     if replay:
         for rec in recordings:
             spans += replayed_verdicts(rec, problems)
-    run_ = build(spans, files)
+    run_ = build(spans, files, problems)
     run_.evals = evals
-    return page(run_, problems, max_traces, path), run_, problems
+    source = source or (path if isinstance(path, str) else ", ".join(path))
+    return page(run_, problems, max_traces, source), run_, problems
 
 
 def _default_output(path: str) -> str:

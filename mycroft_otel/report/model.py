@@ -12,7 +12,19 @@ from dataclasses import dataclass, field
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
-from mycroft_otel.report.otlp_json import Span
+from mycroft_otel.report.otlp_json import Problem, Span
+
+#: Largest communicator the report believes. NCCL communicators of the largest jobs reach tens of
+#: thousands of ranks; a span claiming more (or a rank beyond it) is hostile or corrupt, and
+#: believing it would make the pictures iterate over billions of absent ranks.
+MAX_RANKS = 1 << 20
+#: Flows read from one span (NCCL runs at most MAXCHANNELS=64 channels, two directions, a few peers).
+MAX_FLOWS_PER_SPAN = 4096
+#: Span attributes that must be integers for the pictures to place them (rank, counts, times).
+_INT_ATTRS = (sc.RANK, sc.GLOBAL_RANK, sc.COMM_NRANKS, sc.SNAPSHOT_SEQ, sc.TIME_API, sc.TIME_END,
+              sc.RCA_ONSET, sc.RCA_DETECTED, sc.RCA_CULPRIT_CHANNEL, sc.RCA_CULPRIT_PEER)
+#: Nanosecond times beyond this (year ~2262, int64) cannot come from a clock.
+_MAX_NS = (1 << 63) - 1
 
 # Waits explained by a peer: the data (recv) or a free buffer (send) has not come from it yet.
 _PEER_WAITS = {"RecvWait": "waits for data", "SendPeerWait": "waits for the peer's buffer"}
@@ -31,6 +43,10 @@ class Flow:
     transmitted: int
     done: int
     wait_state: str
+    start_ns: int = 0
+    end_ns: int = 0          # 0 while the flow runs
+    bytes: int = 0
+    last_progress_ns: int = 0
 
     @property
     def unfinished(self) -> bool:
@@ -46,13 +62,16 @@ def flows_of(span: Span) -> list[Flow]:
         v = a.get(key)
         return [v[i] if isinstance(v, list) and i < len(v) else default for i in range(n)]
     cols = [col(sc.FLOW_DIRECTION, "?"), col(sc.FLOW_PEER, -1), col(sc.FLOW_STEPS, 0), col(sc.FLOW_POSTED, 0),
-            col(sc.FLOW_READY, 0), col(sc.FLOW_TRANSMITTED, 0), col(sc.FLOW_DONE, 0), col(sc.FLOW_WAIT_STATE, "")]
+            col(sc.FLOW_READY, 0), col(sc.FLOW_TRANSMITTED, 0), col(sc.FLOW_DONE, 0), col(sc.FLOW_WAIT_STATE, ""),
+            col(sc.FLOW_START, 0), col(sc.FLOW_END, 0), col(sc.FLOW_BYTES, 0), col(sc.FLOW_LAST_PROGRESS, 0)]
     out = []
-    for i in range(n):
+    for i in range(min(n, MAX_FLOWS_PER_SPAN)):
         try:
             out.append(Flow(int(ch[i]), str(cols[0][i]), int(cols[1][i]), int(cols[2][i]), int(cols[3][i]),
-                            int(cols[4][i]), int(cols[5][i]), int(cols[6][i]), str(cols[7][i] or "")))
-        except (TypeError, ValueError):
+                            int(cols[4][i]), int(cols[5][i]), int(cols[6][i]), str(cols[7][i] or ""),
+                            int(cols[8][i] or 0), int(cols[9][i] or 0), int(cols[10][i] or 0),
+                            int(cols[11][i] or 0)))
+        except (TypeError, ValueError, OverflowError):
             continue
     return out
 
@@ -102,7 +121,9 @@ class Verdict:
 
     @property
     def ranks(self) -> list[int]:
-        return [int(x) for x in (self.a.get(sc.RCA_CULPRIT_RANKS) or []) if isinstance(x, (int, float))]
+        v = self.a.get(sc.RCA_CULPRIT_RANKS)
+        return [x for x in (v if isinstance(v, list) else [])
+                if isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_RANKS]
 
     @property
     def onset_ns(self) -> int:
@@ -118,6 +139,9 @@ class Verdict:
 
     def linked(self, role: str) -> list[str]:
         return [sid for _t, sid, la in self.span.links if la.get(sc.LINK_ROLE) == role]
+
+
+_RESOLVE_RANKS = 1 << 14   # absent ranks searched when naming a link target (one hash each)
 
 
 @dataclass
@@ -146,7 +170,7 @@ class CollTrace:
 
     @property
     def nranks(self) -> int:
-        n = [int(rv.attr(sc.COMM_NRANKS) or 0) for rv in self.ranks.values()]
+        n = [rv.attr(sc.COMM_NRANKS) or 0 for rv in self.ranks.values()]   # ints <= MAX_RANKS (build)
         return max(n + [max(self.ranks) + 1 if self.ranks else 0])
 
     @property
@@ -189,7 +213,8 @@ class CollTrace:
             tid = int(self.trace_id, 16)
         except ValueError:
             return None, "unknown span", False
-        for r in range(max(self.nranks, max(self.culprits(), default=-1) + 1)):
+        # culprits first, then the communicator's ranks up to a bound: a hash per candidate
+        for r in list(self.culprits()) + list(range(min(self.nranks, _RESOLVE_RANKS))):
             if f"{ids.span_id(tid, r, sc.ROLE_OP):016x}" == span_id:
                 return r, "op span", False
         return None, "unknown span", False
@@ -297,7 +322,35 @@ class Run:
     evals: list = field(default_factory=list)  # (file, `mycroft-otel eval --json` document)
 
 
-def build(spans: list[Span], files: list[str]) -> Run:
+def _checked(s: Span, problems: list[Problem] | None) -> bool:
+    """Drop attributes the pictures cannot trust (non-integers where integers belong, ranks and
+    sizes beyond MAX_RANKS, times beyond int64), noting each; False: the span is unusable."""
+    def note(what: str) -> None:
+        if problems is not None:
+            problems.append(Problem(f"span {s.name or '?'} {s.span_id} (trace {s.trace_id})", what))
+    for key in _INT_ATTRS:
+        if key not in s.attrs:
+            continue
+        v = s.attrs[key]
+        if not isinstance(v, int) or isinstance(v, bool):
+            note(f"{key} = {str(v)[:40]!r} is not an integer; ignored")
+            del s.attrs[key]
+        elif key in (sc.RANK, sc.GLOBAL_RANK) and not 0 <= v < MAX_RANKS or \
+                key == sc.COMM_NRANKS and not 1 <= v <= MAX_RANKS:
+            note(f"{key} = {v} is outside 0..{MAX_RANKS} (the largest communicator the report draws); ignored")
+            del s.attrs[key]
+        elif not -_MAX_NS <= v <= _MAX_NS:
+            note(f"{key} = {v} does not fit in 64 bits; ignored")
+            del s.attrs[key]
+    if not (0 <= s.start_ns <= _MAX_NS and 0 <= s.end_ns <= _MAX_NS):
+        note(f"start/end time ({s.start_ns}, {s.end_ns}) does not fit in 64 bits; span skipped")
+        return False
+    return True
+
+
+def build(spans: list[Span], files: list[str], problems: list[Problem] | None = None) -> Run:
+    """The run's model; spans with values the pictures cannot trust are noted in ``problems``."""
+    spans = [s for s in spans if _checked(s, problems)]
     traces: dict[str, CollTrace] = {}
     verdicts: list[Verdict] = []
     other = 0
@@ -334,7 +387,7 @@ def build(spans: list[Span], files: list[str]) -> Run:
         t.by_span_id[s.span_id] = (rank, label)
     for t in traces.values():
         for rv in t.ranks.values():
-            rv.snapshots.sort(key=lambda s: (int(s.attrs.get(sc.SNAPSHOT_SEQ) or 0), s.end_ns))
+            rv.snapshots.sort(key=lambda s: (s.attrs.get(sc.SNAPSHOT_SEQ) or 0, s.end_ns))  # ints (_checked)
             rv.statuses.sort(key=lambda s: s.end_ns)
     verdicts.sort(key=lambda v: v.detected_ns)
     return Run(len(spans), traces, verdicts, files, other)

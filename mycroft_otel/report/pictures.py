@@ -58,22 +58,18 @@ _NO_SPAN = {False: "no span from this rank (silent)",
             True: "no span exported (healthy ranks of a flagged collective are sampled)"}
 
 
-def _rows(t: CollTrace, walk_ranks: list[int]) -> tuple[list[tuple[int, int]], int]:
+def drawn_rows(t: CollTrace, walk_ranks: list[int]) -> tuple[list[tuple[int, int]], int]:
     """Rows to draw as (first rank, last rank): one rank each, except runs of 3+ ranks without spans
     (one row); capped at MAX_ROWS, keeping culprits, walk, anomalies. Returns (rows, ranks not drawn)."""
     n = max(t.nranks, max(t.ranks, default=-1) + 1)
     rows: list[tuple[int, int]] = []
-    r = 0
-    while r < n:
-        if r in t.ranks:
+    prev = -1
+    for r in sorted(t.ranks) + [n]:   # O(ranks reported), however many the communicator claims
+        a, e = prev + 1, r - 1        # the gap of ranks without spans before r
+        rows += [(a, e)] if e - a >= 2 else [(i, i) for i in range(a, e + 1)]
+        if r < n:
             rows.append((r, r))
-            r += 1
-            continue
-        e = r
-        while e + 1 < n and e + 1 not in t.ranks:
-            e += 1
-        rows += [(r, e)] if e - r >= 2 else [(i, i) for i in range(r, e + 1)]
-        r = e + 1
+        prev = r
     if len(rows) <= MAX_ROWS:
         return rows, 0
     # priority: culprits, the end of the wait chain (nearest the culprit first), silent or collapsed
@@ -99,7 +95,7 @@ def _rows(t: CollTrace, walk_ranks: list[int]) -> tuple[list[tuple[int, int]], i
 
 
 def timeline_svg(t: CollTrace, walk_ranks: list[int]) -> str:
-    rows, omitted = _rows(t, walk_ranks)
+    rows, omitted = drawn_rows(t, walk_ranks)
     completed = all(rv.op is not None for rv in t.ranks.values())
     culprits = t.culprits()
     spans = [s for rv in t.ranks.values() for s in ([rv.op] if rv.op else []) + rv.snapshots + rv.statuses]

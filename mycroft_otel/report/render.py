@@ -11,6 +11,7 @@ import time
 from mycroft_otel import semconv as sc
 from mycroft_otel.report.model import CollTrace, Run, Verdict
 from mycroft_otel.report.otlp_json import Problem
+from mycroft_otel.report.communicator import heatmap_svg, topology_svg, transfers_svg
 from mycroft_otel.report.pictures import esc, flows_svg, fmt_dur, fmt_time, timeline_svg, walk_svg
 
 
@@ -26,6 +27,9 @@ th{background:#f4f4f4} .card{border:1px solid #e0b4b4;background:#fff7f7;border-
 svg{display:block;margin:6px 0 12px} svg text{font-family:system-ui,Helvetica,Arial,sans-serif}
 """
 
+
+
+_CULPRIT_CELL = ' class="culprit"'
 
 
 # --- verdicts -----------------------------------------------------------------------------------
@@ -53,7 +57,7 @@ def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
     conf = a.get(sc.RCA_CONFIDENCE)
     lat = v.latency_s
     rows = [
-        ("culprit", _where(v)),
+        ("culprit", _where(v)),   # the row the reader looks for first (class culprit)
         ("evidence", a.get(sc.RCA_EVIDENCE, "")),
         ("confidence", f"{conf:.2f}" if isinstance(conf, (int, float)) else "-"),
         ("detection latency", f"{lat:.2f} s after the estimated onset" if lat is not None else "- (no onset estimate)"),
@@ -74,7 +78,8 @@ def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
     if links:
         more = f" (+{len(links) - 12} more)" if len(links) > 12 else ""
         rows.append(("linked spans", "; ".join(links[:12]) + more))
-    body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in rows)
+    body = "".join(f"<tr><th>{esc(k)}</th><td{_CULPRIT_CELL if k == 'culprit' else ''}>{esc(val)}</td></tr>"
+                   for k, val in rows)
     anchor = f"#t-{v.span.trace_id}" if t is not None and t.ranks else ""
     title = f"{esc(v.kind)}: <b>{esc(v.category)}</b>"
     if anchor:
@@ -136,12 +141,23 @@ def _pct(v) -> str:
 
 def trace_section(t: CollTrace, verdict_index: dict) -> str:
     hops = t.walk()
-    out = [f'<h3 id="t-{t.trace_id}">{esc(t.func)} #{esc(t.seq)} · communicator {esc(t.comm)} · '
+    out = [f'<section class="trace" id="t-{t.trace_id}">',
+           f"<h3>{esc(t.func)} #{esc(t.seq)} · communicator {esc(t.comm)} · "
            f"{len(t.ranks)}/{t.nranks} ranks reported · {esc(t.state)}</h3>",
            f'<div class="meta mono">trace {esc(t.trace_id)}</div>']
     for v in t.verdicts:
         out.append(f'<p>Verdict {verdict_index[id(v)] + 1}: <b>{esc(v.category)}</b> at {esc(_where(v))}</p>')
-    out.append(timeline_svg(t, [h.rank for h in hops]))
+    walk_ranks = [h.rank for h in hops]
+    for v in t.verdicts[:1]:
+        topo = topology_svg(t, hops, v)
+        if topo:
+            out.append("<h4>The communicator: culprit and blocked flow</h4>" + topo)
+        heat = heatmap_svg(t, walk_ranks)
+        if heat:
+            out.append("<h4>What each rank waited in, over time</h4>" + heat)
+        out.append("<h4>Per-flow transfer times</h4>" + transfers_svg(t, v))
+    out.append("<h4>Timeline</h4>" if t.verdicts else "")
+    out.append(timeline_svg(t, walk_ranks))
     for v in t.verdicts[:1]:
         for r in v.ranks[:2]:
             out.append(f"<h4>Flow counters of culprit rank {r}</h4>")
@@ -150,6 +166,7 @@ def trace_section(t: CollTrace, verdict_index: dict) -> str:
         out.append("<h4>Wait chain (link walk)</h4>" + walk_svg(t, hops))
     else:
         out.append(arrivals(t))
+    out.append("</section>")
     return "\n".join(out)
 
 

@@ -45,6 +45,7 @@ from typing import Callable, Sequence
 
 import yaml
 
+from mycroft_otel.cli import command
 from mycroft_otel.stack.traces import TraceStoreClient
 
 LOOPBACK = "127.0.0.1"
@@ -74,13 +75,13 @@ ProcessorCommand = Callable[[ProcessorPorts], Sequence[str]]
 
 def default_processor_command(ports: ProcessorPorts) -> list[str]:
     """``mycroft-otel processor`` on the given ports (the product's analysis processor)."""
-    return [
-        sys.executable, "-m", "mycroft_otel", "processor",
+    return command(  # the package this process runs, never one the working directory shadows
+        "processor",
         "--bind", ports.bind,
         "--grpc-port", str(ports.grpc),
         "--http-port", str(ports.http),
         "--metrics-port", str(ports.metrics),
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def default_bin_dir() -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from mycroft_otel.cli import command
 from mycroft_otel.stack import LocalStack, ProcessorPorts, StackError, default_processor_command
 from mycroft_otel.stack.runner import free_ports
 from mycroft_otel.stack.traces import spans_from_otlp_json
@@ -23,7 +24,8 @@ def test_missing_binaries_name_the_build_script(tmp_path):
 
 def test_default_processor_command_uses_the_product_cli():
     argv = default_processor_command(ProcessorPorts(0, 1001, 1002, 1003))
-    assert argv[1:4] == ["-m", "mycroft_otel", "processor"]
+    base = command()   # the product CLI, run with this very package (never `-m`, see cli.command)
+    assert argv[:len(base) + 1] == base + ["processor"]
     assert argv[argv.index("--grpc-port") + 1] == "1001"
     assert argv[argv.index("--metrics-port") + 1] == "1003"
 
