@@ -17,7 +17,7 @@ from grafana_helpers import GRAFANA_RULES, PROM_RULES, binary, panels, prom_expr
 
 
 def test_dashboards_exist(dashboards):
-    assert {"mycroft-overview.json", "mycroft-collective.json"} <= set(dashboards)
+    assert {"mycroft-overview.json", "mycroft-collective.json", "mycroft-collective-health.json"} <= set(dashboards)
     assert len({d["uid"] for d in dashboards.values()}) == len(dashboards)
 
 
@@ -40,6 +40,8 @@ def test_every_panel_and_target_uses_a_provisioned_datasource(dashboards, dataso
                 assert tds["uid"] in datasource_uids and tds["type"] == datasource_uids[tds["uid"]], where
                 if tds["type"] == "prometheus":
                     assert t.get("expr"), where
+                elif tds["type"] == "jaeger":  # Jaeger's search: service and operation
+                    assert t.get("queryType") == "search" and t.get("service") and t.get("operation"), where
                 else:
                     assert t.get("query") and t.get("queryType") == "traceql", where
         for v in d["templating"]["list"]:
@@ -92,14 +94,28 @@ def _processor_metrics():
     return m
 
 
-def test_metric_names_exist_in_processor_metrics(dashboards):
+def _agent_metric_names() -> set[str]:
+    """The agents' collective metrics as the gateway's Prometheus exporter names them (dots to underscores,
+    the unit appended, _total on counters, _bucket/_sum/_count on histograms)."""
+    from mycroft_otel.agent import metrics as am
+    base = {am.DURATION: "_seconds", am.BUS_BANDWIDTH: "_bytes_per_second"}
+    names = {n.replace(".", "_") + s + x for n, s in base.items() for x in ("_bucket", "_sum", "_count")}
+    names.add(am.NETWORK_WAIT.replace(".", "_") + "_seconds_total")
+    names |= {am.IN_FLIGHT.replace(".", "_"), am.LAST_SEQUENCE.replace(".", "_")}
+    return names
+
+
+def test_metric_names_exist_in_processor_or_agent_metrics(dashboards):
     text = _processor_metrics().text()
-    exposed = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M))
+    exposed = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M)) | _agent_metric_names()
     exprs = prom_exprs(dashboards)
-    named = {n for _w, e in exprs for n in re.findall(r"\b(mycroft_[a-z0-9_]+)", e)}
+    from mycroft_otel.agent import metrics as am
+    labels = {a.replace(".", "_") for a in (am.ATTR_COMM, am.ATTR_FUNC, am.ATTR_RANK, am.ATTR_SIZE, am.ATTR_PEER,
+                                            am.ATTR_DIRECTION)}
+    named = {n for _w, e in exprs for n in re.findall(r"\b(mycroft_[a-z0-9_]+)", e)} - labels
     assert named, "no mycroft metric in the dashboards"
     missing = named - exposed
-    assert not missing, f"not in the processor's /metrics: {sorted(missing)}"
+    assert not missing, f"neither in the processor's /metrics nor the agents' metrics: {sorted(missing)}"
 
 
 def _wait_json(url: str, timeout: float = 20.0):
@@ -164,7 +180,10 @@ def _norm(s: str) -> str:
 
 def test_grafana_rules_are_the_prometheus_rules():
     """Same expressions, durations, labels, annotations ($value -> $values.A.Value) as dashboards/alerts."""
-    prom = {r["alert"]: r for g in yaml.safe_load(PROM_RULES.read_text())["groups"] for r in g["rules"]}
+    # the span-count twin of MycroftRootCause (source: spans, from the gateway's spanmetrics) is
+    # Prometheus/Alertmanager only: Grafana's rules alert from the processors' counter
+    prom = {r["alert"]: r for g in yaml.safe_load(PROM_RULES.read_text())["groups"] for r in g["rules"]
+            if r.get("labels", {}).get("source") != "spans"}
     graf = {r["title"]: r for g in yaml.safe_load(GRAFANA_RULES.read_text())["groups"] for r in g["rules"]}
     assert "MycroftRootCause" in graf
     assert set(graf) <= set(prom)
