@@ -394,10 +394,10 @@ def meter_provider(cfg: MetricsConfig, metrics: CollectiveMetrics, resource_attr
     """An SDK MeterProvider whose periodic reader exports, per OTEL_*, the SDK's instruments and ``metrics``."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
     attrs = dict(resource_attrs)
-    if "service.instance.id" not in Resource.create({}).attributes:
+    if "service.instance.id" not in OTELResourceDetector().detect().attributes:  # not in OTEL_RESOURCE_ATTRIBUTES
         # Prometheus' `instance` label: without it two nodes' series of one communicator collide
         attrs["service.instance.id"] = socket.gethostname()
     resource = Resource.create(attrs)
