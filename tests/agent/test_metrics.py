@@ -158,3 +158,17 @@ def test_settings():
     cfg = am.metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
                              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
     assert (cfg.exporter, cfg.protocol, cfg.interval_ms) == ("otlp", "http/protobuf", 1000)
+
+
+def test_agent_cli_names_a_bad_metrics_variable(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MYCROFT_"))}
+    env.update(OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="soon", PYTHONPATH=str(repo))
+    out = subprocess.run([sys.executable, "-m", "mycroft_otel", "agent", "--once", "--ring-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "OTEL_METRIC_EXPORT_INTERVAL='soon'" in out.stderr, out.stderr

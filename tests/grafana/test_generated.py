@@ -58,3 +58,21 @@ def test_jaeger_root_cause_table(dashboards):
     assert len(jaeger) == 1
     t = jaeger[0]["targets"][0]
     assert (t["service"], t["operation"]) == ("mycroft-processor", "mycroft.root_cause")
+
+
+def test_alert_annotations_traceql_parses_with_grafanas_grammar():
+    """The `traceql` annotation of each alert (what the on-call pastes into Grafana), templates filled in."""
+    import re
+
+    import yaml
+    from grafana_helpers import GRAFANA_RULES, PROM_RULES
+
+    queries = []
+    for path, groups_key in ((PROM_RULES, "rules"), (GRAFANA_RULES, "rules")):
+        for g in yaml.safe_load(path.read_text())["groups"]:
+            for r in g[groups_key]:
+                q = r.get("annotations", {}).get("traceql")
+                if q:
+                    queries.append(re.sub(r"\{\{[^}]*\}\}", "x0123456789abcdef", q))
+    assert len(queries) >= 3
+    assert parse_traceql(queries) == [None] * len(queries), queries
