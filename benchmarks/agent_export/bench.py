@@ -11,6 +11,10 @@ Three measurements in one run, against the same rings, the receiver in its own p
    attributes handed to it ready-made (its most favourable reading; the ratio we quote).
 3. **node load**: a writer process drives the real plugin (``_native.Driver``, paced replay) for
    8 ranks × 100 collectives/s; the agent runs with default settings; its CPU share of one core.
+4. **collective metrics**: the same agent with its OpenTelemetry collective metrics on
+   (mycroft_otel/agent/metrics.py, exported over OTLP to the same receiver process), against metrics
+   off in this run: the throughput run twice each way, alternating, and the node load with the
+   metrics exported every 1 s and every 60 s (the SDK's default); CPU ratios on/off printed.
 
 usage: python benchmarks/agent_export/bench.py [--ranks 8] [--colls 400] [--seconds 10]
 """
@@ -249,18 +253,19 @@ def run_sdk(ring_dir: Path, recv: Receiver, total: int) -> tuple[float, float]:
     return c2 - c0, c2 - c1
 
 
-def node_load(tmp: Path, recv: Receiver, nranks: int, seconds: float, rate: float, metrics: bool = False) -> dict:
+def node_load(tmp: Path, recv: Receiver, nranks: int, seconds: float, rate: float, metrics: int = 0) -> dict:
+    """The agent's CPU share under a paced job; ``metrics``: export interval in ms (0: metrics off)."""
     from mycroft_otel.agent.agent import Agent
     from mycroft_otel.agent.settings import AgentSettings
 
-    ring_dir = tmp / ("load-metrics" if metrics else "load")
+    ring_dir = tmp / (f"load-metrics-{metrics}" if metrics else "load")
     ring_dir.mkdir()
     w = subprocess.Popen([sys.executable, __file__, "--writer", str(ring_dir), "--ranks", str(nranks),
                           "--seconds", str(seconds), "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
     assert w.stdout.readline().strip() == "ready"
     env = dict(os.environ, MYCROFT_RING_DIR=str(ring_dir), MYCROFT_STATE_DIR=str(ring_dir / ".state"))
     c0, t0 = time.process_time(), time.monotonic()
-    m = Metrics("bench-agent") if metrics else None
+    m = Metrics("bench-agent", metrics) if metrics else None
     agent = Agent(AgentSettings.from_env(env), metrics=m.collective if m else None)
     if m:
         m.register_health(agent.health)
@@ -330,19 +335,25 @@ def main() -> None:
             print(f"sdk (attrs     {s:10.0f} spans/s/core  ({sdk_cpu:.3f} s CPU)  ratio {a / s:.1f}x"
                   f"  <- quoted (target >= 2x)")
             print("     given)")
-            with_metrics = run_agent(ring_dir, tmp / "state-metrics", recv, total, metrics=True)
-            print(f"agent + metrics{total / with_metrics:10.0f} spans/s/core  ({with_metrics:.3f} s CPU)  "
-                  f"metrics on/off CPU ratio {with_metrics / agent_cpu:.2f}  "
+            # metrics on vs off, alternating after the first (warm-up) run above, each on fresh cursors
+            on, off = [], []
+            for i in range(2):
+                on.append(run_agent(ring_dir, tmp / f"state-on{i}", recv, total, metrics=True))
+                off.append(run_agent(ring_dir, tmp / f"state-off{i}", recv, total))
+            print(f"agent + metrics{total / (sum(on) / 2):10.0f} spans/s/core  ({sum(on) / 2:.3f} s CPU, off "
+                  f"{sum(off) / 2:.3f} s)  metrics on/off CPU ratio {sum(on) / sum(off):.2f}  "
                   f"({recv.metric_points()} metric points received)")
             load = node_load(tmp, recv, args.ranks, args.seconds, args.rate)
             print(f"node load: {args.ranks} ranks x {args.rate:.0f} collectives/s for {load['wall_s']:.1f} s: "
                   f"agent CPU {100 * load['cpu_share']:.1f}% of one core (target <= 10%), "
                   f"{load['records']} records read, {load['spans']} spans, {load['dropped_ring']} lost in rings")
-            points = recv.metric_points()
-            mload = node_load(tmp, recv, args.ranks, args.seconds, args.rate, metrics=True)
-            print(f"node load + metrics (export every 1 s): agent CPU {100 * mload['cpu_share']:.1f}% of one core, "
-                  f"{mload['records']} records read, {recv.metric_points() - points} metric points received; "
-                  f"metrics on/off CPU ratio {mload['cpu_share'] / load['cpu_share']:.2f}")
+            for interval_ms in (1000, 60000):
+                points = recv.metric_points()
+                mload = node_load(tmp, recv, args.ranks, args.seconds, args.rate, metrics=interval_ms)
+                print(f"node load + metrics (OTEL_METRIC_EXPORT_INTERVAL={interval_ms}): agent CPU "
+                      f"{100 * mload['cpu_share']:.1f}% of one core, {mload['records']} records read, "
+                      f"{recv.metric_points() - points} metric points received; "
+                      f"metrics on/off CPU ratio {mload['cpu_share'] / load['cpu_share']:.2f}")
             for c in ctxs:
                 d.finalize(c)
         finally:

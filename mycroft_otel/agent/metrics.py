@@ -151,60 +151,70 @@ class CollectiveMetrics:
 
     # --- the poll loop's side --------------------------------------------------------------
     def record(self, src: RingSource, recs: np.ndarray) -> None:
-        """Aggregate a batch of completion records of one ring (the agent calls this for every batch)."""
+        """Aggregate a batch of completion records of one ring (the agent calls this for every batch).
+
+        A poll's batch is usually one function at one size on one communicator, so the common case
+        takes one group and a handful of numpy calls; mixed batches group by (function, size).
+        """
         n = len(recs)
         if not n:
             return
         ops = recs["op"]
-        start = ops["start_ns"].astype(np.int64)
-        api = ops["api_ns"].astype(np.int64)
+        begin = ops["start_ns"].astype(np.int64)
         end = ops["end_ns"].astype(np.int64)
-        begin = np.where(start > 0, start, api)
+        if not begin.all():  # no start seen: from the API call
+            begin = np.where(begin > 0, begin, ops["api_ns"].astype(np.int64))
         ok = (begin > 0) & (end >= begin)
-        dur = (end - begin) / 1e9
+        dur = (end - begin) * 1e-9
         func = ops["func"].astype(np.int64)
-        nbytes = ops["bytes"]
-        sizes = np.searchsorted(_SIZE_EDGES, nbytes, side="left")
-        key = func * len(SIZE_LABELS) + sizes
-        factor = np.ones(n)
-        for f in np.unique(func).tolist():
-            factor[func == f] = sp.busbw_factor(f, src.nranks)
+        nbytes = ops["bytes"].astype(np.float64)
+        key = func * len(SIZE_LABELS) + np.searchsorted(_SIZE_EDGES, ops["bytes"], side="left")
+        f0 = int(func[0])
+        if (func == f0).all():
+            factor: Any = sp.busbw_factor(f0, src.nranks)
+        else:
+            factor = np.array([sp.busbw_factor(f, src.nranks) for f in func.tolist()])
         bw_ok = ok & (dur > 0) & (nbytes > 0)
-        bw = np.zeros(n)
-        bw[bw_ok] = nbytes[bw_ok].astype(np.float64) * factor[bw_ok] / dur[bw_ok]
-        # network wait per (peer, direction): valid flows only
-        flows = recs["flows"]
-        valid = np.arange(flows.shape[1])[None, :] < ops["n_flows"].astype(np.int64)[:, None]
-        fl = flows[valid]
-        kinds = ops["kind"]
-        coll = kinds == sp.KIND_COLL
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bw = nbytes * factor / dur
+        k0 = int(key[0])
+        groups = [k0] if (key == k0).all() else np.unique(key[ok]).tolist()
+        # network wait per (peer, direction): valid flows with a peer
+        nflows = ops["n_flows"].astype(np.int64)
+        flows = recs["flows"][:, :int(nflows.max())] if nflows.any() else None
+        waits = None
+        if flows is not None:
+            fl = flows[np.arange(flows.shape[1])[None, :] < nflows[:, None]]
+            fl = fl[fl["peer"] >= 0]
+            if len(fl):
+                pk = fl["peer"].astype(np.int64) * 2 + (fl["dir"].astype(np.int64) & 1)
+                present = np.flatnonzero(np.bincount(pk))
+                waits = zip(present.tolist(), np.bincount(pk, weights=fl["net_wait_ns"])[present].tolist())
+        coll = ops["kind"] == sp.KIND_COLL
         last = int(ops["seq"][coll].max()) if coll.any() else -1
         with self._lock:
             self.records += n
             c = self._comm(src.comm_hex)
-            for k in np.unique(key[ok]).tolist():
-                sel = ok & (key == k)
+            for k in groups:
+                sel = ok if len(groups) == 1 else ok & (key == k)
+                if not sel.any():
+                    continue
                 fk = (k // len(SIZE_LABELS), k % len(SIZE_LABELS))
                 h = c.duration.get(fk)
                 if h is None:
                     h = c.duration[fk] = _Hist(_DUR_EDGES)
                 h.add(dur[sel])
-                sel &= bw_ok
+                sel = sel & bw_ok
                 if sel.any():
                     b = c.bandwidth.get(fk)
                     if b is None:
                         b = c.bandwidth[fk] = _Hist(_BW_EDGES)
                     b.add(bw[sel])
-            if len(fl):
-                pk = fl["peer"].astype(np.int64) * 2 + (fl["dir"].astype(np.int64) & 1)
-                waits = fl["net_wait_ns"].astype(np.int64)
-                uniq, inv = np.unique(pk, return_inverse=True)
-                sums = np.bincount(inv, weights=waits)
-                for p, s in zip(uniq.tolist(), sums.tolist()):
-                    peer = (p // 2, p % 2)
-                    if peer not in c.net_wait_ns and len(c.net_wait_ns) >= 2 * self.max_peers:
-                        peer = (-1, -1)  # into the communicator's overflow series
-                    c.net_wait_ns[peer] = c.net_wait_ns.get(peer, 0) + int(s)
+            for p, ns in waits or ():
+                peer = (p // 2, p % 2)
+                if peer not in c.net_wait_ns and len(c.net_wait_ns) >= 2 * self.max_peers:
+                    peer = (-1, -1)  # into the communicator's overflow series
+                c.net_wait_ns[peer] = c.net_wait_ns.get(peer, 0) + int(ns)
             if last >= 0:
                 rk = self._rank_key(src)
                 if rk is not None and last > self._last_seq.get(rk, (-1, ""))[0]:
