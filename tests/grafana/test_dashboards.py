@@ -157,7 +157,7 @@ def test_promql_evaluates_on_real_prometheus(dashboards, tmp_path):
             time.sleep(0.5)
         exprs = prom_exprs(dashboards)
         rules = yaml.safe_load(GRAFANA_RULES.read_text())
-        exprs += [(f"alert {r['title']}", r["data"][0]["model"]["expr"]) for g in rules["groups"] for r in g["rules"]]
+        exprs += [(f"alert {r['uid']}", r["data"][0]["model"]["expr"]) for g in rules["groups"] for r in g["rules"]]
         results = {}
         for where, e in exprs:
             r = _wait_json(base + urllib.parse.quote(substitute(e)))
@@ -166,7 +166,7 @@ def test_promql_evaluates_on_real_prometheus(dashboards, tmp_path):
         # the verdict seen by the registry shows up, first one included (the `unless offset` arm)
         stat = [v for w, v in results.items() if "Root causes in range" in w][0]
         assert stat and float(stat[0]["value"][1]) == 1.0, stat
-        alert = results["alert MycroftRootCause"]
+        alert = results["alert mycroft-root-cause"]
         assert [(s["metric"]["category"], s["metric"]["kind"]) for s in alert] == [("gpu_stalled", "hang")]
     finally:
         proc.terminate()
@@ -180,12 +180,13 @@ def _norm(s: str) -> str:
 
 def test_grafana_rules_are_the_prometheus_rules():
     """Same expressions, durations, labels, annotations ($value -> $values.A.Value) as dashboards/alerts."""
-    # the span-count twin of MycroftRootCause (source: spans, from the gateway's spanmetrics) is
-    # Prometheus/Alertmanager only: Grafana's rules alert from the processors' counter
-    prom = {r["alert"]: r for g in yaml.safe_load(PROM_RULES.read_text())["groups"] for r in g["rules"]
-            if r.get("labels", {}).get("source") != "spans"}
-    graf = {r["title"]: r for g in yaml.safe_load(GRAFANA_RULES.read_text())["groups"] for r in g["rules"]}
-    assert "MycroftRootCause" in graf
+    # one rule per (name, source): MycroftRootCause exists from the processors' counter and from
+    # the gateway's span count (source: spans)
+    def key(name, r):
+        return name, r.get("labels", {}).get("source", "")
+    prom = {key(r["alert"], r): r for g in yaml.safe_load(PROM_RULES.read_text())["groups"] for r in g["rules"]}
+    graf = {key(r["title"], r): r for g in yaml.safe_load(GRAFANA_RULES.read_text())["groups"] for r in g["rules"]}
+    assert ("MycroftRootCause", "") in graf and ("MycroftRootCause", "spans") in graf
     assert set(graf) <= set(prom)
     for name, gr in graf.items():
         pr = prom[name]
