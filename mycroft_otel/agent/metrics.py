@@ -88,6 +88,8 @@ _BW_EDGES = np.asarray(BANDWIDTH_BOUNDS)
 _NFUNC = 256
 _DIRS = sp.DIR_NAMES
 _OVERFLOW_ATTRS = {ATTR_OVERFLOW: True}
+_UNKNOWN_FUNC = 255
+_BINCOUNT_MAX = 1 << 16  # (peer, direction) keys below this are counted with bincount
 
 EXPORTERS = ("otlp", "console", "none")
 _PROTOCOLS = ("grpc", "http/protobuf")
@@ -167,6 +169,7 @@ class CollectiveMetrics:
         ok = (begin > 0) & (end >= begin)
         dur = (end - begin) * 1e-9
         func = ops["func"].astype(np.int64)
+        func[func >= len(sp.FUNC_NAMES)] = _UNKNOWN_FUNC  # one "Unknown" series, whatever the code
         nbytes = ops["bytes"].astype(np.float64)
         key = func * len(SIZE_LABELS) + np.searchsorted(_SIZE_EDGES, ops["bytes"], side="left")
         f0 = int(func[0])
@@ -188,8 +191,13 @@ class CollectiveMetrics:
             fl = fl[fl["peer"] >= 0]
             if len(fl):
                 pk = fl["peer"].astype(np.int64) * 2 + (fl["dir"].astype(np.int64) & 1)
-                present = np.flatnonzero(np.bincount(pk))
-                waits = zip(present.tolist(), np.bincount(pk, weights=fl["net_wait_ns"])[present].tolist())
+                w = fl["net_wait_ns"].astype(np.float64)
+                if pk.max() < _BINCOUNT_MAX:  # the usual rank numbers: one pass, no sort
+                    present = np.flatnonzero(np.bincount(pk))
+                    waits = zip(present.tolist(), np.bincount(pk, weights=w)[present].tolist())
+                else:  # a huge peer number (a big job, or a hostile ring) must not size an array
+                    uniq, inv = np.unique(pk, return_inverse=True)
+                    waits = zip(uniq.tolist(), np.bincount(inv, weights=w).tolist())
         coll = ops["kind"] == sp.KIND_COLL
         last = int(ops["seq"][coll].max()) if coll.any() else -1
         with self._lock:
@@ -199,7 +207,8 @@ class CollectiveMetrics:
                 sel = ok if len(groups) == 1 else ok & (key == k)
                 if not sel.any():
                     continue
-                fk = (k // len(SIZE_LABELS), k % len(SIZE_LABELS))
+                # the overflow series is one series: no function or size in it
+                fk = (k // len(SIZE_LABELS), k % len(SIZE_LABELS)) if c is not self._overflow else (-1, -1)
                 h = c.duration.get(fk)
                 if h is None:
                     h = c.duration[fk] = _Hist(_DUR_EDGES)
@@ -211,7 +220,7 @@ class CollectiveMetrics:
                         b = c.bandwidth[fk] = _Hist(_BW_EDGES)
                     b.add(bw[sel])
             for p, ns in waits or ():
-                peer = (p // 2, p % 2)
+                peer = (p // 2, p % 2) if c is not self._overflow else (-1, -1)
                 if peer not in c.net_wait_ns and len(c.net_wait_ns) >= 2 * self.max_peers:
                     peer = (-1, -1)  # into the communicator's overflow series
                 c.net_wait_ns[peer] = c.net_wait_ns.get(peer, 0) + int(ns)

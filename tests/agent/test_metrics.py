@@ -105,6 +105,7 @@ def test_cardinality_caps_go_to_one_overflow_series(tmp_path, otel_env):
     rings = [FakeRing(tmp_path / f"r{c}", rank=0, nranks=2, comm_hash=0x1000 + c) for c in range(3)]
     for ring in rings:
         ring.op_done(count=1 << 10)
+        ring.op_done(count=1 << 20, func=BROADCAST)  # a second series on each communicator
     cm = am.CollectiveMetrics(max_comms=2, max_ranks=2, max_peers=1)
     agent = make_agent(tmp_path, sample_ratio=0.0)
     agent.metrics = cm
@@ -114,10 +115,12 @@ def test_cardinality_caps_go_to_one_overflow_series(tmp_path, otel_env):
         agent.close()
     dur = cm.histograms()[0]
     attrs = [dict(p.attributes) for p in dur.data.data_points]
-    assert len(attrs) == 3
+    assert len(attrs) == 5
     assert {am.ATTR_OVERFLOW: True} in attrs
-    assert sum(1 for a in attrs if am.ATTR_COMM in a) == 2
+    assert len({a[am.ATTR_COMM] for a in attrs if am.ATTR_COMM in a}) == 2
     assert len(cm._last_seq) == 2  # the gauges stop at their cap
+    over = [p for p in dur.data.data_points if am.ATTR_OVERFLOW in p.attributes]
+    assert len(over) == 1 and over[0].count == 2  # one overflow series, whatever it holds
 
 
 def test_allgather_busbw_is_per_rank_bytes_times_n_minus_1(tmp_path, otel_env):
@@ -172,3 +175,28 @@ def test_agent_cli_names_a_bad_metrics_variable(tmp_path):
     out = subprocess.run([sys.executable, "-m", "mycroft_otel", "agent", "--once", "--ring-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert out.returncode == 2 and "OTEL_METRIC_EXPORT_INTERVAL='soon'" in out.stderr, out.stderr
+
+
+def test_hostile_records_stay_bounded(tmp_path, otel_env):
+    """A ring is hostile input: absurd peers, sizes, times and function codes neither blow up nor go unbounded."""
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=4, ring_capacity=256)
+    for i in range(100):
+        rec = ring.make_op(start_ns=1000, end_ns=2000 + i, func=200 + (i % 50), count=(1 << 61) + i)
+        rec["flows"][0]["peer"] = (1 << 31) - 1 - i  # int32 peers near the top
+        ring.complete(rec)
+    bad = ring.make_op(start_ns=5000, end_ns=10)  # ends before it starts: not a duration
+    ring.complete(bad)
+    cm = am.CollectiveMetrics(max_peers=8)
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+    finally:
+        agent.close()
+    dur = cm.histograms()[0]
+    assert sum(p.count for p in dur.data.data_points) == 100
+    assert len(dur.data.data_points) == 1  # 50 unknown function codes: one series, not 50 with one label set
+    assert {p.attributes[am.ATTR_FUNC] for p in dur.data.data_points} == {"Unknown"}
+    assert {p.attributes[am.ATTR_SIZE] for p in dur.data.data_points} == {"inf"}
+    waits = cm._comms["5f3a9c0e12ab44d1"].net_wait_ns
+    assert len(waits) <= 2 * 8 + 1 and (-1, -1) in waits  # capped, the rest in the overflow series
