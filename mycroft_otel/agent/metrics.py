@@ -17,7 +17,8 @@ instrument                         type       unit        attributes
 ``mycroft.collective.last_sequence`` gauge    ``{collective}`` comm hash, rank, host (the lag gauge)
 =================================  =========  ==========  =======================================================
 
-The histograms are cumulative explicit-bucket histograms aggregated here and handed to the
+The histograms are cumulative explicit-bucket histograms (whatever temporality the exporter
+prefers) aggregated here and handed to the
 exporter beside the SDK's own instruments (:class:`MergingExporter`), because the SDK's
 ``Histogram.record`` costs microseconds per value; the counter and gauges are SDK observable
 instruments reading plain integers.
@@ -25,8 +26,8 @@ instruments reading plain integers.
 Cardinality is bounded per agent (one node): at most ``MAX_COMMS`` communicators, ``MAX_RANKS``
 (communicator, rank) pairs for the gauges and ``MAX_PEERS`` peers per communicator. What is over a
 cap is counted in one overflow series carrying only ``otel.metric.overflow = true``, as the SDK
-does for its own cardinality limit. Worst case per agent: duration and bus bandwidth 64 × 11
-functions × 13 size buckets series each (in practice a communicator runs a few functions at
+does for its own cardinality limit. Worst case per agent: duration and bus bandwidth 64 × 12
+functions (NCCL's 11 and "Unknown") × 13 size buckets series each (in practice a communicator runs a few functions at
 a few sizes), network wait 64 × 64 × 2, the gauges 512 each.
 """
 
