@@ -127,6 +127,9 @@ RCA_CONFIDENCE = "mycroft.rca.confidence"
 RCA_EVIDENCE = "mycroft.rca.evidence"
 RCA_ONSET = "mycroft.rca.onset_ns"
 RCA_DETECTED = "mycroft.rca.detected_ns"
+# the span's own trace id (32 hex digits) as an attribute: metrics made from spans (the gateway's
+# spanmetrics connector, and the alerts on them) see attributes only
+RCA_TRACE_ID = "mycroft.rca.trace_id"
 
 KIND_HANG = "hang"
 KIND_SLOWDOWN = "slowdown"

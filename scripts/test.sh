@@ -29,6 +29,13 @@ TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build/ts
 step "collector, Tempo, Prometheus (cached after the first run)"
 bash scripts/build_stack.sh
 
+step "Alertmanager (alert delivery in tests/e2e) and Grafana's TraceQL grammar (tests/grafana)"
+bash scripts/install_alertmanager.sh
+if [ ! -d tests/grafana/traceql/node_modules/@grafana/lezer-traceql ] \
+   || [ tests/grafana/traceql/package-lock.json -nt tests/grafana/traceql/node_modules ]; then
+  npm ci --prefix tests/grafana/traceql --no-audit --no-fund
+fi
+
 step "pytest"
 export MYCROFT_ABI_FULL=1
 python3 -m pytest -q -ra "$@"

@@ -11,6 +11,10 @@ Three measurements in one run, against the same rings, the receiver in its own p
    attributes handed to it ready-made (its most favourable reading; the ratio we quote).
 3. **node load**: a writer process drives the real plugin (``_native.Driver``, paced replay) for
    8 ranks × 100 collectives/s; the agent runs with default settings; its CPU share of one core.
+4. **collective metrics**: the same agent with its OpenTelemetry collective metrics on
+   (mycroft_otel/agent/metrics.py, exported over OTLP to the same receiver process), against metrics
+   off in this run: the throughput run twice each way, alternating, and the node load with the
+   metrics exported every 1 s and every 60 s (the SDK's default); CPU ratios on/off printed.
 
 usage: python benchmarks/agent_export/bench.py [--ranks 8] [--colls 400] [--seconds 10]
 """
@@ -105,25 +109,56 @@ class Receiver:
             time.sleep(0.01)
         return self.count() >= n
 
+    def metric_points(self) -> int:
+        try:
+            return int((Path(str(self.port_file) + ".metrics")).read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
 
 
 # --- the two paths ---------------------------------------------------------------------------------------
-def run_agent(ring_dir: Path, state_dir: Path, recv: Receiver, total: int) -> float:
+class Metrics:
+    """The agent's collective metrics as `mycroft-otel agent` runs them (OTEL_METRICS_EXPORTER=otlp)."""
+
+    def __init__(self, service_name: str, interval_ms: int = 1000):
+        from mycroft_otel.agent.metrics import CollectiveMetrics, meter_provider, metrics_config
+
+        self.collective = CollectiveMetrics()
+        cfg = metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": str(interval_ms)})
+        self.provider = meter_provider(cfg, self.collective, [("service.name", service_name)])
+
+    def register_health(self, health) -> None:
+        from mycroft_otel.agent.health import register_otel_metrics
+
+        register_otel_metrics(health, self.provider)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def run_agent(ring_dir: Path, state_dir: Path, recv: Receiver, total: int, metrics: bool = False) -> float:
+    """CPU seconds of the agent until every span is acknowledged (with metrics: and their last export)."""
     from mycroft_otel.agent.agent import Agent
     from mycroft_otel.agent.settings import AgentSettings
 
     env = dict(os.environ, MYCROFT_RING_DIR=str(ring_dir), MYCROFT_STATE_DIR=str(state_dir),
                MYCROFT_SAMPLE_RATIO="1", MYCROFT_EXPORT_QUEUE="1000000", MYCROFT_SUMMARY_MS="3600000",
                MYCROFT_INFLIGHT_AFTER_MS="3600000", MYCROFT_IDLE_AFTER_MS="86400000")
-    agent = Agent(AgentSettings.from_env(env))
-    base = recv.count()
     c0 = time.process_time()
+    m = Metrics("bench-agent") if metrics else None
+    agent = Agent(AgentSettings.from_env(env), metrics=m.collective if m else None)
+    if m:
+        m.register_health(agent.health)
+    base = recv.count()
     while agent.health.records_read < total:
         agent.poll_once()
     ok = recv.wait(base + total)
+    if m:
+        m.shutdown()
     cpu = time.process_time() - c0
     agent.close(5)
     assert ok, "receiver did not get every span"
@@ -218,17 +253,22 @@ def run_sdk(ring_dir: Path, recv: Receiver, total: int) -> tuple[float, float]:
     return c2 - c0, c2 - c1
 
 
-def node_load(tmp: Path, recv: Receiver, nranks: int, seconds: float, rate: float) -> dict:
+def node_load(tmp: Path, recv: Receiver, nranks: int, seconds: float, rate: float, metrics: int = 0) -> dict:
+    """The agent's CPU share under a paced job; ``metrics``: export interval in ms (0: metrics off)."""
     from mycroft_otel.agent.agent import Agent
     from mycroft_otel.agent.settings import AgentSettings
 
-    ring_dir = tmp / "load"
+    ring_dir = tmp / (f"load-metrics-{metrics}" if metrics else "load")
     ring_dir.mkdir()
     w = subprocess.Popen([sys.executable, __file__, "--writer", str(ring_dir), "--ranks", str(nranks),
                           "--seconds", str(seconds), "--rate", str(rate)], stdout=subprocess.PIPE, text=True)
     assert w.stdout.readline().strip() == "ready"
-    env = dict(os.environ, MYCROFT_RING_DIR=str(ring_dir), MYCROFT_STATE_DIR=str(tmp / "load-state"))
-    agent = Agent(AgentSettings.from_env(env))
+    env = dict(os.environ, MYCROFT_RING_DIR=str(ring_dir), MYCROFT_STATE_DIR=str(ring_dir / ".state"))
+    c0, t0 = time.process_time(), time.monotonic()
+    m = Metrics("bench-agent", metrics) if metrics else None
+    agent = Agent(AgentSettings.from_env(env), metrics=m.collective if m else None)
+    if m:
+        m.register_health(agent.health)
     stop = threading.Event()
     prof = None
     if os.environ.get("BENCH_PROFILE"):
@@ -244,12 +284,13 @@ def node_load(tmp: Path, recv: Receiver, nranks: int, seconds: float, rate: floa
             prof.disable()
 
     th = threading.Thread(target=loop, daemon=True)
-    c0, t0 = time.process_time(), time.monotonic()
     th.start()
     w.stdout.readline()  # "done"
     time.sleep(0.3)
     stop.set()
     th.join()
+    if m:
+        m.shutdown()
     cpu, wall = time.process_time() - c0, time.monotonic() - t0
     if prof:
         import pstats
@@ -294,10 +335,25 @@ def main() -> None:
             print(f"sdk (attrs     {s:10.0f} spans/s/core  ({sdk_cpu:.3f} s CPU)  ratio {a / s:.1f}x"
                   f"  <- quoted (target >= 2x)")
             print("     given)")
+            # metrics on vs off, alternating after the first (warm-up) run above, each on fresh cursors
+            on, off = [], []
+            for i in range(2):
+                on.append(run_agent(ring_dir, tmp / f"state-on{i}", recv, total, metrics=True))
+                off.append(run_agent(ring_dir, tmp / f"state-off{i}", recv, total))
+            print(f"agent + metrics{total / (sum(on) / 2):10.0f} spans/s/core  ({sum(on) / 2:.3f} s CPU, off "
+                  f"{sum(off) / 2:.3f} s)  metrics on/off CPU ratio {sum(on) / sum(off):.2f}  "
+                  f"({recv.metric_points()} metric points received)")
             load = node_load(tmp, recv, args.ranks, args.seconds, args.rate)
             print(f"node load: {args.ranks} ranks x {args.rate:.0f} collectives/s for {load['wall_s']:.1f} s: "
                   f"agent CPU {100 * load['cpu_share']:.1f}% of one core (target <= 10%), "
                   f"{load['records']} records read, {load['spans']} spans, {load['dropped_ring']} lost in rings")
+            for interval_ms in (1000, 60000):
+                points = recv.metric_points()
+                mload = node_load(tmp, recv, args.ranks, args.seconds, args.rate, metrics=interval_ms)
+                print(f"node load + metrics (OTEL_METRIC_EXPORT_INTERVAL={interval_ms}): agent CPU "
+                      f"{100 * mload['cpu_share']:.1f}% of one core, {mload['records']} records read, "
+                      f"{recv.metric_points() - points} metric points received; "
+                      f"metrics on/off CPU ratio {mload['cpu_share'] / load['cpu_share']:.2f}")
             for c in ctxs:
                 d.finalize(c)
         finally:

@@ -31,6 +31,7 @@ from mycroft_otel.agent import spans as sp
 from mycroft_otel.agent.discovery import Discovery
 from mycroft_otel.agent.exporter import ExportQueue, OtlpTransport, Transport
 from mycroft_otel.agent.health import Health, RateLimitedLog
+from mycroft_otel.agent.metrics import CollectiveMetrics
 from mycroft_otel.agent.sampling import Baselines, FlowRule, Summary, sample_bound, sampled
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.agent.source import PROC_EXITED, PROC_STOPPED, RingSource, default_reader_factory
@@ -82,11 +83,12 @@ class Agent:
     def __init__(self, settings: AgentSettings, transport: Transport | None = None,
                  reader_factory: Callable[[str], Any] | None = None, resource_extra: list | None = None,
                  health: Health | None = None, only_pid: int | None = None,
-                 clock: Callable[[], int] | None = None):
+                 clock: Callable[[], int] | None = None, metrics: CollectiveMetrics | None = None):
         self.s = settings
         # The clock the rings are stamped with (CLOCK_MONOTONIC, ns): in-flight ages, idle periods, snapshot
         # and summary windows are measured on it. A simulation on virtual time passes its virtual clock.
         self.now_ns: Callable[[], int] = clock or time.monotonic_ns
+        self.metrics = metrics  # collective metrics over every completed op (OTEL_METRICS_EXPORTER)
         self.only_pid = only_pid  # in-process mode: follow only this process's rings
         self.health = health or Health()
         self.reader_factory = reader_factory or default_reader_factory
@@ -220,6 +222,8 @@ class Agent:
             st = pstate[src.pid] = src.process_state()
         live = src.live()
         ctx.busy = len(live) > 0
+        if self.metrics:
+            self.metrics.in_flight(src, len(live))
         if ctx.busy:
             ctx.idle_emits = 0
             ctx.idle_next = 0
@@ -249,6 +253,8 @@ class Agent:
                 break
 
     def _records(self, ctx: _Ctx, recs: np.ndarray, out: list[bytes]) -> None:
+        if self.metrics:
+            self.metrics.record(ctx.src, recs)
         b = ctx.builder
         ops = recs["op"]
         traces = b.trace_ids(ops)

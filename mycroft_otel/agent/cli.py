@@ -8,7 +8,8 @@ import signal
 import threading
 
 from mycroft_otel.agent.agent import Agent
-from mycroft_otel.agent.health import MetricsServer, otlp_meter_provider, register_otel_metrics
+from mycroft_otel.agent.health import MetricsServer, register_otel_metrics
+from mycroft_otel.agent.metrics import CollectiveMetrics, meter_provider, metrics_config
 from mycroft_otel.agent.settings import AgentSettings
 
 
@@ -26,11 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s mycroft-otel agent %(levelname)s %(message)s")
     settings = AgentSettings.from_env(ring_dir=args.ring_dir, state_dir=args.state_dir)
-    import os
-
-    agent = Agent(settings)
-    if os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "otlp":
-        register_otel_metrics(agent.health, otlp_meter_provider(settings.protocol))
+    mcfg = metrics_config()
+    collective = CollectiveMetrics() if mcfg.enabled else None
+    agent = Agent(settings, metrics=collective)
+    provider = None
+    if collective is not None:  # the agent's own health and the collective metrics, per OTEL_*
+        provider = meter_provider(mcfg, collective, [("service.name", settings.service_name)])
+        register_otel_metrics(agent.health, provider)
     server = None
     if args.metrics_port is not None:
         server = MetricsServer(agent.health, args.metrics_port, args.metrics_bind)
@@ -46,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
             agent.run(stop)
     finally:
         agent.close()
+        if provider is not None:
+            provider.shutdown()  # a last export of what the final poll aggregated
         if server:
             server.close()
     return 0

@@ -94,20 +94,6 @@ def register_otel_metrics(health: Health, meter_provider: Any = None) -> None:
             (lambda n: (lambda options: [Observation(getattr(health, n))]))(name)])
 
 
-def otlp_meter_provider(protocol: str) -> Any:
-    """A MeterProvider exporting over OTLP per OTEL_* (used when OTEL_METRICS_EXPORTER=otlp)."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
-
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    return MeterProvider(resource=Resource.create({}),
-                         metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
-
-
 class RateLimitedLog:
     """Log a repeated problem at most once per interval per key."""
 

@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder for the dashboards and alert rules (default %(default)s)")
     q.add_argument("--prometheus-url", default=None, help="URL Grafana uses for Prometheus (replaces the file's)")
     q.add_argument("--tempo-url", default=None, help="URL Grafana uses for Tempo (replaces the file's)")
+    q.add_argument("--jaeger-url", default=None, help="URL Grafana uses for Jaeger's query API (replaces the file's)")
     q.add_argument("--skip", nargs="+", default=[], choices=["datasources", "dashboards", "alerts"],
                    help="leave these out")
     q.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request (default %(default)s)")
@@ -59,7 +60,7 @@ def _err(msg: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "action", None) != "provision":
         return _err("say what to do: mycroft-otel grafana provision --url URL [--token T | --user U --password P]")
-    urls = {"prometheus": args.prometheus_url, "tempo": args.tempo_url}
+    urls = {"prometheus": args.prometheus_url, "tempo": args.tempo_url, "jaeger": args.jaeger_url}
     try:
         p = payloads.build(
             datasources_file=None if "datasources" in args.skip else args.datasources,

@@ -86,7 +86,7 @@ class Verdict:
             sc.RCA_KIND: f.kind, sc.RCA_CATEGORY: f.category, sc.RCA_CULPRIT_RANKS: list(f.ranks),
             sc.RCA_CONFIDENCE: float(f.confidence), sc.RCA_EVIDENCE: f.evidence, sc.RCA_ONSET: int(f.onset_ns),
             sc.RCA_DETECTED: int(self.detected_ns), sc.COMM_HASH: self.comm, sc.COLL_SEQ: int(self.seq),
-            sc.COLL_FUNC: self.func,
+            sc.COLL_FUNC: self.func, sc.RCA_TRACE_ID: self.trace_id.hex(),
         }
         if f.global_ranks:
             a[sc.RCA_CULPRIT_GLOBAL_RANKS] = list(f.global_ranks)

@@ -12,7 +12,9 @@ Wiring (the same files that production uses, with free loopback ports from the e
                       │    ▲ root-cause receiver ◄── OTEL_EXPORTER_OTLP_ENDPOINT ───────┘
                       └────┴─► trace store: Tempo (tempo.yaml) when a `tempo` binary is found,
                                else Jaeger v2 (jaeger.yaml)
-    Prometheus (prometheus.yml, rules from dashboards/alerts) scrapes processors, gateway, store.
+    Prometheus (prometheus.yml, rules from dashboards/alerts) scrapes processors, gateway (its own
+    metrics and its Prometheus exporter: agents' metrics, root-cause span counts), store; with
+    ``alert_webhook_url`` it sends alerts to Alertmanager (alertmanager.yml), which posts them there.
 
 Binaries come from $MYCROFT_BIN_DIR (default ${XDG_CACHE_HOME:-~/.cache}/mycroft-otel/bin, what
 scripts/build_stack.sh fills), then PATH. Each process logs to <run_dir>/logs/<name>.log; a
@@ -168,6 +170,9 @@ class LocalStack:
     with_prometheus: bool = True
     #: extra Prometheus scrape targets for the mycroft-agent job ("127.0.0.1:9465", ...)
     agent_metrics_targets: Sequence[str] = ()
+    #: start Alertmanager (collector_config/alertmanager.yml) with its webhook receiver pointed here
+    #: (a URL), and Prometheus sending its alerts to it; None: no Alertmanager
+    alert_webhook_url: str | None = None
     ready_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -202,6 +207,15 @@ class LocalStack:
     @property
     def trace_store_otlp_grpc(self) -> str:
         return f"http://{LOOPBACK}:{self.ports['store_otlp_grpc']}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports['alertmanager']}"
+
+    @property
+    def gateway_metrics_url(self) -> str:
+        """The gateway's Prometheus exporter (agents' metrics, root-cause span counts)."""
+        return f"http://{LOOPBACK}:{self.ports['gw_prometheus']}/metrics"
 
     @property
     def prometheus_url(self) -> str:
@@ -247,7 +261,8 @@ class LocalStack:
         binaries = self._resolve_binaries()
         names = ["gw_otlp_grpc", "gw_otlp_http", "gw_rca_grpc", "gw_rca_http", "gw_health", "gw_telemetry",
                  "store_http", "store_grpc", "store_otlp_grpc", "store_otlp_http", "store_health",
-                 "store_spanmetrics", "store_telemetry", "store_memberlist", "prom"]  # fmt: skip
+                 "store_spanmetrics", "store_telemetry", "store_memberlist", "prom", "gw_prometheus",
+                 "alertmanager", "alertmanager_cluster"]  # fmt: skip
         ports = free_ports(len(names) + 3 * self.processors)
         self.ports = dict(zip(names, ports))
         rest = ports[len(names) :]
@@ -256,6 +271,8 @@ class LocalStack:
         ]
         try:
             self._start_trace_store(binaries)
+            if self.alert_webhook_url:
+                self._start_alertmanager(binaries["alertmanager"])
             if self.with_prometheus:
                 self._start_prometheus(binaries["prometheus"])
             for pp in self.processor_ports:
@@ -276,6 +293,8 @@ class LocalStack:
     # -- internals ------------------------------------------------------------------------
     def _resolve_binaries(self) -> dict[str, Path]:
         needed = ["otelcol-mycroft"] + (["prometheus"] if self.with_prometheus else [])
+        if self.alert_webhook_url:
+            needed.append("alertmanager")
         kind = self.trace_store
         if kind == "auto":
             kind = "tempo" if find_binary("tempo", self.bin_dir) else "jaeger"
@@ -283,7 +302,9 @@ class LocalStack:
             raise StackError(f"trace_store must be auto, tempo or jaeger, not {self.trace_store!r}")
         self.store_kind = kind
         needed.append(kind)
-        found = {n: find_binary(n, self.bin_dir) for n in needed}
+        # Debian installs Alertmanager as prometheus-alertmanager
+        found = {n: find_binary(n, self.bin_dir) or (find_binary("prometheus-alertmanager", self.bin_dir)
+                                                     if n == "alertmanager" else None) for n in needed}
         missing = [n for n, p in found.items() if p is None]
         if missing:
             raise StackError(
@@ -361,6 +382,7 @@ class LocalStack:
             "mycroft-processor": [f"{LOOPBACK}:{pp.metrics}" for pp in self.processor_ports],
             "mycroft-agent": list(self.agent_metrics_targets),
             "otelcol-gateway": [f"{LOOPBACK}:{p['gw_telemetry']}"],
+            "otelcol-gateway-metrics": [f"{LOOPBACK}:{p['gw_prometheus']}"],
             "tempo": store_targets,
         }
         jobs = cfg.get("scrape_configs", [])
@@ -371,6 +393,10 @@ class LocalStack:
             jobs.append({"job_name": "traces-spanmetrics",
                          "static_configs": [{"targets": [f"{LOOPBACK}:{p['store_spanmetrics']}"]}]})  # fmt: skip
         cfg["scrape_configs"] = jobs
+        if self.alert_webhook_url:
+            cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"{LOOPBACK}:{p['alertmanager']}"]}]}]}
+        else:
+            cfg.pop("alerting", None)
         cfg["rule_files"] = [str((src.parent / r).resolve()) for r in cfg.get("rule_files", [])]
         out = self.run_dir / "prometheus.yml"
         out.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -388,6 +414,28 @@ class LocalStack:
         ]
         url = f"http://{LOOPBACK}:{self.ports['prom']}/-/ready"
         self._spawn("prometheus", argv, {}, lambda: http_ok(url))
+
+    def _alertmanager_config(self) -> Path:
+        """collector_config/alertmanager.yml with every webhook receiver pointed at alert_webhook_url."""
+        cfg = yaml.safe_load((self.config_dir / "alertmanager.yml").read_text())
+        for rcv in cfg.get("receivers", []):
+            for hook in rcv.get("webhook_configs", []):
+                hook["url"] = self.alert_webhook_url
+        out = self.run_dir / "alertmanager.yml"
+        out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return out
+
+    def _start_alertmanager(self, binary: Path) -> None:
+        p = self.ports
+        argv = [
+            binary,
+            f"--config.file={self._alertmanager_config()}",
+            f"--storage.path={self.run_dir / 'alertmanager-data'}",
+            f"--web.listen-address={LOOPBACK}:{p['alertmanager']}",
+            f"--cluster.listen-address={LOOPBACK}:{p['alertmanager_cluster']}",
+        ]
+        url = f"http://{LOOPBACK}:{p['alertmanager']}/-/ready"
+        self._spawn("alertmanager", argv, {}, lambda: http_ok(url))
 
     def _start_processor(self, pp: ProcessorPorts) -> None:
         # the child imports the same mycroft_otel as we do, installed or not (its cwd is the run dir)
@@ -415,6 +463,7 @@ class LocalStack:
             "MYCROFT_GATEWAY_HEALTH": f"{LOOPBACK}:{p['gw_health']}",
             "MYCROFT_GATEWAY_TELEMETRY_HOST": LOOPBACK,
             "MYCROFT_GATEWAY_TELEMETRY_PORT": str(p["gw_telemetry"]),
+            "MYCROFT_GATEWAY_PROMETHEUS": f"{LOOPBACK}:{p['gw_prometheus']}",
             "MYCROFT_PROCESSORS": f"[{hosts}]",
             "MYCROFT_TRACES_BACKEND": f"{LOOPBACK}:{p['store_otlp_grpc']}",
         }

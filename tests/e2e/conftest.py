@@ -35,3 +35,11 @@ def e2e_bin_dir() -> Path:
     dirs = {_build(s) for s in ("build_collector.sh", "build_jaeger.sh", "install_prometheus.sh")}
     assert len(dirs) == 1, dirs
     return dirs.pop()
+
+
+@pytest.fixture(scope="session")
+def alertmanager_bin(e2e_bin_dir) -> Path:
+    """Alertmanager (Debian's prometheus-alertmanager), linked into the same directory."""
+    d = _build("install_alertmanager.sh")
+    assert d == e2e_bin_dir, (d, e2e_bin_dir)
+    return d / "alertmanager"

@@ -17,7 +17,7 @@ from grafana_helpers import GRAFANA_RULES, PROM_RULES, binary, panels, prom_expr
 
 
 def test_dashboards_exist(dashboards):
-    assert {"mycroft-overview.json", "mycroft-collective.json"} <= set(dashboards)
+    assert {"mycroft-overview.json", "mycroft-collective.json", "mycroft-collective-health.json"} <= set(dashboards)
     assert len({d["uid"] for d in dashboards.values()}) == len(dashboards)
 
 
@@ -40,6 +40,8 @@ def test_every_panel_and_target_uses_a_provisioned_datasource(dashboards, dataso
                 assert tds["uid"] in datasource_uids and tds["type"] == datasource_uids[tds["uid"]], where
                 if tds["type"] == "prometheus":
                     assert t.get("expr"), where
+                elif tds["type"] == "jaeger":  # Jaeger's search: service and operation
+                    assert t.get("queryType") == "search" and t.get("service") and t.get("operation"), where
                 else:
                     assert t.get("query") and t.get("queryType") == "traceql", where
         for v in d["templating"]["list"]:
@@ -92,14 +94,28 @@ def _processor_metrics():
     return m
 
 
-def test_metric_names_exist_in_processor_metrics(dashboards):
+def _agent_metric_names() -> set[str]:
+    """The agents' collective metrics as the gateway's Prometheus exporter names them (dots to underscores,
+    the unit appended, _total on counters, _bucket/_sum/_count on histograms)."""
+    from mycroft_otel.agent import metrics as am
+    base = {am.DURATION: "_seconds", am.BUS_BANDWIDTH: "_bytes_per_second"}
+    names = {n.replace(".", "_") + s + x for n, s in base.items() for x in ("_bucket", "_sum", "_count")}
+    names.add(am.NETWORK_WAIT.replace(".", "_") + "_seconds_total")
+    names |= {am.IN_FLIGHT.replace(".", "_"), am.LAST_SEQUENCE.replace(".", "_")}
+    return names
+
+
+def test_metric_names_exist_in_processor_or_agent_metrics(dashboards):
     text = _processor_metrics().text()
-    exposed = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M))
+    exposed = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M)) | _agent_metric_names()
     exprs = prom_exprs(dashboards)
-    named = {n for _w, e in exprs for n in re.findall(r"\b(mycroft_[a-z0-9_]+)", e)}
+    from mycroft_otel.agent import metrics as am
+    labels = {a.replace(".", "_") for a in (am.ATTR_COMM, am.ATTR_FUNC, am.ATTR_RANK, am.ATTR_SIZE, am.ATTR_PEER,
+                                            am.ATTR_DIRECTION)}
+    named = {n for _w, e in exprs for n in re.findall(r"\b(mycroft_[a-z0-9_]+)", e)} - labels
     assert named, "no mycroft metric in the dashboards"
     missing = named - exposed
-    assert not missing, f"not in the processor's /metrics: {sorted(missing)}"
+    assert not missing, f"neither in the processor's /metrics nor the agents' metrics: {sorted(missing)}"
 
 
 def _wait_json(url: str, timeout: float = 20.0):
@@ -115,7 +131,7 @@ def _wait_json(url: str, timeout: float = 20.0):
 
 
 def test_promql_evaluates_on_real_prometheus(dashboards, tmp_path):
-    """A real Prometheus scrapes a real processor registry; every dashboard and alert query runs."""
+    """A real Prometheus scrapes a real processor registry; promtool evaluates every dashboard and alert query."""
     from mycroft_otel.stack.runner import free_ports
     prom = binary("prometheus")
     m = _processor_metrics()
@@ -141,16 +157,18 @@ def test_promql_evaluates_on_real_prometheus(dashboards, tmp_path):
             time.sleep(0.5)
         exprs = prom_exprs(dashboards)
         rules = yaml.safe_load(GRAFANA_RULES.read_text())
-        exprs += [(f"alert {r['title']}", r["data"][0]["model"]["expr"]) for g in rules["groups"] for r in g["rules"]]
+        exprs += [(f"alert {r['uid']}", r["data"][0]["model"]["expr"]) for g in rules["groups"] for r in g["rules"]]
         results = {}
-        for where, e in exprs:
-            r = _wait_json(base + urllib.parse.quote(substitute(e)))
-            assert r["status"] == "success", (where, r)
-            results[where] = r["data"]["result"]
+        promtool = binary("promtool")
+        for where, e in exprs:  # evaluated by promtool against the running Prometheus
+            out = subprocess.run([str(promtool), "query", "instant", "-o", "json", f"http://127.0.0.1:{pport}",
+                                  substitute(e)], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, (where, out.stderr)
+            results[where] = json.loads(out.stdout)
         # the verdict seen by the registry shows up, first one included (the `unless offset` arm)
         stat = [v for w, v in results.items() if "Root causes in range" in w][0]
         assert stat and float(stat[0]["value"][1]) == 1.0, stat
-        alert = results["alert MycroftRootCause"]
+        alert = results["alert mycroft-root-cause"]
         assert [(s["metric"]["category"], s["metric"]["kind"]) for s in alert] == [("gpu_stalled", "hang")]
     finally:
         proc.terminate()
@@ -164,9 +182,13 @@ def _norm(s: str) -> str:
 
 def test_grafana_rules_are_the_prometheus_rules():
     """Same expressions, durations, labels, annotations ($value -> $values.A.Value) as dashboards/alerts."""
-    prom = {r["alert"]: r for g in yaml.safe_load(PROM_RULES.read_text())["groups"] for r in g["rules"]}
-    graf = {r["title"]: r for g in yaml.safe_load(GRAFANA_RULES.read_text())["groups"] for r in g["rules"]}
-    assert "MycroftRootCause" in graf
+    # one rule per (name, source): MycroftRootCause exists from the processors' counter and from
+    # the gateway's span count (source: spans)
+    def key(name, r):
+        return name, r.get("labels", {}).get("source", "")
+    prom = {key(r["alert"], r): r for g in yaml.safe_load(PROM_RULES.read_text())["groups"] for r in g["rules"]}
+    graf = {key(r["title"], r): r for g in yaml.safe_load(GRAFANA_RULES.read_text())["groups"] for r in g["rules"]}
+    assert ("MycroftRootCause", "") in graf and ("MycroftRootCause", "spans") in graf
     assert set(graf) <= set(prom)
     for name, gr in graf.items():
         pr = prom[name]

@@ -14,11 +14,12 @@ from mycroft_otel.stack.runner import free_ports
 def test_payloads_are_well_formed():
     p = payloads.build(urls={"prometheus": "http://prom.example:9090"})
     uids = {d["uid"] for d in p.datasources}
-    assert uids == {"mycroft-prometheus", "mycroft-tempo"}
+    assert uids == {"mycroft-prometheus", "mycroft-tempo", "mycroft-jaeger"}
     prom = [d for d in p.datasources if d["type"] == "prometheus"][0]
     assert prom["url"] == "http://prom.example:9090" and prom["access"] == "proxy"
     assert p.folder == {"uid": "mycroft-otel", "title": "mycroft-otel"}
-    assert {d["dashboard"]["uid"] for d in p.dashboards} == {"mycroft-overview", "mycroft-collective"}
+    assert {d["dashboard"]["uid"] for d in p.dashboards} == {"mycroft-overview", "mycroft-collective",
+                                                             "mycroft-collective-health"}
     for d in p.dashboards:
         assert d["overwrite"] is True and d["folderUid"] == "mycroft-otel" and d["dashboard"]["id"] is None
     assert "MycroftRootCause" in {r["title"] for r in p.rules}

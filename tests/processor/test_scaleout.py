@@ -41,6 +41,7 @@ def test_root_cause_span_over_otlp(sink):
     assert 0 < a[sc.RCA_CONFIDENCE] <= 1 and a[sc.RCA_EVIDENCE]
     assert a[sc.COMM_HASH] == "5f3a9c0e12ab44d1" and a[sc.COLL_SEQ] == 17 and a[sc.COLL_FUNC] == "AllReduce"
     assert 0 < a[sc.RCA_ONSET] <= a[sc.RCA_DETECTED]
+    assert a[sc.RCA_TRACE_ID] == format(ring.tid, "032x")  # for span-derived metrics (spanmetrics labels)
     roles = {}
     for link in span.links:
         roles.setdefault(_attrs(link)[sc.LINK_ROLE], []).append(link.span_id)

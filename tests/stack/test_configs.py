@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -66,8 +67,34 @@ def test_gateway_has_no_feedback_loop():
             by_receiver.setdefault(r, set()).update(p["exporters"])
     assert lb[0] in by_receiver["otlp"]
     assert "otlp_grpc/traces_backend" in by_receiver["otlp"]
-    assert by_receiver["otlp/rootcause"] == {"otlp_grpc/traces_backend"}
+    # root-cause spans go to the trace store and to the span counter (a connector into a metrics
+    # pipeline), never into the load balancer
+    assert by_receiver["otlp/rootcause"] == {"otlp_grpc/traces_backend", "spanmetrics/rootcause"}
     assert cfg["exporters"][lb[0]]["routing_key"] == "traceID"
+    assert by_receiver["spanmetrics/rootcause"] == {"prometheus"}
+    assert "spanmetrics/rootcause" in cfg["connectors"]
+    traces_only = {e for n, p in pipes.items() if n.startswith("traces/") for e in p["exporters"]}
+    assert lb[0] not in {e for n, p in pipes.items() if "otlp/rootcause" in p["receivers"] for e in p["exporters"]}
+    assert "spanmetrics/rootcause" in traces_only
+
+
+def test_gateway_serves_agent_metrics_and_root_cause_counts_to_prometheus():
+    cfg = yaml.safe_load((CONF / "gateway.yaml").read_text())
+    pipes = cfg["service"]["pipelines"]
+    assert pipes["metrics/agents"]["receivers"] == ["otlp"] and pipes["metrics/agents"]["exporters"] == ["prometheus"]
+    dims = {d["name"] for d in cfg["connectors"]["spanmetrics/rootcause"]["dimensions"]}
+    from mycroft_otel import semconv as sc
+    assert {sc.RCA_KIND, sc.RCA_CATEGORY, sc.RCA_CULPRIT_HOSTS, sc.RCA_EVIDENCE, sc.RCA_TRACE_ID} <= dims
+    prom = yaml.safe_load((CONF / "prometheus.yml").read_text())
+    assert "otelcol-gateway-metrics" in {j["job_name"] for j in prom["scrape_configs"]}
+
+
+def test_alertmanager_config(tmp_path):
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        pytest.skip("amtool not installed (Debian's prometheus-alertmanager; scripts/install_alertmanager.sh)")
+    out = run([amtool, "check-config", CONF / "alertmanager.yml"])
+    assert "SUCCESS" in out
 
 
 def test_prometheus_config(promtool_bin):

@@ -33,7 +33,7 @@ def test_default_processor_command_uses_the_product_cli():
 def test_prometheus_config_gets_loopback_targets_and_absolute_rules(tmp_path):
     stack = LocalStack(processors=2, run_dir=tmp_path, agent_metrics_targets=["127.0.0.1:9999"])
     stack.store_kind = "jaeger"
-    names = ["gw_telemetry", "store_http", "store_telemetry", "store_spanmetrics", "prom"]
+    names = ["gw_telemetry", "gw_prometheus", "store_http", "store_telemetry", "store_spanmetrics", "prom"]
     stack.ports = dict(zip(names, free_ports(len(names))))
     stack.processor_ports = [ProcessorPorts(i, 1, 2, 7000 + i) for i in range(2)]
     cfg = yaml.safe_load(stack._prometheus_config().read_text())
@@ -41,7 +41,23 @@ def test_prometheus_config_gets_loopback_targets_and_absolute_rules(tmp_path):
     assert jobs["mycroft-processor"] == ["127.0.0.1:7000", "127.0.0.1:7001"]
     assert jobs["mycroft-agent"] == ["127.0.0.1:9999"]
     assert jobs["traces-spanmetrics"] == [f"127.0.0.1:{stack.ports['store_spanmetrics']}"]
+    assert jobs["otelcol-gateway-metrics"] == [f"127.0.0.1:{stack.ports['gw_prometheus']}"]
+    assert "alerting" not in cfg  # no Alertmanager asked for
     assert all(r.startswith("/") and r.endswith("-rules.yaml") for r in cfg["rule_files"])
+
+
+def test_alertmanager_config_points_every_webhook_at_the_callers_url(tmp_path):
+    stack = LocalStack(processors=1, run_dir=tmp_path, alert_webhook_url="http://127.0.0.1:1234/hook")
+    stack.store_kind = "jaeger"
+    names = ["gw_telemetry", "gw_prometheus", "store_http", "store_telemetry", "store_spanmetrics", "prom",
+             "alertmanager"]
+    stack.ports = dict(zip(names, free_ports(len(names))))
+    cfg = yaml.safe_load(stack._alertmanager_config().read_text())
+    hooks = [h["url"] for r in cfg["receivers"] for h in r.get("webhook_configs", [])]
+    assert hooks and set(hooks) == {"http://127.0.0.1:1234/hook"}
+    prom = yaml.safe_load(stack._prometheus_config().read_text())
+    assert prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
+        f"127.0.0.1:{stack.ports['alertmanager']}"]
 
 
 def test_otlp_json_flattening_accepts_hex_and_base64_ids():

@@ -1,0 +1,436 @@
+"""Collective performance metrics from the agent's completion records (OpenTelemetry metrics).
+
+Every completed operation the agent drains from a ring (all of them, not only the sampled ones
+that become spans) is aggregated here, per batch, with numpy: no per-record SDK call, so the
+cost grows with the number of batches and series, not with the collective rate. The aggregates
+are exported by the OpenTelemetry SDK's ``MeterProvider`` and its OTLP metric exporter, configured
+by the standard variables (``OTEL_METRICS_EXPORTER``, ``OTEL_EXPORTER_OTLP_METRICS_*`` /
+``OTEL_EXPORTER_OTLP_*``, ``OTEL_METRIC_EXPORT_INTERVAL``):
+
+=================================  =========  ==========  =======================================================
+instrument                         type       unit        attributes
+=================================  =========  ==========  =======================================================
+``mycroft.collective.duration``    histogram  ``s``       comm hash, func, size bucket
+``mycroft.collective.bus_bandwidth`` histogram ``By/s``   comm hash, func, size bucket (NCCL's busBw)
+``mycroft.network.wait.time``      counter    ``s``       comm hash, peer rank, direction (send | recv)
+``mycroft.collective.in_flight``   gauge      ``{operation}`` comm hash, rank
+``mycroft.collective.last_sequence`` gauge    ``{collective}`` comm hash, rank, host (the lag gauge)
+=================================  =========  ==========  =======================================================
+
+The histograms are cumulative explicit-bucket histograms (whatever temporality the exporter
+prefers) aggregated here and handed to the
+exporter beside the SDK's own instruments (:class:`MergingExporter`), because the SDK's
+``Histogram.record`` costs microseconds per value; the counter and gauges are SDK observable
+instruments reading plain integers.
+
+Cardinality is bounded per agent (one node): at most ``MAX_COMMS`` communicators, ``MAX_RANKS``
+(communicator, rank) pairs for the gauges and ``MAX_PEERS`` peers per communicator. What is over a
+cap is counted in one overflow series carrying only ``otel.metric.overflow = true``, as the SDK
+does for its own cardinality limit. Worst case per agent: duration and bus bandwidth 64 × 12
+functions (NCCL's 11 and "Unknown") × 13 size buckets series each (in practice a communicator runs a few functions at
+a few sizes), network wait 64 × 64 × 2, the gauges 512 each.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.agent import spans as sp
+from mycroft_otel.agent.source import RingSource
+from mycroft_otel.config import ConfigError
+
+SCOPE_NAME = "mycroft_otel.agent.collectives"
+
+DURATION = "mycroft.collective.duration"
+BUS_BANDWIDTH = "mycroft.collective.bus_bandwidth"
+NETWORK_WAIT = "mycroft.network.wait.time"
+IN_FLIGHT = "mycroft.collective.in_flight"
+LAST_SEQUENCE = "mycroft.collective.last_sequence"
+
+# attribute keys (data point attributes; comm hash, func and rank are those of the span schema)
+ATTR_COMM = sc.COMM_HASH
+ATTR_FUNC = sc.COLL_FUNC
+ATTR_RANK = sc.RANK
+ATTR_HOST = sc.HOST_NAME
+ATTR_SIZE = "mycroft.coll.size_bucket"
+ATTR_PEER = sc.FLOW_PEER
+ATTR_DIRECTION = sc.FLOW_DIRECTION
+ATTR_OVERFLOW = "otel.metric.overflow"
+
+MAX_COMMS = 64
+MAX_RANKS = 512
+MAX_PEERS = 64
+
+# Seconds, 1 µs .. 10 min: a small LL all-reduce inside a node takes ~10 µs, a multi-GB
+# all-gather across nodes seconds, a collective that waits on a stalled rank minutes.
+DURATION_BOUNDS: tuple[float, ...] = (
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2,
+    0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Bytes per second, 1 MB/s .. 1 TB/s: a socket transport on loopback to NVLink 5.
+BANDWIDTH_BOUNDS: tuple[float, ...] = tuple(float(m * 10 ** e) for e in range(6, 12) for m in (1, 2, 5)) + (1e12,)
+
+# Size buckets: powers of 4 bytes, labelled by their upper bound ("(256KiB, 1MiB]" is "1MiB");
+# under 1 KiB is "1KiB", over 4 GiB is "inf".
+_SIZE_EDGES = np.array([1 << (10 + 2 * i) for i in range(12)], dtype=np.uint64)  # 1KiB .. 4GiB
+SIZE_LABELS: tuple[str, ...] = tuple(
+    (f"{e >> 30}GiB" if e >= 1 << 30 else f"{e >> 20}MiB" if e >= 1 << 20 else f"{e >> 10}KiB")
+    for e in _SIZE_EDGES.tolist()) + ("inf",)
+
+_DUR_EDGES = np.asarray(DURATION_BOUNDS)
+_BW_EDGES = np.asarray(BANDWIDTH_BOUNDS)
+_NFUNC = 256
+_DIRS = sp.DIR_NAMES
+_OVERFLOW_ATTRS = {ATTR_OVERFLOW: True}
+_UNKNOWN_FUNC = 255
+_BINCOUNT_MAX = 1 << 16  # (peer, direction) keys below this are counted with bincount
+
+EXPORTERS = ("otlp", "console", "none")
+_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def size_bucket(nbytes: int) -> str:
+    """The size bucket label of a message of ``nbytes`` bytes."""
+    return SIZE_LABELS[int(np.searchsorted(_SIZE_EDGES, np.uint64(max(nbytes, 0)), side="left"))]
+
+
+@dataclass
+class _Hist:
+    """One cumulative explicit-bucket histogram series."""
+    bounds: np.ndarray
+    counts: np.ndarray = None  # type: ignore[assignment]
+    total: float = 0.0
+    lo: float = float("inf")
+    hi: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        if self.counts is None:
+            self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)
+
+    def add(self, values: np.ndarray) -> None:
+        # explicit buckets are upper-inclusive: bucket i holds (bounds[i-1], bounds[i]]
+        self.counts += np.bincount(np.searchsorted(self.bounds, values, side="left"),
+                                   minlength=len(self.counts))
+        self.total += float(values.sum())
+        self.lo = min(self.lo, float(values.min()))
+        self.hi = max(self.hi, float(values.max()))
+
+
+@dataclass
+class _Comm:
+    """Per communicator: its histograms by (func, size bucket) and network wait by (peer, direction)."""
+    attrs: dict
+    duration: dict = field(default_factory=dict)        # (func, size) -> _Hist
+    bandwidth: dict = field(default_factory=dict)       # (func, size) -> _Hist
+    net_wait_ns: dict = field(default_factory=dict)     # (peer, dir) -> int
+
+
+class CollectiveMetrics:
+    """Aggregates completion records into the instruments above; thread-safe against the exporter.
+
+    ``record`` and ``in_flight`` are called by the agent's poll loop; the exporter thread reads
+    the aggregates at each collection.
+    """
+
+    def __init__(self, meter_provider: Any = None, *, max_comms: int = MAX_COMMS, max_ranks: int = MAX_RANKS,
+                 max_peers: int = MAX_PEERS):
+        self.max_comms, self.max_ranks, self.max_peers = max_comms, max_ranks, max_peers
+        self.start_ns = time.time_ns()
+        self._lock = threading.Lock()
+        self._comms: dict[str, _Comm] = {}
+        self._overflow = _Comm(dict(_OVERFLOW_ATTRS))
+        self._last_seq: dict[tuple[str, int], tuple[int, str]] = {}   # (comm, rank) -> (seq, host)
+        self._inflight: dict[tuple[str, int], int] = {}
+        self.records = 0
+        if meter_provider is not None:
+            self.register(meter_provider)
+
+    # --- the poll loop's side --------------------------------------------------------------
+    def record(self, src: RingSource, recs: np.ndarray) -> None:
+        """Aggregate a batch of completion records of one ring (the agent calls this for every batch).
+
+        A poll's batch is usually one function at one size on one communicator, so the common case
+        takes one group and a handful of numpy calls; mixed batches group by (function, size).
+        """
+        n = len(recs)
+        if not n:
+            return
+        ops = recs["op"]
+        begin = ops["start_ns"].astype(np.int64)
+        end = ops["end_ns"].astype(np.int64)
+        if not begin.all():  # no start seen: from the API call
+            begin = np.where(begin > 0, begin, ops["api_ns"].astype(np.int64))
+        ok = (begin > 0) & (end >= begin)
+        dur = (end - begin) * 1e-9
+        func = ops["func"].astype(np.int64)
+        func[func >= len(sp.FUNC_NAMES)] = _UNKNOWN_FUNC  # one "Unknown" series, whatever the code
+        nbytes = ops["bytes"].astype(np.float64)
+        key = func * len(SIZE_LABELS) + np.searchsorted(_SIZE_EDGES, ops["bytes"], side="left")
+        f0 = int(func[0])
+        if (func == f0).all():
+            factor: Any = sp.busbw_factor(f0, src.nranks)
+        else:
+            factor = np.array([sp.busbw_factor(f, src.nranks) for f in func.tolist()])
+        bw_ok = ok & (dur > 0) & (nbytes > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bw = nbytes * factor / dur
+        k0 = int(key[0])
+        groups = [k0] if (key == k0).all() else np.unique(key[ok]).tolist()
+        # network wait per (peer, direction): valid flows with a peer
+        nflows = ops["n_flows"].astype(np.int64)
+        flows = recs["flows"][:, :int(nflows.max())] if nflows.any() else None
+        waits = None
+        if flows is not None:
+            fl = flows[np.arange(flows.shape[1])[None, :] < nflows[:, None]]
+            fl = fl[fl["peer"] >= 0]
+            if len(fl):
+                pk = fl["peer"].astype(np.int64) * 2 + (fl["dir"].astype(np.int64) & 1)
+                w = fl["net_wait_ns"].astype(np.float64)
+                if pk.max() < _BINCOUNT_MAX:  # the usual rank numbers: one pass, no sort
+                    present = np.flatnonzero(np.bincount(pk))
+                    waits = zip(present.tolist(), np.bincount(pk, weights=w)[present].tolist())
+                else:  # a huge peer number (a big job, or a hostile ring) must not size an array
+                    uniq, inv = np.unique(pk, return_inverse=True)
+                    waits = zip(uniq.tolist(), np.bincount(inv, weights=w).tolist())
+        coll = ops["kind"] == sp.KIND_COLL
+        last = int(ops["seq"][coll].max()) if coll.any() else -1
+        with self._lock:
+            self.records += n
+            c = self._comm(src.comm_hex)
+            for k in groups:
+                sel = ok if len(groups) == 1 else ok & (key == k)
+                if not sel.any():
+                    continue
+                # the overflow series is one series: no function or size in it
+                fk = (k // len(SIZE_LABELS), k % len(SIZE_LABELS)) if c is not self._overflow else (-1, -1)
+                h = c.duration.get(fk)
+                if h is None:
+                    h = c.duration[fk] = _Hist(_DUR_EDGES)
+                h.add(dur[sel])
+                sel = sel & bw_ok
+                if sel.any():
+                    b = c.bandwidth.get(fk)
+                    if b is None:
+                        b = c.bandwidth[fk] = _Hist(_BW_EDGES)
+                    b.add(bw[sel])
+            for p, ns in waits or ():
+                peer = (p // 2, p % 2) if c is not self._overflow else (-1, -1)
+                if peer not in c.net_wait_ns and len(c.net_wait_ns) >= 2 * self.max_peers:
+                    peer = (-1, -1)  # into the communicator's overflow series
+                c.net_wait_ns[peer] = c.net_wait_ns.get(peer, 0) + int(ns)
+            if last >= 0:
+                rk = self._rank_key(src)
+                if rk is not None and last > self._last_seq.get(rk, (-1, ""))[0]:
+                    self._last_seq[rk] = (last, src.host)
+
+    def in_flight(self, src: RingSource, count: int) -> None:
+        """Operations of this ring currently in flight (the live table's occupied slots)."""
+        with self._lock:
+            rk = self._rank_key(src)
+            if rk is not None:
+                self._inflight[rk] = int(count)
+
+    def _comm(self, comm: str) -> _Comm:
+        c = self._comms.get(comm)
+        if c is None:
+            if len(self._comms) >= self.max_comms:
+                return self._overflow
+            c = self._comms[comm] = _Comm({ATTR_COMM: comm})
+        return c
+
+    def _rank_key(self, src: RingSource) -> tuple[str, int] | None:
+        k = (src.comm_hex, src.rank)
+        if k in self._last_seq or k in self._inflight or len(self._last_seq) < self.max_ranks:
+            return k
+        return None  # over the cap: not reported (a gauge cannot be summed into an overflow series)
+
+    # --- the exporter's side -------------------------------------------------------------
+    def register(self, meter_provider: Any) -> None:
+        """The counter and the gauges as SDK observable instruments on ``meter_provider``."""
+        from opentelemetry.metrics import Observation
+
+        meter = meter_provider.get_meter(SCOPE_NAME)
+
+        def waits(_options: Any) -> Iterable[Observation]:
+            with self._lock:
+                out = []
+                for c in [*self._comms.values(), self._overflow]:
+                    for (peer, d), ns in c.net_wait_ns.items():
+                        attrs = dict(c.attrs)
+                        if peer < 0:
+                            attrs[ATTR_OVERFLOW] = True
+                        elif ATTR_OVERFLOW not in attrs:
+                            attrs[ATTR_PEER] = peer
+                            attrs[ATTR_DIRECTION] = _DIRS[d]
+                        out.append(Observation(ns / 1e9, attrs))
+                return out
+
+        def inflight(_options: Any) -> Iterable[Observation]:
+            with self._lock:
+                return [Observation(v, {ATTR_COMM: c, ATTR_RANK: r}) for (c, r), v in self._inflight.items()]
+
+        def last_seq(_options: Any) -> Iterable[Observation]:
+            with self._lock:
+                return [Observation(s, {ATTR_COMM: c, ATTR_RANK: r, ATTR_HOST: h})
+                        for (c, r), (s, h) in self._last_seq.items()]
+
+        meter.create_observable_counter(NETWORK_WAIT, [waits], unit="s",
+                                        description="time flows waited on the network, per peer and direction")
+        meter.create_observable_gauge(IN_FLIGHT, [inflight], unit="{operation}",
+                                      description="NCCL operations in flight on a rank")
+        meter.create_observable_gauge(LAST_SEQUENCE, [last_seq], unit="{collective}",
+                                      description="sequence number of the last collective a rank completed")
+
+    def histograms(self, now_ns: int | None = None) -> list:
+        """The two histograms as SDK ``Metric`` objects (cumulative), for :class:`MergingExporter`."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
+
+        now_ns = now_ns or time.time_ns()
+        out = []
+        for name, unit, what, desc in (
+                (DURATION, "s", "duration", "duration of completed NCCL operations"),
+                (BUS_BANDWIDTH, "By/s", "bandwidth", "bus bandwidth of completed NCCL operations (NCCL's busBw)")):
+            points = []
+            with self._lock:
+                for c in [*self._comms.values(), self._overflow]:
+                    for (f, s), h in getattr(c, what).items():
+                        attrs = dict(c.attrs)
+                        if ATTR_OVERFLOW not in attrs:
+                            attrs[ATTR_FUNC] = sp.func_name(f)
+                            attrs[ATTR_SIZE] = SIZE_LABELS[s]
+                        points.append(HistogramDataPoint(
+                            attributes=attrs, start_time_unix_nano=self.start_ns, time_unix_nano=now_ns,
+                            count=int(h.counts.sum()), sum=h.total, bucket_counts=h.counts.tolist(),
+                            explicit_bounds=list(map(float, h.bounds)), min=h.lo, max=h.hi))
+            if points:
+                out.append(Metric(name=name, description=desc, unit=unit,
+                                  data=Histogram(data_points=points,
+                                                 aggregation_temporality=AggregationTemporality.CUMULATIVE)))
+        return out
+
+
+def _exporter_base() -> type:
+    from opentelemetry.sdk.metrics.export import MetricExporter
+
+    return MetricExporter
+
+
+class MergingExporter(_exporter_base()):  # type: ignore[misc]
+    """A ``MetricExporter`` that adds the collective histograms to each export of the SDK's reader.
+
+    Wraps the real exporter (OTLP, console); the PeriodicExportingMetricReader drives it, so the
+    export interval, timeout and shutdown are the SDK's.
+    """
+
+    def __init__(self, inner: Any, metrics: CollectiveMetrics, resource: Any):
+        super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
+                         preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+        self.inner = inner
+        self.metrics = metrics
+        self.resource = resource
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        import mycroft_otel
+
+        hist = self.metrics.histograms()
+        if hist:
+            scope = ScopeMetrics(InstrumentationScope(SCOPE_NAME, mycroft_otel.__version__), hist, "")
+            rms = list(metrics_data.resource_metrics) if metrics_data is not None else []
+            if rms:
+                first = rms[0]
+                rms[0] = ResourceMetrics(first.resource, [*first.scope_metrics, scope], first.schema_url)
+            else:
+                rms = [ResourceMetrics(self.resource, [scope], "")]
+            metrics_data = MetricsData(rms)
+        return self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """What OTEL_METRICS_EXPORTER and friends ask for, checked once."""
+    exporter: str = "none"
+    protocol: str = "grpc"
+    interval_ms: int = 60_000
+
+    @property
+    def enabled(self) -> bool:
+        return self.exporter != "none"
+
+
+def metrics_config(env: Mapping[str, str] | None = None) -> MetricsConfig:
+    """Validate OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRIC_EXPORT_INTERVAL.
+
+    The agent exports metrics only when asked (OTEL_METRICS_EXPORTER=otlp or console): its
+    default pipeline (agent → gateway) carries spans, and a gateway without a metrics pipeline
+    would reject every metrics request.
+    """
+    env = os.environ if env is None else env
+
+    def get(name: str) -> str | None:
+        v = env.get(name)
+        return v.strip() if v is not None and v.strip() else None
+
+    names = [x.strip().lower() for x in (get("OTEL_METRICS_EXPORTER") or "none").split(",") if x.strip()]
+    bad = [x for x in names if x not in EXPORTERS]
+    if bad or not names:
+        raise ConfigError(f"OTEL_METRICS_EXPORTER={get('OTEL_METRICS_EXPORTER')!r} must be one of "
+                          f"{', '.join(EXPORTERS)}")
+    exporter = "otlp" if "otlp" in names else "console" if "console" in names else "none"
+    var = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" if get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") else \
+        "OTEL_EXPORTER_OTLP_PROTOCOL"
+    protocol = get(var) or "grpc"
+    if protocol not in _PROTOCOLS:
+        raise ConfigError(f"{var}={protocol!r} must be one of {', '.join(_PROTOCOLS)} (http/json is not supported)")
+    raw = get("OTEL_METRIC_EXPORT_INTERVAL")
+    interval = 60_000
+    if raw is not None:
+        try:
+            interval = int(raw)
+        except ValueError:
+            raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={raw!r} is not an integer (milliseconds)") from None
+        if not 100 <= interval <= 86_400_000:
+            raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={raw!r} is out of range [100, 86400000] ms")
+    return MetricsConfig(exporter, protocol, interval)
+
+
+def meter_provider(cfg: MetricsConfig, metrics: CollectiveMetrics, resource_attrs: Sequence[tuple[str, Any]] = ()
+                   ) -> Any:
+    """An SDK MeterProvider whose periodic reader exports, per OTEL_*, the SDK's instruments and ``metrics``."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+    attrs = dict(resource_attrs)
+    if "service.instance.id" not in OTELResourceDetector().detect().attributes:  # not in OTEL_RESOURCE_ATTRIBUTES
+        # Prometheus' `instance` label: without it two nodes' series of one communicator collide
+        attrs["service.instance.id"] = socket.gethostname()
+    resource = Resource.create(attrs)
+    if cfg.exporter == "console":
+        inner = ConsoleMetricExporter()
+    elif cfg.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        inner = OTLPMetricExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        inner = OTLPMetricExporter()
+    reader = PeriodicExportingMetricReader(MergingExporter(inner, metrics, resource),
+                                           export_interval_millis=cfg.interval_ms)
+    provider = MeterProvider(resource=resource, metric_readers=[reader])
+    metrics.register(provider)
+    return provider

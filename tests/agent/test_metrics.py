@@ -1,0 +1,202 @@
+"""Collective metrics (mycroft_otel/agent/metrics.py): every completion aggregated, bounded, exported by the SDK."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (AggregationTemporality, MetricExporter, MetricExportResult,
+                                              PeriodicExportingMetricReader)
+from opentelemetry.sdk.resources import Resource
+
+from mycroft_otel.agent import metrics as am
+from mycroft_otel.config import ConfigError
+from agent_helpers import make_agent
+from agent_shm import ALLREDUCE, FakeRing
+
+BROADCAST, ALLGATHER = 0, 2
+
+
+class Capture(MetricExporter):
+    """Keeps what the SDK's reader hands over (the test's view of an export)."""
+
+    def __init__(self):
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+        self.batches = []
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
+        self.batches.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
+
+
+def _pipeline(cm: am.CollectiveMetrics):
+    cap = Capture()
+    resource = Resource.create({"service.name": "agent-test"})
+    reader = PeriodicExportingMetricReader(am.MergingExporter(cap, cm, resource), export_interval_millis=3_600_000)
+    provider = MeterProvider(resource=resource, metric_readers=[reader])
+    cm.register(provider)
+    return provider, cap
+
+
+def _metrics(cap: Capture) -> dict:
+    provider_out = {}
+    for rm in cap.batches[-1].resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                provider_out[m.name] = m
+    return provider_out
+
+
+def test_every_completion_is_counted_not_only_sampled(tmp_path, otel_env):
+    rings = [FakeRing(tmp_path / f"r{r}", rank=r, nranks=4, ring_capacity=256) for r in range(2)]
+    for ring in rings:
+        for _ in range(50):
+            ring.op_done(dur_ns=1_000_000, count=1 << 18)   # 1 MiB all-reduce, 1 ms
+        ring.op_done(dur_ns=3_000_000_000, func=BROADCAST, count=1 << 10)  # 4 KiB broadcast, 3 s
+    live = rings[0].make_op()
+    rings[0].begin(live)
+    cm = am.CollectiveMetrics()
+    provider, cap = _pipeline(cm)
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+        provider.force_flush()
+        got = _metrics(cap)
+    finally:
+        agent.close()
+        provider.shutdown()
+    dur = got[am.DURATION]
+    assert dur.unit == "s" and dur.data.aggregation_temporality == AggregationTemporality.CUMULATIVE
+    points = {(p.attributes[am.ATTR_FUNC], p.attributes[am.ATTR_SIZE]): p for p in dur.data.data_points}
+    assert set(points) == {("AllReduce", "1MiB"), ("Broadcast", "4KiB")}
+    ar = points[("AllReduce", "1MiB")]
+    assert ar.count == 100 and ar.attributes[am.ATTR_COMM] == "5f3a9c0e12ab44d1"  # both ranks, none sampled
+    bounds = list(ar.explicit_bounds)
+    # start_ns is 1 µs after the API call: 0.999 ms, the (0.5 ms, 1 ms] bucket
+    assert ar.bucket_counts[bounds.index(1e-3)] == 100 and sum(ar.bucket_counts) == 100
+    assert ar.sum == pytest.approx(100 * 0.999e-3)
+    assert points[("Broadcast", "4KiB")].bucket_counts[bounds.index(5.0)] == 2
+    bw = {(p.attributes[am.ATTR_FUNC]): p for p in got[am.BUS_BANDWIDTH].data.data_points}
+    assert got[am.BUS_BANDWIDTH].unit == "By/s"
+    # NCCL's busBw of an all-reduce on 4 ranks: bytes × 2(n-1)/n / time
+    assert bw["AllReduce"].sum / bw["AllReduce"].count == pytest.approx((1 << 20) * 1.5 / 0.999e-3)
+    assert bw["Broadcast"].sum / bw["Broadcast"].count == pytest.approx(4096 / (3.0 - 1e-6))
+    waits = {(p.attributes[am.ATTR_PEER], p.attributes[am.ATTR_DIRECTION]): p.value
+             for p in got[am.NETWORK_WAIT].data.data_points}
+    # rank 0 sends to 1 and receives from 3, rank 1 sends to 2 and receives from 0 (2 channels each);
+    # FakeRing's flows wait 2 µs × (flow index + 1) on the network
+    assert waits[(1, "send")] == pytest.approx(51 * (2000 + 4000) / 1e9)
+    assert waits[(3, "recv")] == pytest.approx(51 * (6000 + 8000) / 1e9)
+    assert set(waits) == {(1, "send"), (3, "recv"), (2, "send"), (0, "recv")}
+    assert got[am.NETWORK_WAIT].data.is_monotonic
+    seqs = {p.attributes[am.ATTR_RANK]: p.value for p in got[am.LAST_SEQUENCE].data.data_points}
+    assert seqs == {0: 50, 1: 50}
+    inflight = {p.attributes[am.ATTR_RANK]: p.value for p in got[am.IN_FLIGHT].data.data_points}
+    assert inflight == {0: 1, 1: 0}
+
+
+def test_cardinality_caps_go_to_one_overflow_series(tmp_path, otel_env):
+    rings = [FakeRing(tmp_path / f"r{c}", rank=0, nranks=2, comm_hash=0x1000 + c) for c in range(3)]
+    for ring in rings:
+        ring.op_done(count=1 << 10)
+        ring.op_done(count=1 << 20, func=BROADCAST)  # a second series on each communicator
+    cm = am.CollectiveMetrics(max_comms=2, max_ranks=2, max_peers=1)
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+    finally:
+        agent.close()
+    dur = cm.histograms()[0]
+    attrs = [dict(p.attributes) for p in dur.data.data_points]
+    assert len(attrs) == 5
+    assert {am.ATTR_OVERFLOW: True} in attrs
+    assert len({a[am.ATTR_COMM] for a in attrs if am.ATTR_COMM in a}) == 2
+    assert len(cm._last_seq) == 2  # the gauges stop at their cap
+    over = [p for p in dur.data.data_points if am.ATTR_OVERFLOW in p.attributes]
+    assert len(over) == 1 and over[0].count == 2  # one overflow series, whatever it holds
+
+
+def test_allgather_busbw_is_per_rank_bytes_times_n_minus_1(tmp_path, otel_env):
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=8)
+    ring.op_done(func=ALLGATHER, dur_ns=2_000_000, count=1 << 20)
+    cm = am.CollectiveMetrics()
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+    finally:
+        agent.close()
+    bw = cm.histograms()[1].data.data_points[0]
+    # the record's bytes are one rank's send buffer: busBw = (n-1) × that / time (nccl-tests' (n-1)/n of the total)
+    assert bw.sum == pytest.approx(7 * (4 << 20) / (2e-3 - 1e-6))
+
+
+def test_size_buckets():
+    assert am.size_bucket(0) == "1KiB" and am.size_bucket(1024) == "1KiB" and am.size_bucket(1025) == "4KiB"
+    assert am.size_bucket(1 << 20) == "1MiB" and am.size_bucket(4 << 30) == "4GiB"
+    assert am.size_bucket((4 << 30) + 1) == "inf"
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"OTEL_METRICS_EXPORTER": "prometheus"}, "OTEL_METRICS_EXPORTER='prometheus' must be one of otlp, console, none"),
+    ({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "5s"}, "OTEL_METRIC_EXPORT_INTERVAL='5s'"),
+    ({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "10"}, "out of range"),
+    ({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"},
+     "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL='http/json'"),
+])
+def test_bad_settings_are_named(env, match):
+    with pytest.raises(ConfigError, match=match):
+        am.metrics_config(env)
+
+
+def test_settings():
+    assert not am.metrics_config({}).enabled
+    cfg = am.metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+                             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    assert (cfg.exporter, cfg.protocol, cfg.interval_ms) == ("otlp", "http/protobuf", 1000)
+
+
+def test_agent_cli_names_a_bad_metrics_variable(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MYCROFT_"))}
+    env.update(OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="soon", PYTHONPATH=str(repo))
+    out = subprocess.run([sys.executable, "-m", "mycroft_otel", "agent", "--once", "--ring-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "OTEL_METRIC_EXPORT_INTERVAL='soon'" in out.stderr, out.stderr
+
+
+def test_hostile_records_stay_bounded(tmp_path, otel_env):
+    """A ring is hostile input: absurd peers, sizes, times and function codes neither blow up nor go unbounded."""
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=4, ring_capacity=256)
+    for i in range(100):
+        rec = ring.make_op(start_ns=1000, end_ns=2000 + i, func=200 + (i % 50), count=(1 << 61) + i)
+        rec["flows"][0]["peer"] = (1 << 31) - 1 - i  # int32 peers near the top
+        ring.complete(rec)
+    bad = ring.make_op(start_ns=5000, end_ns=10)  # ends before it starts: not a duration
+    ring.complete(bad)
+    cm = am.CollectiveMetrics(max_peers=8)
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+    finally:
+        agent.close()
+    dur = cm.histograms()[0]
+    assert sum(p.count for p in dur.data.data_points) == 100
+    assert len(dur.data.data_points) == 1  # 50 unknown function codes: one series, not 50 with one label set
+    assert {p.attributes[am.ATTR_FUNC] for p in dur.data.data_points} == {"Unknown"}
+    assert {p.attributes[am.ATTR_SIZE] for p in dur.data.data_points} == {"inf"}
+    waits = cm._comms["5f3a9c0e12ab44d1"].net_wait_ns
+    assert len(waits) <= 2 * 8 + 1 and (-1, -1) in waits  # capped, the rest in the overflow series
