@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from mycroft_otel.sim.engine import INF, Instance, Mods, Result, simulate, simulate_batch
+from mycroft_otel.sim.engine import RING_SLICE_STEPS, INF, Instance, Mods, Result, lognormal, simulate, simulate_batch
 from mycroft_otel.sim.faults import Fault
 from mycroft_otel.sim.model import TimingModel
 from mycroft_otel.sim.rows import SlotAllocator
@@ -219,7 +219,9 @@ class Simulation:
     def _split(self, batch: list) -> list:
         inst = batch[0][0]
         n = len(inst.members)
-        steps = 2 * max(1, inst.comm.nranks - 1) + inst.count * 4 // (inst.comm.n_channels * self.model.nccl.chunk_size)
+        # ring slices: 2 per stage and loop, ~ bytes x 2 / (channels x slice) in all (upper bound: 4-byte items)
+        slice_b = max(1, self.model.nccl.step_bytes * RING_SLICE_STEPS)
+        steps = 4 * max(1, inst.comm.nranks - 1) + inst.count * 8 // (inst.comm.n_channels * slice_b)
         per = max(1, n * inst.comm.n_channels * 2 * 5 * steps)  # ranks x channels x directions x rows/step
         k = max(1, self.MAX_BATCH_ROWS // per)
         return [batch[i:i + k] for i in range(0, len(batch), k)]
