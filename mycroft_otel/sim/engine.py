@@ -177,6 +177,17 @@ def lognormal(rng: np.random.Generator, sigma: float, shape) -> np.ndarray | flo
     return np.exp(rng.normal(-sigma * sigma / 2, sigma, shape))
 
 
+def log_uniform(rng: np.random.Generator, width: float, shape) -> np.ndarray | float:
+    """Time multipliers spread log-uniformly over [1/sqrt(width), sqrt(width)]; 1.0 when width <= 1.
+
+    A bounded spread: the capture's slowest flow sits at a steady ~1.5x of the median with a thin tail
+    (p99 1.83x), which a lognormal cannot give (its max-of-n tail grows with sigma)."""
+    if width <= 1.0:
+        return 1.0
+    h = np.log(width) / 2
+    return np.exp(rng.uniform(-h, h, shape))
+
+
 def step_noise(noise, rng: np.random.Generator, shape: tuple, net_hop: np.ndarray) -> StepNoise | None:
     """Per-step GPU, wire and proxy-thread variation of a batch of shape (S, C, positions)."""
     if not noise.any_step_noise:
@@ -375,8 +386,6 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     issue = _kill(issue, m["dead_t"])
     noise = model.noise
     launch = issue + 9 * gpu.api_gap_ns + m["launch_delay"]
-    if noise.launch_sigma_ns:
-        launch = launch + np.abs(rng.normal(0.0, noise.launch_sigma_ns, len(launch)))
     kstart = launch + gpu.kernel_launch_ns
     if any(i.kready is not None for i in insts):  # the kernel waits for the stream (earlier work on the GPU)
         kready = cat([np.asarray(i.kready if i.kready is not None else np.zeros(nm), dtype=np.float64)
@@ -449,9 +458,9 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
         kstop = np.where(np.isfinite(kst), np.broadcast_to(end, (C, K * nm)), INF)
     else:
         pos = perm
-        gpu_nspb = (m["gpu_factor"] * lognormal(rng, noise.gpu_sigma, len(mem)) / gpu.reduce_bw)[pos]
+        gpu_nspb = (m["gpu_factor"] * log_uniform(rng, noise.gpu_spread, len(mem)) / gpu.reduce_bw)[pos]
         nic_flows = max(1, int(net_hop[:, :L].sum(axis=0).max()))  # a rank's net send flows share its NIC
-        bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) / lognormal(rng, noise.flow_sigma, pos.shape)
+        bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) / log_uniform(rng, noise.flow_spread, pos.shape)
         sfac = np.take_along_axis(m_sbw, pos, axis=1)
         rfac = m["recv_bw_factor"][pos[:, nxt_i]]
         bw = np.where(net_hop, bw_net / (sfac * rfac), net.nvlink_bw)

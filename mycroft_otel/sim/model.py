@@ -79,11 +79,13 @@ class NoiseModel:
 
     name: str = "nccl"
     # --- NCCL's noise (lognormal sigmas; fitted to the capture's spreads with scripts in test_noise.py) ------
-    flow_sigma: float = 0.20       # bandwidth of one flow for one collective (path, socket/QP, NIC queue)
-    wire_sigma: float = 0.25       # wire time of one step of a flow (per-message transport variation)
-    gpu_sigma: float = 0.10        # GPU reduce/copy speed of one rank for one collective (clocks, SM sharing)
-    gpu_step_sigma: float = 0.20   # GPU time of one step (thread-block scheduling, memory contention)
-    launch_sigma_ns: float = 0.0   # host launch delay of a call, half-normal scale (CPU-side NCCL enqueue)
+    flow_spread: float = 2.7       # bandwidth of one flow for one collective, log-uniform within x/: sqrt(2.7)
+    wire_sigma: float = 0.15       # wire time of one step of a flow, lognormal (per-message transport)
+    gpu_spread: float = 1.9        # GPU speed of one rank for one collective, log-uniform (clocks, SM sharing)
+    gpu_step_sigma: float = 1.0    # GPU time of one step, lognormal (thread-block scheduling, time slicing)
+    # when the host thread reaches each call: late by a lognormal around host_median_ns (Python, launches)
+    host_median_ns: float = 6_000.0
+    host_sigma: float = 1.0
     # --- OS jitter on the proxy thread -------------------------------------------------------------------
     # A runnable proxy thread that the kernel deschedules hands its next step to the network late. On a
     # non-realtime Linux kernel cyclictest-style wakeup latencies are tens of us typically and reach
@@ -129,7 +131,8 @@ class NoiseModel:
 def _noise_presets() -> dict[str, NoiseModel]:
     nccl = NoiseModel()
     return {
-        "quiet": NoiseModel(name="quiet", flow_sigma=0.0, wire_sigma=0.0, gpu_sigma=0.0, gpu_step_sigma=0.0),
+        "quiet": NoiseModel(name="quiet", flow_spread=1.0, wire_sigma=0.0, gpu_spread=1.0, gpu_step_sigma=0.0,
+                            host_median_ns=0.0),
         "nccl": nccl,
         "jittery": replace(nccl, name="jittery", os_p=0.002),
         "stragglers": replace(nccl, name="stragglers", straggler_p=0.02),

@@ -166,10 +166,10 @@ def tree_batch(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m,
     for c in range(C):
         per_rank = per_rank + np.bincount(par[c][has[c]], minlength=N)
     nic_flows = max(1, int(per_rank.max()))
-    from mycroft_otel.sim.engine import lognormal
+    from mycroft_otel.sim.engine import log_uniform
 
-    # NCCL's healthy variation per flow (model.NoiseModel.flow_sigma); the tree has no per-step noise
-    bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) / lognormal(rng, model.noise.flow_sigma, (C, N))
+    # NCCL's healthy variation per flow (model.NoiseModel.flow_spread); the tree has no per-step noise
+    bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) / log_uniform(rng, model.noise.flow_spread, (C, N))
     sfac_child = m_sbw                                   # child -> parent uses the child's NIC
     sfac_par = np.take_along_axis(m_sbw, par, axis=1)    # parent -> child uses the parent's NIC
     rf = m["recv_bw_factor"]
