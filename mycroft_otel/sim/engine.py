@@ -375,8 +375,8 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     ctx = cat([(b + i.members) for i, b in zip(insts, ctx_bases)]).astype(np.uint32)
     m_absent = cat([m.absent[i.members] for i, m in zip(insts, mods_list)])
     m = {k: cat([getattr(md, k)[i.members] for i, md in zip(insts, mods_list)])
-         for k in ("issue_delay", "launch_delay", "gpu_factor", "recv_bw_factor", "gpu_stall_t", "send_stall_t", "dead_t",
-                   "proxy_sleep_t")}
+         for k in ("issue_delay", "launch_delay", "gpu_factor", "recv_bw_factor", "gpu_stall_t", "send_stall_t",
+                   "dead_t", "proxy_sleep_t")}
     m_sbw = cat([md.send_bw_factor[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
     m_deliver = cat([md.deliver_stall_t[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
     sleep_ns = max(md.proxy_sleep_ns for md in mods_list)

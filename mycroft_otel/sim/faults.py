@@ -295,8 +295,8 @@ def factor_for_slowdown(name: str, target: float, topology: str = "nodes=8,gpus=
     """The parameter (``SLOWDOWN_PARAM[name]``) that makes the first DP collective of training step 1
     ``target`` x slower (first kernel start to last end) than without the fault, on ``topology`` with
     ``model`` (default TimingModel) and no noise (``seed``: the job's compute jitter, hence the ranks'
-    arrival skew and the CPU's run-ahead a late call must exceed). Found by bisection to ``tol`` relative (in log space for
-    factors; delays and sleeps in ms start from (target - 1) x the collective's span)."""
+    arrival skew and the CPU's run-ahead a late call must exceed). Found by bisection to ``tol`` relative
+    (in log space for factors; delays and sleeps in ms start from (target - 1) x the collective's span)."""
     from mycroft_otel.sim.model import TimingModel
     from mycroft_otel.sim.simulation import Simulation
     from mycroft_otel.sim.topology import parse_topology

@@ -170,9 +170,10 @@ class Simulation:
         if not nz.straggler_p or n_entries == 0:
             return
         hit = np.nonzero(self.rng_noise.random(self.topo.world) < nz.straggler_p)[0]
+        lo, hi = np.log(nz.straggler_min_ns), np.log(nz.straggler_max_ns)
         for g in hit:
-            lo, hi = np.log(nz.straggler_min_ns), np.log(nz.straggler_max_ns)
-            self._straggle[int(g)] = (int(self.rng_noise.integers(n_entries)), float(np.exp(self.rng_noise.uniform(lo, hi))))
+            entry = int(self.rng_noise.integers(n_entries))
+            self._straggle[int(g)] = (entry, float(np.exp(self.rng_noise.uniform(lo, hi))))
 
     def _straggler_delay(self, g: np.ndarray, step: int, entry_idx: int) -> np.ndarray:
         """Host-side stall (ns) of each rank in ``g`` before this entry's call; logged as a noise event."""
