@@ -79,6 +79,7 @@ def run_args(args: argparse.Namespace, progress: Progress | None = None) -> dict
         "ring_dir": ring_dir, "job_id": job, "steps": res["steps"], "events": int(res["events"]),
         "contexts": res["contexts"], "hung": bool(not all(map(lambda x: x < float("inf"), sim.gpu))),
         "faults": res["truth"], "stats": {k: v for k, v in res["stats"].items()},
+        "noise": model.noise.name, "noise_events": sim.noise_events,
         "epoch_realtime_ns": res.get("epoch_realtime_ns"),
     }
 
