@@ -231,6 +231,7 @@ class Fault:
             "onset_sim_ns": int(onset), "onset_ns": None,
             "signal": {"process_exited": "SIGKILL", "sigstop": "SIGSTOP"}.get(name),
             "persistent": name not in ("late_once",),
+            "nic_side": {"slow_nic": "send", "congestion": "recv"}.get(name),
             "params": {k: v for k, v in p.items()},
         }
 

@@ -238,3 +238,11 @@ def test_the_noisiest_model_through_the_real_plugin_completes_every_op(tmp_path,
         for rec in ctx.records:
             f = ctx.flows(rec)
             assert (f["done"] == f["n_steps"]).all()
+
+
+@pytest.mark.parametrize("name,side", [("slow_nic", "send"), ("congestion", "recv")])
+def test_slow_nic_truth_names_the_side(name, side):
+    sim = make_sim("nodes=4,gpus=1,tp=1,dp=4", f"{name}:rank=2,step=1,factor=3", steps=2, seed=1)
+    sim.run()
+    t = sim.truths()[0]
+    assert (t["category"], t["nic_side"], t["culprit_global_ranks"], t["persistent"]) == ("slow_nic", side, [2], True)
