@@ -14,7 +14,7 @@ import sys
 
 from mycroft_otel import config
 from mycroft_otel.sim.faults import CATALOGUE, FaultError, parse_fault
-from mycroft_otel.sim.model import TimingModel, eval_model, light_model
+from mycroft_otel.sim.model import DEFAULT_NOISE, NOISE_MODELS, TimingModel, eval_model, light_model
 from mycroft_otel.sim import runner
 from mycroft_otel.sim.runner import Progress, RunConfig
 from mycroft_otel.sim.simulation import Simulation
@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", default=None, help="plugin .so (default: the packaged one)")
     p.add_argument("--ring-records", type=int, default=None, help="MYCROFT_RING_RECORDS for the simulated ranks")
     p.add_argument("--algo", choices=("Ring", "Tree"), default="Ring", help="DP all-reduce algorithm")
+    p.add_argument("--noise", choices=tuple(NOISE_MODELS), default=DEFAULT_NOISE,
+                   help="healthy variation (model.NoiseModel, docs/simulator.md): %(default)s is NCCL's own, "
+                        "calibrated on a real capture")
     p.add_argument("--slow-steps", action="store_true",
                    help="the eval timing model (~0.3 s steps) instead of the default (~0.1 s)")
     p.add_argument("--light", action="store_true",
@@ -53,7 +56,8 @@ def run_args(args: argparse.Namespace, progress: Progress | None = None) -> dict
     faults = [parse_fault(f) for f in args.fault]
     model: TimingModel = (light_model() if getattr(args, "light", False) else
                           eval_model() if args.slow_steps else TimingModel())
-    model = model.with_nccl(dp_algo=getattr(args, "algo", "Ring") or "Ring")
+    model = model.with_nccl(dp_algo=getattr(args, "algo", "Ring") or "Ring").with_noise(
+        getattr(args, "noise", DEFAULT_NOISE) or DEFAULT_NOISE)
     steps = args.steps
     duration = args.duration if args.realtime else None
     if steps is None and duration is None:
@@ -75,6 +79,7 @@ def run_args(args: argparse.Namespace, progress: Progress | None = None) -> dict
         "ring_dir": ring_dir, "job_id": job, "steps": res["steps"], "events": int(res["events"]),
         "contexts": res["contexts"], "hung": bool(not all(map(lambda x: x < float("inf"), sim.gpu))),
         "faults": res["truth"], "stats": {k: v for k, v in res["stats"].items()},
+        "noise": model.noise.name, "noise_events": sim.noise_events,
         "epoch_realtime_ns": res.get("epoch_realtime_ns"),
     }
 

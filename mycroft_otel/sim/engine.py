@@ -4,17 +4,21 @@ Three shapes cover what a training job runs:
 
 * **ring** (AllReduce, AllGather, ReduceScatter on a ring; per channel a ring order):
   each rank's GPU runs NCCL's primitive sequence per loop -- send, then m-1 times
-  recv+reduce/copy+send, then recv -- so send step s of a rank needs its recv step
-  s-1 consumed. Steps per ProxyOp = nLoops x m with m = 2(n-1) (AllReduce) or n-1.
+  recv+reduce/copy+send, then recv -- over m = 2(n-1) (AllReduce) or n-1 stages. The
+  SIMPLE protocol moves each stage's chunk as chunkSteps/sliceSteps = 2 slices, and each
+  slice is one ProxyStep, so send slice k of stage j needs recv slice k of stage j-1
+  consumed. Steps per ProxyOp = nLoops x m x 2. A slice holds sliceSteps = 2 of the
+  connection's NCCL_STEPS = 8 FIFO slots, so 4 slices are in flight per connection.
 * **chain** (Broadcast along the ring from the root, and point-to-point Send/Recv as a
   chain of two): recv step s and send step s of a rank are one GPU op.
 * **kernel-only** (every hop inside a node: NVLink/P2P, no network ProxyOps): Coll and
   KernelCh events only; the collective ends when the last rank has arrived plus the
   transfer time.
 
-Per flow (channel, sender -> receiver) and step s, with NCCL_STEPS = 8 slots:
-  send posted P_s = max(ProxyOp start, done_{s-8})           (8 steps in flight)
-  recv posted Q_s = max(ProxyOp start, consumed_{s-8})       (receiver's free slots)
+Per flow (channel, sender -> receiver) and step s, with a window of W steps in flight
+(NCCL_STEPS / sliceSteps: 4 ring slices, 8 chain steps):
+  send posted P_s = max(ProxyOp start, done_{s-W})
+  recv posted Q_s = max(ProxyOp start, consumed_{s-W})       (receiver's free slots)
   GPU ready   G_s = GPU op end (needs P_s: a free FIFO slot, and the data it forwards)
   transmit    T_s = max(G_s, Q_s at the receiver, T_{s-1})   (credit back-pressure; SendPeerWait if Q_s > G_s)
   arrival     A_s = max(T_s, wire busy) + bytes/bw + latency;  done D_s = A_s + ack
@@ -40,6 +44,19 @@ from mycroft_otel.sim.topology import Comm
 INF = np.inf
 RING_STEPS_PER_LOOP = {"AllReduce": lambda n: 2 * (n - 1), "AllGather": lambda n: n - 1,
                        "ReduceScatter": lambda n: n - 1}
+#: NCCL's SIMPLE ring collectives (AllReduce, AllGather, ReduceScatter): a chunk spans CHUNK_STEPS FIFO slots
+#: and moves as slices of SLICE_STEPS slots; the proxy posts one ProxyStep per slice. Broadcast, the tree and
+#: point-to-point move one slot per step (their chunk and slice are one step).
+RING_CHUNK_STEPS = abi.NCCL_STEPS // 2
+RING_SLICE_STEPS = abi.NCCL_STEPS // 4
+SLICES_PER_CHUNK = RING_CHUNK_STEPS // RING_SLICE_STEPS
+#: ProxySteps in flight per ring connection: each slice holds RING_SLICE_STEPS of the NCCL_STEPS slots.
+RING_WINDOW = abi.NCCL_STEPS // RING_SLICE_STEPS
+
+
+def chunk_bytes(func: str, step_bytes: int) -> int:
+    """Bytes of one chunk (what the ProxyOp reports as chunkSize) for a FIFO step of ``step_bytes``."""
+    return step_bytes * (RING_CHUNK_STEPS if func in RING_STEPS_PER_LOOP else 1)
 
 
 def data_bytes_per_channel(func: str, count: int, dtsize: int, n: int, n_channels: int) -> int:
@@ -51,9 +68,10 @@ def data_bytes_per_channel(func: str, count: int, dtsize: int, n: int, n_channel
 def step_sizes(func: str, count: int, dtsize: int, n: int, n_channels: int, chunk: int) -> np.ndarray:
     """Bytes of each ProxyStep of one channel's send (and recv) ProxyOp; its length is the op's nSteps.
 
-    Ring: per loop every rank handles a slice of min(chunk, remaining/n) bytes in m steps, nLoops =
-    ceil(bytes_per_channel / (n * chunk)). Chain (Broadcast, Send/Recv): ceil(bytes_per_channel / chunk)
-    steps of chunk bytes (the last one shorter).
+    ``chunk`` is the chunk size the ProxyOp reports (``chunk_bytes``). Ring: per loop every rank handles a
+    chunk of min(chunk, remaining/n) bytes in each of m stages, each chunk as SLICES_PER_CHUNK slices (the
+    first ones rounded up), nLoops = ceil(bytes_per_channel / (n * chunk)): nLoops x m x 2 steps. Chain
+    (Broadcast, Send/Recv): ceil(bytes_per_channel / chunk) steps of chunk bytes (the last one shorter).
     """
     per_ch = data_bytes_per_channel(func, count, dtsize, n, n_channels)
     if func in RING_STEPS_PER_LOOP:
@@ -63,7 +81,10 @@ def step_sizes(func: str, count: int, dtsize: int, n: int, n_channels: int, chun
         sizes = []
         for lp in range(nloops):
             rem = per_ch - lp * loop
-            sizes += [max(1, min(chunk, -(-rem // n)))] * m
+            c = max(1, min(chunk, -(-rem // n)))
+            piece = -(-c // SLICES_PER_CHUNK)
+            slices = [max(1, min(piece, c - k * piece)) for k in range(SLICES_PER_CHUNK)]
+            sizes += slices * m
         return np.asarray(sizes, dtype=np.int64)
     nsteps = max(1, -(-per_ch // chunk))
     sizes = np.full(nsteps, chunk, dtype=np.int64)
@@ -79,6 +100,7 @@ class Mods:
     C: int
     absent: np.ndarray = None          # bool: never calls this collective
     issue_delay: np.ndarray = None     # ns added before the call (late rank)
+    launch_delay: np.ndarray = None    # ns between the call and its launch (warm-up: lazy connection setup)
     gpu_factor: np.ndarray = None      # GPU time per chunk multiplier
     send_bw_factor: np.ndarray = None  # [C, n]: flow rank -> its ring successor, bandwidth divided by
     recv_bw_factor: np.ndarray = None  # all flows into the rank, bandwidth divided by
@@ -95,6 +117,7 @@ class Mods:
         n, C = self.n, self.C
         self.absent = np.zeros(n, bool)
         self.issue_delay = np.zeros(n)
+        self.launch_delay = np.zeros(n)
         self.gpu_factor = np.ones(n)
         self.send_bw_factor = np.ones((C, n))
         self.recv_bw_factor = np.ones(n)
@@ -134,8 +157,63 @@ class Result:
     issue: np.ndarray = None  # per member: when the rank actually called (after late/absent faults; inf: never)
 
 
+@dataclass
+class StepNoise:
+    """Healthy per-step variation of one batch (arrays (S, C, positions); None: none), drawn from NoiseModel."""
+
+    gpu: np.ndarray | None = None    # GPU time multiplier of each step
+    wire: np.ndarray | None = None   # wire time multiplier of each step
+    proxy: np.ndarray | None = None  # ns the proxy thread hands each send step to the network late (OS jitter)
+
+
 def _kill(t: np.ndarray, thr: np.ndarray) -> np.ndarray:
     return np.where(t >= thr, INF, t)
+
+
+def lognormal(rng: np.random.Generator, sigma: float, shape) -> np.ndarray | float:
+    """Time multipliers with mean 1 (lognormal, log-sigma ``sigma``); 1.0 when sigma is 0."""
+    if not sigma:
+        return 1.0
+    return np.exp(rng.normal(-sigma * sigma / 2, sigma, shape))
+
+
+def log_uniform(rng: np.random.Generator, width: float, shape) -> np.ndarray | float:
+    """Time multipliers spread log-uniformly over [1/sqrt(width), sqrt(width)]; 1.0 when width <= 1.
+
+    A bounded spread: the capture's slowest flow sits at a steady ~1.5x of the median with a thin tail
+    (p99 1.83x), which a lognormal cannot give (its max-of-n tail grows with sigma)."""
+    if width <= 1.0:
+        return 1.0
+    h = np.log(width) / 2
+    return np.exp(rng.uniform(-h, h, shape))
+
+
+def step_noise(noise, rng: np.random.Generator, shape: tuple, net_hop: np.ndarray) -> StepNoise | None:
+    """Per-step GPU, wire and proxy-thread variation of a batch of shape (S, C, positions)."""
+    if not noise.any_step_noise:
+        return None
+    out = StepNoise()
+    if noise.gpu_step_sigma:
+        out.gpu = lognormal(rng, noise.gpu_step_sigma, shape)
+    if noise.wire_sigma:
+        out.wire = lognormal(rng, noise.wire_sigma, shape)
+    if noise.os_p:
+        hit = (rng.random(shape) < noise.os_p) & net_hop[None]
+        late = np.minimum(noise.os_median_ns * np.exp(rng.normal(0.0, noise.os_sigma, shape)), noise.os_cap_ns)
+        out.proxy = np.where(hit, late, 0.0)
+    return out
+
+
+def flow_waits(tm: dict) -> dict:
+    """Per flow (C, positions) the time its steps spent waiting on the GPU and on the network, summed, as the
+    plugin counts them: send GPU = SendGPUWait (posted -> ready), send net = SendWait (transmitted -> done);
+    recv net = RecvWait (posted -> arrived), recv GPU = RecvGPUWait (flushed -> consumed)."""
+    def total(a, b):
+        with np.errstate(invalid="ignore"):  # inf - inf: a step that never got there waited nothing yet
+            d = tm[b] - tm[a]
+        return np.where(np.isfinite(d), d, 0.0).sum(axis=0)
+
+    return {"send": (total("P", "G"), total("T", "D")), "recv": (total("F", "U"), total("Q", "A"))}
 
 
 def _ring_index(K: int, L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,10 +224,17 @@ def _ring_index(K: int, L: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ring_times(m: int, sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack,
-               gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns, K: int = 1) -> dict:
-    """Times of every step of K rings side by side, position space: arrays (S, C, K*L); hop p -> p+1 (mod L)."""
+               gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns, K: int = 1,
+               noise: "StepNoise | None" = None) -> dict:
+    """Times of every step of K rings side by side, position space: arrays (S, C, K*L); hop p -> p+1 (mod L).
+
+    ``sizes`` holds m x SLICES_PER_CHUNK steps per loop: stage j's slice k is step (loop*m + j)*2 + k, and the
+    GPU handles a stage's slices in order before the next stage.
+    """
     S = len(sizes)
     C, n = kstart.shape
+    spc = SLICES_PER_CHUNK
+    W = RING_WINDOW
     nxt, prv = _ring_index(K, n // K)
     out = {k: np.full((S, C, n), INF) for k in ("P", "G", "T", "D", "Q", "A", "F", "U")}
     P_, G_, T_, D_, Q_, A_, F_, U_ = (out[k] for k in ("P", "G", "T", "D", "Q", "A", "F", "U"))
@@ -157,44 +242,50 @@ def ring_times(m: int, sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flu
     wire = np.full((C, n), -INF)
     tprev = np.full((C, n), -INF)
     flush_in = flush[:, prv]
-    for lp in range(S // m):
+    gj, wj, pd = (noise.gpu, noise.wire, noise.proxy) if noise is not None else (None, None, None)
+    for lp in range(S // (m * spc)):
         for j in range(m + 1):
-            sr = lp * m + j - 1 if j >= 1 else -1
-            if j < m:
-                s = lp * m + j
-                b = float(sizes[s])
+            for k in range(spc):
+                sr = (lp * m + j - 1) * spc + k if j >= 1 else -1
+                s = (lp * m + j) * spc + k if j < m else -1
+                b = float(sizes[s if s >= 0 else sr])
+                gpu_ns = b * gpu_nspb if gj is None else b * gpu_nspb * gj[s if s >= 0 else sr]
+                if s < 0:  # the last stage only receives
+                    start = _kill(_kill(np.maximum(X, F_[sr]), gpu_stall), dead)
+                    X = start + gpu_ns
+                    U_[sr] = X
+                    continue
                 # +1 ns: the slot's previous step stops strictly before the next one starts
-                P = pstart if s < abi.NCCL_STEPS else np.maximum(pstart, D_[s - abi.NCCL_STEPS] + 1)
+                P = pstart if s < W else np.maximum(pstart, D_[s - W] + 1)
                 P_[s] = P = _kill(P, dead)
-                Q = pstart if s < abi.NCCL_STEPS else np.maximum(pstart, U_[s - abi.NCCL_STEPS] + 1)
+                Q = pstart if s < W else np.maximum(pstart, U_[s - W] + 1)
                 Q_[s] = Q = _kill(Q, dead)
                 start = np.maximum(X, P)
                 if sr >= 0:
                     start = np.maximum(start, F_[sr])
                 start = _kill(_kill(start, gpu_stall), dead)
-                X = start + b * gpu_nspb
+                X = start + gpu_ns
                 G_[s] = X
                 if sr >= 0:
                     U_[sr] = X
                 T = np.maximum(np.maximum(X, Q[:, nxt]), tprev)
+                if pd is not None:
+                    T = T + pd[s]
                 T = _kill(_kill(T, send_stall), dead)
                 T = np.where((T >= sleep_t) & (T < sleep_t + sleep_ns), sleep_t + sleep_ns, T)
                 T_[s] = tprev = T
-                wire = np.maximum(T, wire) + b / bw
+                wire = np.maximum(T, wire) + (b / bw if wj is None else b / bw * wj[s])
                 A = np.where(T >= deliver_stall, INF, wire + lat)
                 D_[s] = A + ack
                 A_[s] = Ar = _kill(A[:, prv], dead)
                 F_[s] = Ar + flush_in
-            else:
-                start = _kill(_kill(np.maximum(X, F_[sr]), gpu_stall), dead)
-                X = start + float(sizes[sr]) * gpu_nspb
-                U_[sr] = X
     out["X"] = X
     return out
 
 
 def chain_times(sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack,
-                gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns, K: int = 1) -> dict:
+                gpu_stall, send_stall, deliver_stall, dead, sleep_t, sleep_ns, K: int = 1,
+                noise: "StepNoise | None" = None) -> dict:
     """Times of K chains side by side (position 0 = root/sender, L-1 = last receiver), arrays (S, C, K*L)."""
     S = len(sizes)
     C, KL = kstart.shape
@@ -205,6 +296,7 @@ def chain_times(sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack
     X = kstart.copy()
     wire = np.full((C, KL), -INF)
     tprev = np.full((C, KL), -INF)
+    gj, wj, pd = (noise.gpu, noise.wire, noise.proxy) if noise is not None else (None, None, None)
     for s in range(S):
         b = float(sizes[s])
         for pi in range(L):
@@ -218,7 +310,7 @@ def chain_times(sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack
             if pi > 0:
                 start = np.maximum(start, F_[s][:, p])
             start = _kill(_kill(start, gpu_stall[:, p]), dead[:, p])
-            Xp = start + b * gpu_nspb[:, p]
+            Xp = start + b * gpu_nspb[:, p] * (1.0 if gj is None else gj[s][:, p])
             X[:, p] = Xp
             if pi > 0:
                 U_[s][:, p] = Xp
@@ -229,10 +321,12 @@ def chain_times(sizes: np.ndarray, kstart, pstart, gpu_nspb, bw, lat, flush, ack
                       else np.maximum(pstart[:, q], U_[s - abi.NCCL_STEPS][:, q] + 1))
                 Q_[s][:, q] = Qq = _kill(Qq, dead[:, q])
                 T = np.maximum(np.maximum(Xp, Qq), tprev[:, p])
+                if pd is not None:
+                    T = T + pd[s][:, p]
                 T = _kill(_kill(T, send_stall[:, p]), dead[:, p])
                 T = np.where((T >= sleep_t[:, p]) & (T < sleep_t[:, p] + sleep_ns), sleep_t[:, p] + sleep_ns, T)
                 T_[s][:, p] = tprev[:, p] = T
-                wire[:, p] = np.maximum(T, wire[:, p]) + b / bw[:, p]
+                wire[:, p] = np.maximum(T, wire[:, p]) + b / bw[:, p] * (1.0 if wj is None else wj[s][:, p])
                 A = np.where(T >= deliver_stall[:, p], INF, wire[:, p] + lat[:, p])
                 D_[s][:, p] = A + ack
                 A_[s][:, q] = Ar = _kill(A, dead[:, q])
@@ -281,8 +375,8 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     ctx = cat([(b + i.members) for i, b in zip(insts, ctx_bases)]).astype(np.uint32)
     m_absent = cat([m.absent[i.members] for i, m in zip(insts, mods_list)])
     m = {k: cat([getattr(md, k)[i.members] for i, md in zip(insts, mods_list)])
-         for k in ("issue_delay", "gpu_factor", "recv_bw_factor", "gpu_stall_t", "send_stall_t", "dead_t",
-                   "proxy_sleep_t")}
+         for k in ("issue_delay", "launch_delay", "gpu_factor", "recv_bw_factor", "gpu_stall_t", "send_stall_t",
+                   "dead_t", "proxy_sleep_t")}
     m_sbw = cat([md.send_bw_factor[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
     m_deliver = cat([md.deliver_stall_t[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
     sleep_ns = max(md.proxy_sleep_ns for md in mods_list)
@@ -290,7 +384,8 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     issue = cat([np.asarray(i.issue, dtype=np.float64) for i in insts]) + m["issue_delay"]
     issue = np.where(m_absent, INF, issue)
     issue = _kill(issue, m["dead_t"])
-    launch = issue + 9 * gpu.api_gap_ns
+    noise = model.noise
+    launch = issue + 9 * gpu.api_gap_ns + m["launch_delay"]
     kstart = launch + gpu.kernel_launch_ns
     if any(i.kready is not None for i in insts):  # the kernel waits for the stream (earlier work on the GPU)
         kready = cat([np.asarray(i.kready if i.kready is not None else np.zeros(nm), dtype=np.float64)
@@ -316,8 +411,9 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
     roots = np.repeat([i.root for i in insts], nm)
     blocks, coll_slot = _user_rows(first, issue, model, slots, ctx, owner, funcs, counts, peers, mem, seqs,
                                    nccl_seqs, roots)
+    chunk = chunk_bytes(first.func, nc.step_bytes)
     sizes = step_sizes(first.func if not first.is_p2p else "Send", first.count, dtsize,
-                       comm0.nranks if not first.is_p2p else 2, C, nc.chunk_size)
+                       comm0.nranks if not first.is_p2p else 2, C, chunk)
     perms, chain = zip(*(_shape(i) for i in insts))
     chain = chain[0]
     L = perms[0].shape[1]
@@ -341,7 +437,7 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
         parent = tree_parents(insts, nm)                                  # (C, K*nm) column of the parent
         par = np.where(parent >= 0, parent, 0)
         tnet = (parent >= 0) & (host_m[None, :] != host_m[par])
-        sizes = step_sizes("Broadcast", first.count, dtsize, comm0.nranks, C, nc.chunk_size)
+        sizes = step_sizes("Broadcast", first.count, dtsize, comm0.nranks, C, nc.step_bytes)
     if tree and tnet.any():
         blocks_t, end, kstop, kst, flows = _tree(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m,
                                                  m_sbw, m_deliver, sleep_ns, ctx, owner, mem, coll_slot, model,
@@ -362,10 +458,9 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
         kstop = np.where(np.isfinite(kst), np.broadcast_to(end, (C, K * nm)), INF)
     else:
         pos = perm
-        gpu_nspb = (m["gpu_factor"] / gpu.reduce_bw)[pos]
-        jit = np.exp(rng.normal(0.0, model.step.net_jitter, size=pos.shape)) if model.step.net_jitter else 1.0
+        gpu_nspb = (m["gpu_factor"] * log_uniform(rng, noise.gpu_spread, len(mem)) / gpu.reduce_bw)[pos]
         nic_flows = max(1, int(net_hop[:, :L].sum(axis=0).max()))  # a rank's net send flows share its NIC
-        bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) * jit
+        bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) / log_uniform(rng, noise.flow_spread, pos.shape)
         sfac = np.take_along_axis(m_sbw, pos, axis=1)
         rfac = m["recv_bw_factor"][pos[:, nxt_i]]
         bw = np.where(net_hop, bw_net / (sfac * rfac), net.nvlink_bw)
@@ -376,10 +471,11 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
         sleep_t = np.where(net_hop, m["proxy_sleep_t"][pos], INF)
         args = (kstart[pos], pstart[pos], gpu_nspb, bw, lat, flush, net.ack_latency_ns,
                 m["gpu_stall_t"][pos], send_stall, deliver, m["dead_t"][pos], sleep_t, sleep_ns)
+        sn = step_noise(noise, rng, (len(sizes),) + pos.shape, net_hop)
         if chain:
-            tm = chain_times(sizes, *args, K=K)
+            tm = chain_times(sizes, *args, K=K, noise=sn)
         else:
-            tm = ring_times(RING_STEPS_PER_LOOP[first.func](comm0.nranks), sizes, *args, K=K)
+            tm = ring_times(RING_STEPS_PER_LOOP[first.func](comm0.nranks), sizes, *args, K=K, noise=sn)
         ctx_pos, own_pos, rank_pos, cslot_pos = ctx[pos], owner[pos], mem[pos], coll_slot[pos]
         S = len(sizes)
         nsteps = np.full(pos.shape, S, dtype=np.int32)
@@ -393,14 +489,17 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
         peer_send = rank_pos[:, nxt_i]
         peer_recv = rank_pos[:, prv_i]
         bs, fs, send_end = _flow_rows(True, send_mask, rank_pos, peer_send, pos, tm, sizes, pstart[pos],
-                                      cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang,
+                                      cslot_pos, ctx_pos, own_pos, nsteps, chunk, slots, predict, hang,
                                       nc.peer_wait_retry_ns, horizon)
         br, fr, recv_end = _flow_rows(False, recv_mask, rank_pos, peer_recv, pos, tm, sizes, pstart[pos],
-                                      cslot_pos, ctx_pos, own_pos, nsteps, nc.chunk_size, slots, predict, hang)
+                                      cslot_pos, ctx_pos, own_pos, nsteps, chunk, slots, predict, hang)
+        waits = flow_waits(tm)
         for f, (c, col) in zip(fs, zip(*np.nonzero(send_mask))):
             f["inst"] = int(col // L)
+            f["gpu_wait_ns"], f["net_wait_ns"] = waits["send"][0][c, col], waits["send"][1][c, col]
         for f, (c, col) in zip(fr, zip(*np.nonzero(recv_mask))):
             f["inst"] = int(col // L)
+            f["gpu_wait_ns"], f["net_wait_ns"] = waits["recv"][0][c, col], waits["recv"][1][c, col]
         flows = fs + fr
         inv = np.argsort(pos, axis=1)                               # column of member j on channel c
         xf = np.take_along_axis(tm["X"], inv, axis=1)               # (C, K*nm)

@@ -22,12 +22,19 @@ onset time and the collective it hit.
 | flow_stall | net_delivery_stalled | one flow (channel) of the rank: transmitted from onset, never completes |
 | coll_mismatch | coll_mismatch | the rank calls the collective with twice the count: it waits for steps nobody serves |
 | late_rank | late_rank | the rank calls the collective ``delay_ms`` late (compute straggler), every step from onset |
+| late_once | late_rank | the rank calls one collective ``delay_ms`` late (default 1 s: Mycroft's straggler bar), once |
 | slow_gpu | slow_gpu | the rank's GPU reduce/copy is ``factor`` x slower from onset |
 | slow_flow | slow_flow | one channel's link from the rank is ``factor`` x slower from onset |
 | slow_nic | slow_nic | every flow through the rank's NIC (send side) is ``factor`` x slower from onset |
-| congestion | slow_nic | background traffic into the rank: every flow it receives is ``factor`` x slower |
-| slow_proxy | slow_proxy | the rank's proxy thread sleeps ``sleep_ms`` (1 s) with probability ``p`` per collective |
-| healthy | – | nothing (jitter only): any verdict is a false positive |
+| congestion | slow_nic | the NIC's receive side: traffic into the rank congests, every flow it receives is ``factor`` x slower |
+| slow_proxy | slow_proxy | the rank's proxy thread sleeps ``sleep_ms`` (1 s), 20% into the transfer, with probability ``p`` per collective (``p=1``: every one) |
+| healthy | – | nothing (the noise model only): any verdict is a false positive |
+
+Magnitudes. ``factor_for_slowdown(name, target)`` turns "make the collective ``target`` x slower" into the
+fault's own parameter (``factor``, ``delay_ms`` or ``sleep_ms``) for a given topology and timing model, by
+timing the targeted collective without noise with and without the fault (bisection on the factor; the
+delays are linear: the collective waits ``(target - 1) x`` its own time). ``SLOWDOWN_PARAM`` says which
+parameter each slowdown fault takes.
 """
 
 from __future__ import annotations
@@ -51,11 +58,18 @@ CATALOGUE: dict[str, tuple[str, str, str, bool]] = {
     "flow_stall": ("net_delivery_stalled", "hang", "dp", False),
     "coll_mismatch": ("coll_mismatch", "hang", "dp", False),
     "late_rank": ("late_rank", "slowdown", "dp", False),
+    "late_once": ("late_rank", "slowdown", "dp", False),
     "slow_gpu": ("slow_gpu", "slowdown", "dp", False),
     "slow_flow": ("slow_flow", "slowdown", "dp", False),
     "slow_nic": ("slow_nic", "slowdown", "dp", False),
     "congestion": ("slow_nic", "slowdown", "dp", False),
     "slow_proxy": ("slow_proxy", "slowdown", "dp", False),
+}
+
+#: slowdown fault -> the parameter that sets its magnitude (factor_for_slowdown computes it for a target)
+SLOWDOWN_PARAM: dict[str, str] = {
+    "slow_gpu": "factor", "slow_flow": "factor", "slow_nic": "factor", "congestion": "factor",
+    "late_rank": "delay_ms", "late_once": "delay_ms", "slow_proxy": "sleep_ms",
 }
 
 _INT = ("rank", "step", "op", "channel", "seq")
@@ -185,6 +199,10 @@ class Fault:
             p["delay_ms"] = p["delay_ms"] or max(50.0, 3 * sim.typical_ns(inst) / 1e6)
             mods.issue_delay[r] += p["delay_ms"] * 1e6
             onset = t_issue
+        elif name == "late_once":
+            p["delay_ms"] = p["delay_ms"] or max(1000.0, 3 * sim.typical_ns(inst) / 1e6)
+            mods.issue_delay[r] += p["delay_ms"] * 1e6
+            onset = t_issue
         elif name == "slow_gpu":
             sim.gpu_factor[x] = p["factor"]
         elif name == "slow_nic":
@@ -212,6 +230,8 @@ class Fault:
             "channel": int(p["channel"]) if flow else None, "peer": peer,
             "onset_sim_ns": int(onset), "onset_ns": None,
             "signal": {"process_exited": "SIGKILL", "sigstop": "SIGSTOP"}.get(name),
+            "persistent": name not in ("late_once",),
+            "nic_side": {"slow_nic": "send", "congestion": "recv"}.get(name),
             "params": {k: v for k, v in p.items()},
         }
 
@@ -230,6 +250,87 @@ class Fault:
     def _proxy_sleep(self, sim, inst: Instance, mods: Mods, r: int, force: bool = False) -> None:
         if not (force or sim.rng_faults.random() < self.params["p"]):
             return
-        t_issue = float(inst.issue[list(inst.members).index(r)])
-        mods.proxy_sleep_t[r] = t_issue + 0.2 * sim.typical_ns(inst)
+        mods.proxy_sleep_t[r] = proxy_sleep_start(sim, inst)
         mods.proxy_sleep_ns = self.params["sleep_ms"] * 1e6
+
+
+def proxy_sleep_start(sim, inst: Instance) -> float:
+    """When a slow proxy thread falls asleep: 20% into the collective's transfer (after its first kernel
+    started; the call itself is made long before, while the stream still runs the compute before it)."""
+    k0, k1 = sim.dry_run_span(inst)
+    return k0 + 0.2 * (k1 - k0)
+
+
+def _instance_time(sim, inst: Instance, x: int, name: str, value: float) -> float:
+    """Span of ``inst`` (first kernel start to last end) with fault ``name`` at ``value`` on global rank ``x``."""
+    from mycroft_otel.sim.rows import SlotAllocator
+    from mycroft_otel.sim.engine import simulate
+
+    saved = (sim.gpu_factor.copy(), sim.nic_factor.copy(), sim.recv_factor.copy(), dict(sim.flow_factor))
+    comm = inst.comm
+    r = int(comm.comm_rank(x))
+    try:
+        mods = sim._mods(inst)
+        if name == "slow_gpu":
+            sim.gpu_factor[x] = value
+        elif name == "slow_nic":
+            sim.nic_factor[x] = value
+        elif name == "congestion":
+            sim.recv_factor[x] = value
+        elif name == "slow_flow":  # channel 0 of the rank: without noise every channel is alike
+            sim.flow_factor[(comm.kind, comm.index, r, 0)] = value
+        elif name in ("late_rank", "late_once"):
+            mods.issue_delay[r] += value * 1e6
+        elif name == "slow_proxy":
+            mods.proxy_sleep_t[r] = proxy_sleep_start(sim, inst)
+            mods.proxy_sleep_ns = value * 1e6
+        sim._apply_state(inst, mods)
+        res = simulate(inst, mods, sim.model, SlotAllocator(), 0, np.random.default_rng(0), predict=False)
+    finally:
+        sim.gpu_factor, sim.nic_factor, sim.recv_factor, sim.flow_factor = saved
+    return float(np.max(res.end) - np.min(res.kstart))
+
+
+def factor_for_slowdown(name: str, target: float, topology: str = "nodes=8,gpus=1,tp=1,dp=8",
+                        model=None, rank: int = 1, seed: int = 0, tol: float = 0.01) -> float:
+    """The parameter (``SLOWDOWN_PARAM[name]``) that makes the first DP collective of training step 1
+    ``target`` x slower (first kernel start to last end) than without the fault, on ``topology`` with
+    ``model`` (default TimingModel) and no noise (``seed``: the job's compute jitter, hence the ranks'
+    arrival skew and the CPU's run-ahead a late call must exceed). Found by bisection to ``tol`` relative
+    (in log space for factors; delays and sleeps in ms start from (target - 1) x the collective's span)."""
+    from mycroft_otel.sim.model import TimingModel
+    from mycroft_otel.sim.simulation import Simulation
+    from mycroft_otel.sim.topology import parse_topology
+
+    if name not in SLOWDOWN_PARAM:
+        raise FaultError(f"{name!r} is not a slowdown fault; known: {', '.join(SLOWDOWN_PARAM)}")
+    if not target > 1.0:
+        raise FaultError(f"target slowdown must be > 1 (got {target})")
+    model = (model or TimingModel()).with_noise("quiet")
+    sim = Simulation(parse_topology(topology), model, [], seed=seed, steps=2, predict=False)
+    found: list = []
+
+    def keep(i: Instance, _res) -> None:  # the collective as the job calls it: its real arrival skew
+        if not found and i.step == 1 and i.comm.kind == "dp" and not i.is_p2p and rank in i.comm.ranks:
+            found.append(i)
+
+    sim.run(keep)
+    if not found:
+        raise FaultError(f"no DP collective with rank {rank} on {topology}")
+    inst = found[0]
+    base = _instance_time(sim, inst, rank, name, 1.0 if SLOWDOWN_PARAM[name] == "factor" else 0.0)
+    want = target * base
+    factor = SLOWDOWN_PARAM[name] == "factor"
+    # a delay first has to use up the CPU's run-ahead (the call is made long before the stream reaches it)
+    lo, hi = (1.0, 2.0) if factor else (0.0, max(1e-3, (target - 1) * base / 1e6))
+    while _instance_time(sim, inst, rank, name, hi) < want:
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            raise FaultError(f"{name} cannot make this collective {target}x slower")
+    while hi - lo > tol * hi:
+        mid = (lo * hi) ** 0.5 if factor else (lo + hi) / 2
+        if _instance_time(sim, inst, rank, name, mid) < want:
+            lo = mid
+        else:
+            hi = mid
+    return float(hi)

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from mycroft_otel.sim.engine import INF, Instance, Mods, Result, simulate, simulate_batch
+from mycroft_otel.sim.engine import RING_SLICE_STEPS, INF, Instance, Mods, Result, simulate, simulate_batch
 from mycroft_otel.sim.faults import Fault
 from mycroft_otel.sim.model import TimingModel
 from mycroft_otel.sim.rows import SlotAllocator
@@ -54,6 +54,22 @@ class Simulation:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.rng_faults = np.random.default_rng([seed, 1])
+        self.rng_noise = np.random.default_rng([seed, 2])  # the job's own healthy effects (model.NoiseModel)
+        nz = self.model.noise
+        sm = self.model.step
+        # mixed gradient buckets (DDP): a 1 MiB first bucket, full buckets, and a remainder fixed for the job
+        total = sm.dp_buckets * sm.dp_bucket_bytes * float(self.rng_noise.uniform(0.75, 1.0))
+        self.dp_bucket_sizes: list[int] = [sm.dp_bucket_bytes] * sm.dp_buckets
+        if nz.mixed_sizes:
+            first = min(1 << 20, sm.dp_bucket_bytes)
+            rest = max(0.0, total - first)
+            full = int(rest // sm.dp_bucket_bytes)
+            self.dp_bucket_sizes = [first] + [sm.dp_bucket_bytes] * full + (
+                [int(rest - full * sm.dp_bucket_bytes)] if rest - full * sm.dp_bucket_bytes >= 4096 else [])
+        #: one-off stragglers that struck (healthy by design; an evaluation must not count a verdict naming one
+        #: as false): {"rank", "step", "delay_ns", "t_ns"}
+        self.noise_events: list[dict] = []
+        self._straggle: dict[int, tuple[int, float]] = {}
         self.max_steps = steps
         self.duration_ns = None if duration_s is None else duration_s * 1e9
         if steps is None and duration_s is None:
@@ -91,6 +107,7 @@ class Simulation:
         self.log: list[dict] = []
         self.steps_done = 0
         self.n_rows = 0
+        self._entry_idx = 0
 
     # --- lookups ---------------------------------------------------------------------------------
     def comm_of(self, kind: str, g: int) -> Comm:
@@ -105,7 +122,10 @@ class Simulation:
         out: list[Entry] = []
         L = max(1, sm.layers)
 
+        bubble = self.model.noise.stage_extra_ns if t.pp > 1 else 0.0
+
         def tp_ops(stage: int, compute: float) -> None:
+            compute += bubble
             for _ in range(L):
                 if t.tp > 1:
                     if sm.tp_mode == "sp":
@@ -126,15 +146,15 @@ class Simulation:
             tp_ops(s, sm.backward_ns / t.pp)
             if t.dp > 1:
                 f = "ReduceScatter" if sm.dp_mode == "zero" else "AllReduce"
-                for _ in range(sm.dp_buckets):
-                    nb = sm.dp_bucket_bytes // (t.dp if f == "ReduceScatter" else 1)
+                for size in self.dp_bucket_sizes:
+                    nb = size // (t.dp if f == "ReduceScatter" else 1)
                     out.append(Entry("dp", f, nb, 0.0, s))
             if s > 0:
                 out.append(Entry("pp", "Send", sm.pp_bytes, 0.0, s, s - 1))
         out.append(Entry("", "", 0, sm.optimizer_ns))
         if t.dp > 1 and sm.dp_mode == "zero":
-            for _ in range(sm.dp_buckets):
-                out.append(Entry("dp", "AllGather", sm.dp_bucket_bytes // t.dp, 0.0))
+            for size in self.dp_bucket_sizes:
+                out.append(Entry("dp", "AllGather", size // t.dp, 0.0))
         return out
 
     def _compute(self, ranks: np.ndarray, ns: float) -> np.ndarray:
@@ -142,6 +162,39 @@ class Simulation:
             return np.zeros(len(ranks))
         j = self.model.step.jitter
         return ns * np.exp(self.rng.normal(-j * j / 2, j, len(ranks))) if j else np.full(len(ranks), ns)
+
+    def _plan_stragglers(self, step: int, n_entries: int) -> None:
+        """Which ranks stall once in this step (NoiseModel.straggler_p), before which entry and how long."""
+        nz = self.model.noise
+        self._straggle = {}
+        if not nz.straggler_p or n_entries == 0:
+            return
+        hit = np.nonzero(self.rng_noise.random(self.topo.world) < nz.straggler_p)[0]
+        lo, hi = np.log(nz.straggler_min_ns), np.log(nz.straggler_max_ns)
+        for g in hit:
+            entry = int(self.rng_noise.integers(n_entries))
+            self._straggle[int(g)] = (entry, float(np.exp(self.rng_noise.uniform(lo, hi))))
+
+    def _straggler_delay(self, g: np.ndarray, step: int, entry_idx: int) -> np.ndarray:
+        """Host-side stall (ns) of each rank in ``g`` before this entry's call; logged as a noise event."""
+        out = np.zeros(len(g))
+        for i, x in enumerate(g):
+            hit = self._straggle.get(int(x))
+            if hit is not None and hit[0] == entry_idx:
+                out[i] = hit[1]
+                t = float(self.ready[x])
+                self.noise_events.append({"kind": "straggler", "rank": int(x), "step": step,
+                                          "delay_ns": hit[1], "t_ns": t if np.isfinite(t) else None})
+        return out
+
+    def _warmup_delay(self, comm: Comm, seq: int, members: np.ndarray) -> np.ndarray:
+        """Launch delay of the ``seq``-th collective of ``comm`` (NoiseModel.warmup_*: lazy connection setup).
+        Seeded by (comm, seq) alone, so a dry run of the same instance sees the same delay."""
+        nz = self.model.noise
+        if seq >= nz.warmup_collectives:
+            return np.zeros(len(members))
+        rng = np.random.default_rng([self.seed, 3, ("tp", "dp", "pp").index(comm.kind), comm.index, seq])
+        return nz.warmup_ns / 4.0 ** seq * np.exp(rng.normal(0.0, 0.5, comm.nranks))[members]
 
     def _instances(self, step: int, entry: Entry, ordinal: dict) -> list[Instance]:
         dsz = 2  # element size used to turn bytes into counts is the model datatype's
@@ -154,7 +207,8 @@ class Simulation:
                 g = g[[self.stage_of(x) == entry.stage for x in g]]
             c = self._compute(g, entry.compute_ns)
             self.gpu[g] = self.gpu[g] + c
-            self.ready[g] = self.ready[g] + c * self.model.step.cpu_fraction
+            self.ready[g] = self.ready[g] + c * self.model.step.cpu_fraction + self._straggler_delay(
+                g, step, self._entry_idx)
             return out
         comms = self.comms[entry.kind]
         k = ordinal.get(entry.kind, 0)
@@ -181,6 +235,10 @@ class Simulation:
             # The CPU issues the call after launching the compute before it, but never more than
             # max_outstanding calls ahead of completion; the kernel waits for the compute on the stream.
             issue = np.maximum(self.ready[g] + c * self.model.step.cpu_fraction, self.outstanding[g, 0])
+            issue = issue + self._straggler_delay(g, step, self._entry_idx)
+            nz = self.model.noise
+            if nz.host_median_ns:  # the host thread reaches each call a little late, rank by rank
+                issue = issue + nz.host_median_ns * np.exp(self.rng.normal(0.0, nz.host_sigma, len(g)))
             kready = self.gpu[g] + c
             out.append(Instance(comm, members, seq, entry.func, int(count), issue, kready=kready,
                                 root=0 if entry.func ==
@@ -191,7 +249,10 @@ class Simulation:
         return out
 
     def _mods(self, inst: Instance) -> Mods:
-        return Mods(inst.comm.nranks, inst.comm.n_channels)
+        mods = Mods(inst.comm.nranks, inst.comm.n_channels)
+        if self.model.noise.warmup_collectives and not inst.is_p2p:
+            mods.launch_delay[inst.members] = self._warmup_delay(inst.comm, inst.seq, inst.members)
+        return mods
 
     def _apply_state(self, inst: Instance, mods: Mods) -> None:
         comm = inst.comm
@@ -219,7 +280,9 @@ class Simulation:
     def _split(self, batch: list) -> list:
         inst = batch[0][0]
         n = len(inst.members)
-        steps = 2 * max(1, inst.comm.nranks - 1) + inst.count * 4 // (inst.comm.n_channels * self.model.nccl.chunk_size)
+        # ring slices: 2 per stage and loop, ~ bytes x 2 / (channels x slice) in all (upper bound: 4-byte items)
+        slice_b = max(1, self.model.nccl.step_bytes * RING_SLICE_STEPS)
+        steps = 4 * max(1, inst.comm.nranks - 1) + inst.count * 8 // (inst.comm.n_channels * slice_b)
         per = max(1, n * inst.comm.n_channels * 2 * 5 * steps)  # ranks x channels x directions x rows/step
         k = max(1, self.MAX_BATCH_ROWS // per)
         return [batch[i:i + k] for i in range(0, len(batch), k)]
@@ -252,7 +315,9 @@ class Simulation:
             if not np.isfinite(self.ready).any():
                 break
             ordinal: dict = {}
-            for entry in self.schedule(step):
+            sched = self.schedule(step)
+            self._plan_stragglers(step, len(sched))
+            for self._entry_idx, entry in enumerate(sched):
                 groups: dict = {}
                 for inst in self._instances(step, entry, ordinal):
                     mods = self._mods(inst)

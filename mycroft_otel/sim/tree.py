@@ -166,8 +166,10 @@ def tree_batch(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m,
     for c in range(C):
         per_rank = per_rank + np.bincount(par[c][has[c]], minlength=N)
     nic_flows = max(1, int(per_rank.max()))
-    jit = np.exp(rng.normal(0.0, model.step.net_jitter, size=(C, N))) if model.step.net_jitter else 1.0
-    bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) * jit
+    from mycroft_otel.sim.engine import log_uniform
+
+    # NCCL's healthy variation per flow (model.NoiseModel.flow_spread); the tree has no per-step noise
+    bw_net = np.minimum(net.link_bw, net.nic_bw / nic_flows) / log_uniform(rng, model.noise.flow_spread, (C, N))
     sfac_child = m_sbw                                   # child -> parent uses the child's NIC
     sfac_par = np.take_along_axis(m_sbw, par, axis=1)    # parent -> child uses the parent's NIC
     rf = m["recv_bw_factor"]
@@ -196,7 +198,7 @@ def tree_batch(first, insts, nm, C, parent, par, tnet, sizes, kstart, pstart, m,
             (False, tm["down"], child_rank, parent_rank, False)):  # child receives it
         who = par if at_parent else np.broadcast_to(np.arange(N), (C, N))
         b, f, e = _flow_rows(is_send, tnet, rank_pos, peer_pos, who, t, sizes, np.take_along_axis(ps, who, axis=1),
-                             coll_slot[who], ctx[who], owner[who], nsteps, nc.chunk_size, slots, predict,
+                             coll_slot[who], ctx[who], owner[who], nsteps, nc.step_bytes, slots, predict,
                              retry_ns=nc.peer_wait_retry_ns, horizon=m_horizon)
         for fl, (c, col) in zip(f, zip(*np.nonzero(tnet))):
             fl["inst"] = int(who[c, col] // nm)

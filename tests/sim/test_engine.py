@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mycroft_otel.sim import abi
-from mycroft_otel.sim.engine import RING_STEPS_PER_LOOP, step_sizes
+from mycroft_otel.sim.engine import RING_STEPS_PER_LOOP, RING_WINDOW, SLICES_PER_CHUNK, chunk_bytes, step_sizes
 from mycroft_otel.sim.rows import KERNEL, PROXY, USER
 from mycroft_otel.sim.topology import Topology, TopologyError, build_comms, parse_topology
 
@@ -26,24 +26,37 @@ def rows_of(results, thread=None):
 
 
 @pytest.mark.parametrize("func,n,nch,nbytes,chunk", [
-    ("AllReduce", 8, 2, 64 << 20, 512 << 10), ("AllReduce", 4, 2, 3 << 20, 512 << 10),
-    ("AllGather", 8, 2, 1 << 20, 512 << 10), ("ReduceScatter", 16, 4, 1 << 20, 256 << 10),
-    ("Broadcast", 8, 2, 5 << 20, 512 << 10), ("Send", 2, 1, 4 << 20, 512 << 10), ("AllReduce", 64, 2, 1 << 20, 512 << 10),
+    ("AllReduce", 8, 2, 64 << 20, 2 << 20), ("AllReduce", 4, 2, 3 << 20, 2 << 20),
+    ("AllGather", 8, 2, 1 << 20, 2 << 20), ("ReduceScatter", 16, 4, 1 << 20, 1 << 20),
+    ("AllReduce", 4, 2, (1 << 20) + 6, 2 << 20),
+    ("Broadcast", 8, 2, 5 << 20, 512 << 10), ("Send", 2, 1, 4 << 20, 512 << 10), ("AllReduce", 64, 2, 1 << 20, 2 << 20),
 ])
 def test_step_counts_follow_nccl_formula(func, n, nch, nbytes, chunk):
+    """NCCL's SIMPLE ring: per loop each of the m stages moves a chunk of min(chunk, remaining/n) bytes as
+    chunkSteps/sliceSteps = 2 slices, one ProxyStep each; Broadcast and p2p move one step per chunk."""
     count = nbytes // 2
     sizes = step_sizes(func, count, 2, n, nch, chunk)
     per_ch = -(-(count * 2 * (n if func in ("AllGather", "ReduceScatter") else 1)) // nch)
     if func in RING_STEPS_PER_LOOP:
         m = {"AllReduce": 2 * (n - 1)}.get(func, n - 1)
         loops = max(1, -(-per_ch // (n * chunk)))
-        assert len(sizes) == loops * m
-        assert sizes.max() <= chunk
-        # every loop moves its slice m times; the slices cover the channel's data
-        assert sizes[::m].sum() * n >= per_ch
+        assert SLICES_PER_CHUNK == 2 and RING_WINDOW == abi.NCCL_STEPS // 2
+        assert len(sizes) == loops * m * SLICES_PER_CHUNK
+        per_loop = sizes.reshape(loops, m, SLICES_PER_CHUNK)
+        # the two slices of a chunk split it (the first rounded up) and every stage of a loop moves the same
+        assert np.all(per_loop[..., 0] >= per_loop[..., 1]) and np.all(per_loop[..., 0] - per_loop[..., 1] <= 1)
+        assert np.all(per_loop == per_loop[:, :1, :])
+        assert per_loop.sum(axis=2).max() <= chunk
+        # one stage's chunks, from every rank, cover the channel's data
+        assert per_loop[:, 0, :].sum() * n >= per_ch
     else:
         assert len(sizes) == -(-per_ch // chunk)
         assert sizes.sum() == per_ch
+
+
+def test_ring_chunk_is_four_fifo_slots_and_chains_one():
+    assert chunk_bytes("AllReduce", 512 << 10) == 2 << 20 and chunk_bytes("ReduceScatter", 512 << 10) == 2 << 20
+    assert chunk_bytes("Broadcast", 512 << 10) == 512 << 10 and chunk_bytes("Send", 512 << 10) == 512 << 10
 
 
 def test_topology_parsing_and_comms():
@@ -142,7 +155,8 @@ def test_credit_window_never_exceeded():
                 worst = max(worst, live[op_of[s]])
             elif r["op"] == abi.OP_STOP:
                 live[op_of[s]] -= 1
-        assert 1 <= worst <= abi.NCCL_STEPS
+        # a ring slice holds 2 of the 8 FIFO slots: 4 ProxySteps in flight (Broadcast: 8 one-slot steps)
+        assert 1 <= worst <= (RING_WINDOW if inst.func in RING_STEPS_PER_LOOP else abi.NCCL_STEPS)
 
 
 def test_send_waits_for_receiver_credit():

@@ -67,12 +67,13 @@ def test_real_nccl_both_ends_of_a_connection_announce_the_same_steps():
     assert len(pairs) >= 500 and all(a == b for a, b in pairs)
 
 
-@pytest.mark.xfail(strict=True, reason="NCCL 2.28's SIMPLE ring proxies move each chunk in chunkSteps/sliceSteps = 2 "
-                   "slices: 12 steps per flow for a 4-rank AllReduce, 6 for AllGather and ReduceScatter; the "
-                   "simulator's step model (engine.step_sizes) counts one step per chunk (docs/gpu-check.md)")
 def test_real_nccl_step_counts_match_the_model():
-    _, diffs = _real_capture()
+    """NCCL 2.28's SIMPLE ring proxies move each chunk as chunkSteps/sliceSteps = 2 slices: 12 steps per flow
+    for a 4-rank AllReduce of 1 MiB on 2 channels, 6 for AllGather and ReduceScatter (engine.step_sizes)."""
+    cap, diffs = _real_capture()
     assert [d for d in diffs if "nSteps" in d] == []
+    steps = {(op["func"], f["n_steps"]) for r in cap["rings"] for op in r["captured"] for f in op["flows"]}
+    assert steps == {("AllReduce", 12), ("AllGather", 6), ("ReduceScatter", 6)}
 
 
 @pytest.mark.xfail(strict=True, reason="in 4 of the 256 captured real collectives one KernelCh stop never reached the "
