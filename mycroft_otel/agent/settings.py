@@ -44,7 +44,9 @@ class AgentSettings:
         env = os.environ if env is None else env
         rd = Path(ring_dir or config.get_str("MYCROFT_RING_DIR", env))
         sd_raw = state_dir or config.get_str("MYCROFT_STATE_DIR", env)
-        sd = Path(sd_raw) if sd_raw else rd / ".agent-state"
+        sd = Path(sd_raw) if sd_raw else Path(config.default_state_dir(env))
+        if not sd.is_absolute():
+            raise ConfigError(f"MYCROFT_STATE_DIR={str(sd)!r} must be an absolute path")
         ms = 1_000_000
         return cls(
             ring_dir=rd,
