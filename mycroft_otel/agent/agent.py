@@ -88,7 +88,7 @@ class Agent:
         self.only_pid = only_pid  # in-process mode: follow only this process's rings
         self.health = health or Health()
         self.reader_factory = reader_factory or default_reader_factory
-        self.discovery = Discovery(settings.ring_dir)
+        self.discovery = Discovery(settings.ring_dir, all_users=settings.all_users)
         self.store = CursorStore(settings.state_dir)
         self.ctxs: dict[str, _Ctx] = {}
         self.bound = sample_bound(settings.sample_ratio)

@@ -7,7 +7,9 @@ while (a plugin may still be initialising the file) without logging every time.
 
 The ring directory belongs to the training user and is read as hostile: a ring
 directory that is a symlink or that group/others can write is refused (logged,
-nothing followed). :meth:`Discovery.remove` deletes a ring once the agent has
+nothing followed). The ring directory defaults to one per user
+(``/dev/shm/mycroft-otel-<uid>``); an agent running as root with that default also
+follows every other user's (``user_ring_dirs``). :meth:`Discovery.remove` deletes a ring once the agent has
 exported its evidence (see docs/agent.md, "Ring lifecycle"): through a descriptor of
 the directory, only the very file that was followed (same device and inode), so a
 file swapped in under the same name is left alone.
@@ -21,6 +23,8 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mycroft_otel.config import RING_DIR_PREFIX
 
 log = logging.getLogger("mycroft_otel.agent")
 
@@ -51,31 +55,67 @@ def ring_dir_problem(ring_dir: Path) -> str:
     return ""
 
 
+def user_ring_dirs(prefix: str = RING_DIR_PREFIX) -> list[Path]:
+    """Every user's default ring directory (``<prefix><uid>``, owned by that uid), for an agent running as root."""
+    parent, stem = os.path.split(prefix)
+    out = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return out
+    for name in sorted(names):
+        if not name.startswith(stem) or not name[len(stem):].isdigit():
+            continue
+        path = Path(parent) / name
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == int(name[len(stem):]):
+            out.append(path)
+    return out
+
+
 class Discovery:
-    def __init__(self, ring_dir: Path, retry_s: float = 1.0):
+    """Scans `ring_dir`; with ``all_users`` (a root agent left at the per-user default) every user's default
+    ring directory as well."""
+
+    def __init__(self, ring_dir: Path, retry_s: float = 1.0, all_users: bool = False,
+                 prefix: str = RING_DIR_PREFIX):
         self.ring_dir = Path(ring_dir)
         self.retry_s = retry_s
+        self.all_users = all_users
+        self.prefix = prefix
         self.known: dict[str, tuple[int, int]] = {}     # followed (or finished) path -> file identity
         self._failed: dict[tuple[int, int], float] = {}  # identity -> retry time
-        self._refused = ""                               # last ring-directory problem logged
+        self._refused: dict[Path, str] = {}              # last problem logged per ring directory
         self.removed = 0                                 # rings deleted after export
+
+    def dirs(self) -> list[Path]:
+        if not self.all_users:
+            return [self.ring_dir]
+        return sorted({self.ring_dir, *user_ring_dirs(self.prefix)})
+
+    def _entries(self, ring_dir: Path) -> list[os.DirEntry]:
+        problem = ring_dir_problem(ring_dir)
+        if problem != self._refused.get(ring_dir, ""):
+            if problem:
+                log.error("%s", problem)
+            self._refused[ring_dir] = problem
+        if problem:
+            return []
+        try:
+            return list(os.scandir(ring_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            log.debug("cannot scan %s: %s", ring_dir, exc)
+            return []
 
     def scan(self) -> Scan:
         out = Scan()
         present: dict[str, tuple[int, int]] = {}
-        problem = ring_dir_problem(self.ring_dir)
-        if problem != self._refused:
-            if problem:
-                log.error("%s", problem)
-            self._refused = problem
-        entries: list[os.DirEntry] = []
-        if not problem:
-            try:
-                entries = list(os.scandir(self.ring_dir))
-            except (FileNotFoundError, NotADirectoryError):
-                entries = []
-            except OSError as exc:
-                log.debug("cannot scan %s: %s", self.ring_dir, exc)
+        entries = [e for d in self.dirs() for e in self._entries(d)]
         now = time.monotonic()
         for e in entries:
             if e.name.startswith("."):
@@ -123,10 +163,10 @@ class Discovery:
         """
         ident = self.known.get(path)
         p = Path(path)
-        if ident is None or p.parent != self.ring_dir or ring_dir_problem(self.ring_dir):
+        if ident is None or p.parent not in self.dirs() or ring_dir_problem(p.parent):
             return False
         try:
-            dfd = os.open(self.ring_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            dfd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return False
         try:

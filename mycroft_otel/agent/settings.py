@@ -36,6 +36,7 @@ class AgentSettings:
     export_batch: int = 2048
     protocol: str = "grpc"
     service_name: str = "mycroft-otel-agent"
+    all_users: bool = False  # root agent at the per-user default ring dir: follow every user's default dir
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -66,6 +67,7 @@ class AgentSettings:
             export_batch=config.get_int("MYCROFT_EXPORT_BATCH", env, 1, 100_000),
             protocol=check_otel_env(env),
             service_name=env.get("OTEL_SERVICE_NAME", "").strip() or "mycroft-otel-agent",
+            all_users=(not ring_dir and not env.get("MYCROFT_RING_DIR", "").strip() and os.geteuid() == 0),
         )
 
 
