@@ -299,6 +299,27 @@ bool PidGone(int32_t pid) {
   return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+// The writer pid in our own file name (<host>-<pid>-<hash:016x>-r<rank>[-k].mycroft), or -1.
+// Used only to skip files cheaply (a live pid, or our own): a name cannot make a file go.
+int32_t PidFromName(const char* name) {
+  char buf[256];
+  snprintf(buf, sizeof(buf), "%s", name);
+  char* end = strstr(buf, ".mycroft");
+  if (end == nullptr) return -1;
+  *end = '\0';
+  char* r = strstr(buf, "-r");  // "-r<rank>": the pid and the hash are before it
+  for (char* q = r; q != nullptr; q = strstr(q + 1, "-r")) r = q;
+  if (r == nullptr || r - buf < 19) return -1;
+  *r = '\0';
+  char* hash = strrchr(buf, '-');
+  if (hash == nullptr || hash == buf) return -1;
+  *hash = '\0';
+  char* pid = strrchr(buf, '-');
+  long long v;
+  if (pid == nullptr || !ParseInt(pid + 1, 1, INT32_MAX, &v)) return -1;
+  return int32_t(v);
+}
+
 bool EndsWith(const char* s, const char* suffix) {
   size_t n = strlen(s), m = strlen(suffix);
   return n >= m && memcmp(s + n - m, suffix, m) == 0;
@@ -324,6 +345,8 @@ uint32_t CleanLeftovers(int dirfd) {
     if (++scanned > kLeftoverScan || n >= kLeftoverScan) break;
     if (e->d_name[0] == '.' || !EndsWith(e->d_name, ".mycroft") || strlen(e->d_name) >= sizeof(dead[0].name))
       continue;
+    int32_t named = PidFromName(e->d_name);  // a job's own live files: one kill(), no open
+    if (named > 0 && !PidGone(named)) continue;
     struct stat st;
     if (fstatat(dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me)
       continue;
@@ -405,7 +428,7 @@ bool CreateShm(Context* c, const Config& cfg, const char* host, uint64_t comm_ha
     return false;
   }
   if (int rc = ReserveFile(fd, size); rc != 0) {
-    snprintf(err, err_len, "cannot reserve %llu bytes for %s: %s (%s); the file system of MYCROFT_RING_DIR=%s is "
+    snprintf(err, err_len, "cannot reserve %llu bytes for %.400s: %s (%s); the file system of MYCROFT_RING_DIR=%.300s is "
              "full or too small (remove old *.mycroft files, enlarge it, or lower MYCROFT_LIVE_SLOTS / "
              "MYCROFT_RING_RECORDS)", (unsigned long long)size, c->path, strerror(rc), ErrnoName(rc), cfg.ring_dir);
     close(fd);

@@ -57,9 +57,14 @@ def test_old_dead_files_go_everything_else_stays(plugin_so, tmp_path):
     outside = tmp_path / "outside.mycroft"
     _ring_header(outside, dead, 700)
     (ring_dir / "link.mycroft").symlink_to(outside)
+    named_dead = f"node-r1-{dead}-00000000000000ab-r3-1.mycroft"  # the plugin's own naming (host with "-r")
+    _ring_header(ring_dir / named_dead, dead, 700)
+    named_live = f"node-{os.getpid()}-00000000000000ab-r0.mycroft"  # named for a live writer: skipped unread
+    _ring_header(ring_dir / named_live, dead, 700)
     _init(plugin_so, ring_dir)
     left = {p.name for p in ring_dir.iterdir()}
     assert "old-dead.mycroft" not in left and "old-dead-finalized.mycroft" not in left
+    assert named_dead not in left and named_live in left
     assert {"young-dead.mycroft", "old-live.mycroft", "old-live-parent.mycroft", "other-user.mycroft",
             "not-a-ring.txt", "link.mycroft"} <= left
     assert outside.exists() and outside.stat().st_size == HEADER.itemsize + 4096

@@ -127,12 +127,16 @@ inline Slot* Arm(const void* lo, size_t len, sigjmp_buf* jb) {
   const long tid = Tid();
   for (Slot& s : g_slots) {
     long expected = 0;
-    if (s.tid.load(std::memory_order_relaxed) == 0) {
+    // Claimed as -tid first (matches no thread), filled, then armed as tid: another
+    // thread claiming at the same time cannot overwrite a slot it did not win.
+    if (s.tid.load(std::memory_order_relaxed) == 0 &&
+        s.tid.compare_exchange_strong(expected, -tid, std::memory_order_acquire)) {
       s.lo = static_cast<const volatile uint8_t*>(lo);
       s.hi = static_cast<const volatile uint8_t*>(lo) + len;
       s.jb = jb;
-      // Published with release: the handler (same thread) reads lo/hi/jb after the tid.
-      if (s.tid.compare_exchange_strong(expected, tid, std::memory_order_release)) return &s;
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the fields before the tid, for our own handler
+      s.tid.store(tid, std::memory_order_release);
+      return &s;
     }
   }
   return nullptr;
