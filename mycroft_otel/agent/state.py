@@ -135,7 +135,7 @@ class CursorStore:
         """Persist if changed: write ``cursors.json.tmp`` (O_EXCL, O_NOFOLLOW), then rename it over the file."""
         if not self._dirty or self._dfd is None:
             return
-        tmp = STATE_FILE + ".tmp"
+        tmp = f"{STATE_FILE}.{os.getpid()}.tmp"  # per process: two agents sharing a state dir never collide
         data = json.dumps(self.data, separators=(",", ":")).encode()
         try:
             try:

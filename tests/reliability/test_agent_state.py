@@ -64,7 +64,7 @@ def test_symlink_planted_in_the_state_dir_is_replaced_not_followed(tmp_path):
     state.mkdir(mode=0o700)
     victim = _victim(tmp_path)
     (state / "cursors.json").symlink_to(victim)
-    (state / "cursors.json.tmp").symlink_to(victim)  # the temporary name too
+    (state / f"cursors.json.{os.getpid()}.tmp").symlink_to(victim)  # the temporary name too
     store = CursorStore(state)
     assert store.data == {}  # not read through the link
     store.update("1-00000000000000aa-0-5", cursor=7, last_seq=6, last_end=99)
