@@ -47,11 +47,12 @@ def shm_ring_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_thousand_communicators_leave_dev_shm_as_it_started(plugin_so, otel_env, shm_ring_dir):
+def test_a_thousand_communicators_leave_dev_shm_as_it_started(plugin_so, otel_env, shm_ring_dir, tmp_path):
+    shm_before = sorted(os.listdir("/dev/shm"))
     d = Driver(plugin_so)
     env = {"MYCROFT_RING_DIR": str(shm_ring_dir), "MYCROFT_LIVE_SLOTS": "4", "MYCROFT_RING_RECORDS": "16"}
     agent = make_agent(shm_ring_dir, reader_factory=default_reader_factory, sample_ratio=1.0,
-                       idle_after_ms=600000)
+                       idle_after_ms=600000, state_dir=tmp_path / "agent-state")
     n = 0
     for _ in range(10):
         ctxs = []
@@ -79,6 +80,9 @@ def test_a_thousand_communicators_leave_dev_shm_as_it_started(plugin_so, otel_en
     ops = [s for s in otel_env.sink.spans if s["name"] == "nccl.AllReduce"]
     assert len(ops) == 1000  # every communicator's evidence was exported before its file went
     agent.close()
+    os.rmdir(shm_ring_dir)  # created by the first init; empty now
+    # other work on this machine may touch /dev/shm meanwhile: what this job created is gone
+    assert not set(os.listdir("/dev/shm")) - set(shm_before)
 
 
 def test_a_killed_process_ring_is_removed_after_its_exit_is_reported(plugin_so, otel_env, tmp_path):
