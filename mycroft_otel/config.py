@@ -24,6 +24,33 @@ class Var:
     default: str
     doc: str
     used_by: str  # "plugin", "agent", "processor", ... (comma separated)
+    shown: str = ""  # the default as documented, when it depends on who runs (a uid, a home directory)
+
+
+RING_DIR_PREFIX = "/dev/shm/mycroft-otel-"
+
+
+def default_ring_dir(uid: int | None = None) -> str:
+    """Per user: ``/dev/shm/mycroft-otel-<euid>`` (native/plugin/config.cc builds the same path).
+
+    One shared directory would belong to whoever created it first, and the plugin refuses
+    a ring directory another user owns.
+    """
+    return f"{RING_DIR_PREFIX}{os.geteuid() if uid is None else uid}"
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> str:
+    """The agent's own directory: ``$XDG_STATE_HOME/mycroft-otel``, else ``~/.local/state/mycroft-otel``.
+
+    Never inside the ring directory, which the training user owns (a symlink planted there
+    would make a root agent write wherever it points).
+    """
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME", "").strip()
+    if not os.path.isabs(base):
+        home = env.get("HOME", "").strip() or os.path.expanduser("~")
+        base = os.path.join(home, ".local", "state")
+    return os.path.join(base, "mycroft-otel")
 
 
 _JOB_ID_SOURCES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
@@ -31,9 +58,10 @@ _JOB_ID_SOURCES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBI
 VARS: dict[str, Var] = {
     v.name: v
     for v in (
-        Var("MYCROFT_RING_DIR", "/dev/shm/mycroft-otel",
-            "Directory of the shared-memory files, one per (process, communicator, rank). "
-            "Created 0700; files 0600.", "plugin,agent,sim"),
+        Var("MYCROFT_RING_DIR", default_ring_dir(),
+            "Directory of the shared-memory files, one per (process, communicator, rank). Created 0700; files "
+            "0600. The plugin refuses a symlink, a directory another user owns, or one group/others can write.",
+            "plugin,agent,sim", shown="/dev/shm/mycroft-otel-<euid>"),
         Var("MYCROFT_JOB_ID", "",
             "Job id (a trace-id salt and the mycroft.job.id resource attribute). Defaults from "
             + ", ".join(_JOB_ID_SOURCES) + "; empty when none is set.", "plugin,agent"),
@@ -77,7 +105,8 @@ VARS: dict[str, Var] = {
             "agent"),
         Var("MYCROFT_EXPORT_BATCH", "2048", "Spans per OTLP export request at most.", "agent"),
         Var("MYCROFT_STATE_DIR", "",
-            "Where the agent persists per-ring cursors for restarts; default <ring dir>/.agent-state.", "agent"),
+            "Where the agent persists per-ring cursors for restarts (its own directory: 0700, owned by the agent's "
+            "user); default $XDG_STATE_HOME/mycroft-otel, else ~/.local/state/mycroft-otel.", "agent"),
     )
 }
 
@@ -135,7 +164,7 @@ def job_id(env: Mapping[str, str] | None = None) -> str:
 
 def markdown_table() -> str:
     rows = ["| variable | default | used by | meaning |", "|---|---|---|---|"]
-    rows += [f"| `{v.name}` | `{v.default}` | {v.used_by} | {v.doc} |" for v in VARS.values()]
+    rows += [f"| `{v.name}` | `{v.shown or v.default}` | {v.used_by} | {v.doc} |" for v in VARS.values()]
     return "\n".join(rows)
 
 

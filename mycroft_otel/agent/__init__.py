@@ -1,6 +1,6 @@
 """The node agent: shared-memory rings → OpenTelemetry spans over OTLP (issue 4).
 
-Modules, in data-path order: ``discovery`` (rings appear/disappear) → ``source``
+Modules, in data-path order: ``discovery`` (rings appear, disappear, and are removed once exported) → ``source``
 (one ring: header, cursor, process) → ``sampling`` (anomaly rule, consistent
 sampling, summaries) → ``spans`` (records → span bytes per docs/span-schema.md,
 with ``otlp``, the protobuf writer) → ``exporter`` (bounded queue, OTLP per

@@ -75,6 +75,8 @@ class _Ctx:
     flow_rule: FlowRule = field(default_factory=FlowRule)  # slow by the flows' own waits (skew-proof)
     exit_next: int = 0
     done: bool = False            # process exited and reported: nothing more to read
+    remove: bool = False          # done, and the file is to be deleted once its last hand-over is exported
+    committed: tuple = ()         # the last (cursor, last_seq, last_end) the exporter committed
     marked: tuple = ()            # (cursor, last_seq, last_end) last handed to the exporter
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # recent unexported (trace, record)
 
@@ -92,7 +94,7 @@ class Agent:
         self.only_pid = only_pid  # in-process mode: follow only this process's rings
         self.health = health or Health()
         self.reader_factory = reader_factory or default_reader_factory
-        self.discovery = Discovery(settings.ring_dir)
+        self.discovery = Discovery(settings.ring_dir, all_users=settings.all_users)
         self.store = CursorStore(settings.state_dir)
         self.ctxs: dict[str, _Ctx] = {}
         self.bound = sample_bound(settings.sample_ratio)
@@ -138,7 +140,7 @@ class Agent:
         elif not saved and src.process_state() == PROC_EXITED:
             h = src.header
             if int(h.get("finalized_ns", 0)) or now - int(h.get("heartbeat_ns", 0)) > STALE_RING_NS:
-                self._retire(ctx)  # a finished or long-dead job's leftover file: nothing to report
+                self._retire(ctx, remove=True)  # a finished or long-dead job's leftover file: nothing to report
         self.ctxs[path] = ctx
         self.discovery.accepted(path, ident)
         self.health.sources_opened += 1
@@ -157,9 +159,15 @@ class Agent:
         ctx.src.close()
         log.info("ring gone: %s", path)
 
-    def _retire(self, ctx: _Ctx) -> None:
-        """Nothing more will happen in this ring: release the mapping, keep the path known (no reopening)."""
+    def _retire(self, ctx: _Ctx, remove: bool = False) -> None:
+        """Nothing more will happen in this ring: release the mapping, keep the path known (no reopening).
+
+        remove: the writer finalized or exited, so once what was handed to the exporter for this ring is
+        committed, the file is deleted (:meth:`_remove_exported`); its path then reads as gone and
+        :meth:`_close` drops the agent's state for it.
+        """
         ctx.done = True
+        ctx.remove = remove
         ctx.inflight.clear()
         ctx.had_inflight.clear()
         ctx.src.close()
@@ -182,7 +190,11 @@ class Agent:
             try:
                 self._poll_ctx(ctx, out, now, pstate)
             except Exception:  # one bad ring must not stop the others
-                self._rl.warning(path, "error polling %s", path)
+                if ctx.src.broken:  # shrank, replaced or faulted under the reader: give the ring up
+                    log.warning("giving up %s: %s", path, ctx.src.broken)
+                    self._retire(ctx)
+                else:
+                    self._rl.warning(path, "error polling %s", path)
                 log.debug("error polling %s", path, exc_info=True)
             pending[path] = out
         self._peer_flagged(pending)
@@ -194,16 +206,26 @@ class Agent:
             backlog += ctx.src.backlog if not ctx.done else 0
         self.health.ring_backlog = backlog
         self.health.sources = sum(1 for c in self.ctxs.values() if not c.done)
-        live_keys = {c.src.identity.key for c in self.ctxs.values()}
+        live_keys = {c.src.identity.key: c for c in self.ctxs.values()}
         for key, cursor in self.queue.take_committed().items():
             if key in live_keys:  # a ring closed meanwhile is forgotten, not resurrected
                 self.store.update(key, **cursor)
+                live_keys[key].committed = (cursor.get("cursor"), cursor.get("last_seq"), cursor.get("last_end"))
+        self._remove_exported()
         if self.health.polls == 0:  # rings that vanished while no agent ran
             for key in [k for k in self.store.data if k not in live_keys]:
                 self.store.forget(key)
         self.store.save()
         self.health.polls += 1
         self.health.poll_duration_s = time.perf_counter() - t0
+
+    def _remove_exported(self) -> None:
+        """Delete retired rings whose last hand-over the exporter has committed (the queue is FIFO)."""
+        for path, ctx in self.ctxs.items():
+            if ctx.done and ctx.remove and ctx.committed == ctx.marked:
+                ctx.remove = False
+                if self.discovery.remove(path):
+                    self.health.rings_removed += 1
 
     def _queue(self, ctx: _Ctx, out: list[bytes]) -> None:
         self.health.spans_built += len(out)
@@ -421,7 +443,8 @@ class Agent:
                     # left waiting on peers that had completed and gone)
                     if self.s.peer_export and any(p.busy for p in by_comm.get(src.comm_hash, ()) if p is not ctx):
                         self._recent(ctx, out)
-                    self._retire(ctx)  # the communicator is destroyed and its ring drained this poll
+                    self._drain(ctx, out, now)  # records published between this poll's drain and finalize
+                    self._retire(ctx, remove=True)  # the communicator is destroyed and its ring drained
                 continue
             if ctx.busy:
                 continue
@@ -480,7 +503,7 @@ class Agent:
         ctx.exit_emits += 1
         ctx.exit_next = now + self.s.snapshot_ns
         if ctx.exit_emits >= 2:
-            self._retire(ctx)
+            self._retire(ctx, remove=True)
             log.info("%s: process %d exited; evidence sent", src.path, src.pid)
 
     # --- running ----------------------------------------------------------------------------------

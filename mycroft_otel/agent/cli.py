@@ -16,7 +16,7 @@ from mycroft_otel.agent.settings import AgentSettings
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ring-dir", help="directory of the plugin's shared-memory files (default MYCROFT_RING_DIR)")
     parser.add_argument("--state-dir", help="where cursors persist across restarts (default MYCROFT_STATE_DIR, "
-                                            "else <ring dir>/.agent-state)")
+                                            "else $XDG_STATE_HOME/mycroft-otel or ~/.local/state/mycroft-otel)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve the agent's own counters in Prometheus format on this port (0: any free port)")
     parser.add_argument("--metrics-bind", default="127.0.0.1", help="address of the metrics port (default loopback)")

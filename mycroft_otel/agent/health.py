@@ -29,6 +29,7 @@ class Health:
     polls: int = 0                 # poll cycles
     sources_opened: int = 0        # ring files opened
     bad_files: int = 0             # files in the ring dir that are not valid rings
+    rings_removed: int = 0         # finished rings deleted after their evidence was exported
     # gauges
     sources: int = 0               # rings currently followed
     queue_spans: int = 0           # spans waiting for export
@@ -37,7 +38,8 @@ class Health:
     poll_duration_s: float = 0.0   # last poll cycle's duration
 
     COUNTERS = ("records_read", "spans_built", "spans_exported", "dropped_ring", "dropped_export_queue",
-                "dropped_export_failed", "export_errors", "export_requests", "polls", "sources_opened", "bad_files")
+                "dropped_export_failed", "export_errors", "export_requests", "polls", "sources_opened", "bad_files",
+                "rings_removed")
     GAUGES = ("sources", "queue_spans", "ring_backlog", "export_lag_s", "poll_duration_s")
 
     def snapshot(self) -> dict[str, Any]:

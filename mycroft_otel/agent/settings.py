@@ -36,6 +36,7 @@ class AgentSettings:
     export_batch: int = 2048
     protocol: str = "grpc"
     service_name: str = "mycroft-otel-agent"
+    all_users: bool = False  # root agent at the per-user default ring dir: follow every user's default dir
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -44,7 +45,9 @@ class AgentSettings:
         env = os.environ if env is None else env
         rd = Path(ring_dir or config.get_str("MYCROFT_RING_DIR", env))
         sd_raw = state_dir or config.get_str("MYCROFT_STATE_DIR", env)
-        sd = Path(sd_raw) if sd_raw else rd / ".agent-state"
+        sd = Path(sd_raw) if sd_raw else Path(config.default_state_dir(env))
+        if not sd.is_absolute():
+            raise ConfigError(f"MYCROFT_STATE_DIR={str(sd)!r} must be an absolute path")
         ms = 1_000_000
         return cls(
             ring_dir=rd,
@@ -64,6 +67,7 @@ class AgentSettings:
             export_batch=config.get_int("MYCROFT_EXPORT_BATCH", env, 1, 100_000),
             protocol=check_otel_env(env),
             service_name=env.get("OTEL_SERVICE_NAME", "").strip() or "mycroft-otel-agent",
+            all_users=(not ring_dir and not env.get("MYCROFT_RING_DIR", "").strip() and os.geteuid() == 0),
         )
 
 

@@ -91,19 +91,31 @@ class RingSource:
         self.identity = Identity(self.pid, self.comm_hash, self.rank, self.start_mono_ns)
         self.cursor = int(cursor)
         self.closed = False
+        #: why the reader gave up on the file (it shrank, stopped being a regular file, faulted); '' while usable
+        self.broken = ""
 
     # --- reading ---------------------------------------------------------------------
+    # The reader raises ValueError once the file is no longer what was validated at open
+    # (shm_reader.h); the source remembers it so the agent retires the ring instead of
+    # failing on it every poll.
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ValueError as exc:
+            self.broken = str(exc)
+            raise
+
     def read(self, max_records: int) -> tuple[np.ndarray, int]:
         """New completion records since the cursor (advances it) and how many were overwritten."""
-        records, nxt, overwritten = self.reader.read(self.cursor, max_records)
+        records, nxt, overwritten = self._call(self.reader.read, self.cursor, max_records)
         self.cursor = int(nxt)
         return records, int(overwritten)
 
     def live(self) -> np.ndarray:
-        return self.reader.live()
+        return self._call(self.reader.live)
 
     def refresh_header(self) -> dict:
-        self.header = self.reader.header()
+        self.header = self._call(self.reader.header)
         return self.header
 
     @property

@@ -116,7 +116,8 @@ def run_scenario(sc: Scenario, sink: Sink, stall_ms: int, keep_dir: bool = False
     agent_env = dict(base_env, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{grpc_port}",
                      OTEL_EXPORTER_OTLP_PROTOCOL="grpc", MYCROFT_RING_DIR=ring_dir,
                      OTEL_SERVICE_NAME="mycroft-eval-agent")
-    agent = _start("agent", py + ["agent", "--ring-dir", ring_dir], agent_env, work)
+    agent = _start("agent", py + ["agent", "--ring-dir", ring_dir, "--state-dir", os.path.join(work, "agent-state")],
+                   agent_env, work)
     time.sleep(1.0)
     for comp in (processor, agent):
         if not comp.error and not comp.alive():

@@ -6,6 +6,8 @@
 //   * a slot whose `generation` is odd never held still within the retry budget (recycled under
 //     the reader on every attempt): its contents are the last copy, possibly torn.
 // The GIL is released while the reader copies out of the mapping; then one memcpy into numpy.
+// A file that shrinks or stops being a regular file under the reader closes it: the call raises
+// ValueError naming the reason (never SIGBUS), and so does every later call.
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -97,6 +99,7 @@ class RingReader {
   py::array Live() const {
     std::vector<mycroft::shm::LiveSnapshot> snaps;
     WithoutGil([&] { reader_.Live(&snaps); });
+    ThrowIfBroken();
     py::array_t<LiveOp> arr{py::ssize_t(snaps.size())};
     LiveOp* dst = arr.mutable_data();
     for (size_t i = 0; i < snaps.size(); ++i) {
@@ -111,6 +114,7 @@ class RingReader {
     mycroft::shm::ReadResult rr;
     size_t max = max_records < 0 ? SIZE_MAX : size_t(max_records);
     WithoutGil([&] { rr = reader_.Read(cursor, max, &recs, skip_unpublished); });
+    ThrowIfBroken();
     py::array_t<RingRecord> arr{py::ssize_t(recs.size())};
     if (!recs.empty()) std::memcpy(arr.mutable_data(), recs.data(), recs.size() * sizeof(RingRecord));
     return py::make_tuple(std::move(arr), rr.next_cursor, rr.overwritten);
@@ -119,7 +123,9 @@ class RingReader {
   uint64_t RingHead() const {
     std::lock_guard<std::mutex> lock(mu_);  // (with the GIL: no lock holder ever waits for the GIL)
     if (!reader_.is_open()) Closed();
-    return reader_.ring_head();
+    uint64_t head = reader_.ring_head();
+    if (!reader_.is_open()) Closed();
+    return head;
   }
 
  private:
@@ -139,9 +145,18 @@ class RingReader {
   ShmHeader CopyHeader() const {
     std::lock_guard<std::mutex> lock(mu_);
     if (!reader_.is_open()) Closed();
-    return reader_.Header();
+    ShmHeader h = reader_.Header();
+    if (!reader_.is_open()) Closed();
+    return h;
   }
-  [[noreturn]] void Closed() const { throw py::value_error(path_ + ": reader is closed"); }
+  // The reader closes itself when the file shrinks or faults under it (shm_reader.h); say why.
+  void ThrowIfBroken() const {
+    if (!reader_.broken().empty()) Closed();
+  }
+  [[noreturn]] void Closed() const {
+    const std::string& why = reader_.broken();
+    throw py::value_error(path_ + (why.empty() ? ": reader is closed" : ": " + why));
+  }
 
   std::string path_;
   mycroft::shm::Reader reader_;

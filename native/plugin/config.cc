@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <strings.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -59,6 +60,9 @@ bool ParseInt(const char* s, long long lo, long long hi, long long* out) {
 
 bool LoadConfig(Config* cfg, char* err, size_t err_len) {
   *cfg = Config();
+  // Per-user default (mycroft_otel/config.py: default_ring_dir): one shared directory
+  // would belong to whichever user created it first and refuse every other user.
+  snprintf(cfg->ring_dir, sizeof(cfg->ring_dir), "/dev/shm/mycroft-otel-%u", unsigned(geteuid()));
   if (const char* raw = getenv("MYCROFT_ENABLE")) {
     char v[32];
     Strip(raw, v, sizeof(v));

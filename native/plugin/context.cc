@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <pthread.h>
 #include <new>
 #include <sys/mman.h>
@@ -57,6 +59,16 @@ struct Lock {
   Lock() { pthread_mutex_lock(&g_mutex); }
   ~Lock() { pthread_mutex_unlock(&g_mutex); }
 };
+
+// fork() copies g_mutex as it is: taken by a thread in init/finalize, it would stay
+// taken forever in the child (which has only the forking thread), and the child's first
+// communicator init would hang. So fork waits for the lock (prepare) and both sides
+// release it afterwards. No allocation here: the handlers run inside fork().
+void ForkPrepare() { pthread_mutex_lock(&g_mutex); }
+void ForkRelease() { pthread_mutex_unlock(&g_mutex); }
+__attribute__((constructor)) void RegisterForkHandlers() {
+  pthread_atfork(ForkPrepare, ForkRelease, ForkRelease);
+}
 
 void FreeContext(Context* c) {
   if (c->map != nullptr) munmap(c->map, c->map_size);
@@ -141,6 +153,29 @@ void SanitizeForFile(const char* in, char* out, size_t len) {
   if (j == 0) snprintf(out, len, "host");
 }
 
+// The symbolic name of the errno values init can meet, so a message says "ENOSPC" and
+// not only the locale's sentence.
+const char* ErrnoName(int e) {
+  switch (e) {
+    case ENOSPC: return "ENOSPC";
+    case EDQUOT: return "EDQUOT";
+    case EFBIG: return "EFBIG";
+    case ENOMEM: return "ENOMEM";
+    case EACCES: return "EACCES";
+    case EPERM: return "EPERM";
+    case EROFS: return "EROFS";
+    case EEXIST: return "EEXIST";
+    case ENOENT: return "ENOENT";
+    case ENOTDIR: return "ENOTDIR";
+    case ELOOP: return "ELOOP";
+    case EMFILE: return "EMFILE";
+    case ENFILE: return "ENFILE";
+    case EIO: return "EIO";
+    case ENODEV: return "ENODEV";
+    default: return "errno";
+  }
+}
+
 // mkdir -p; the last component 0700, missing parents 0755.
 bool MakeDirs(const char* dir, char* err, size_t err_len) {
   char path[512];
@@ -153,59 +188,266 @@ bool MakeDirs(const char* dir, char* err, size_t err_len) {
       path[i] = '\0';
       bool last = (saved == '\0');
       if (mkdir(path, last ? 0700 : 0755) != 0 && errno != EEXIST) {
-        snprintf(err, err_len, "cannot create MYCROFT_RING_DIR component %s: %s", path, strerror(errno));
+        snprintf(err, err_len, "cannot create MYCROFT_RING_DIR component %s: %s (%s)", path, strerror(errno),
+                 ErrnoName(errno));
         return false;
       }
       path[i] = saved;
     }
   }
-  struct stat st;
-  if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    snprintf(err, err_len, "MYCROFT_RING_DIR %s is not a directory", path);
-    return false;
-  }
   return true;
+}
+
+// Opens the ring directory and checks it is this user's own: a directory itself (lstat:
+// a planted symlink would send our files, and the agent's reads, elsewhere), owned by
+// the effective uid (another user's directory would let them replace or read our
+// files), not writable by group or others. The checks run on the opened descriptor, and
+// files are then created relative to it, so a rename of the path after the check does
+// not redirect them. Returns the descriptor, or -1 with `err` naming the problem.
+int OpenRingDir(const char* dir, char* err, size_t err_len) {
+  if (!MakeDirs(dir, err, err_len)) return -1;
+  struct stat ls;
+  if (lstat(dir, &ls) != 0) {
+    snprintf(err, err_len, "MYCROFT_RING_DIR %s: %s (%s)", dir, strerror(errno), ErrnoName(errno));
+    return -1;
+  }
+  if (S_ISLNK(ls.st_mode)) {
+    snprintf(err, err_len, "MYCROFT_RING_DIR %s is a symbolic link; refusing it (point MYCROFT_RING_DIR at a "
+             "directory you own)", dir);
+    return -1;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, err_len, "MYCROFT_RING_DIR %s cannot be opened as a directory: %s (%s)", dir, strerror(errno),
+             ErrnoName(errno));
+    return -1;
+  }
+  struct stat st;
+  const uid_t me = geteuid();
+  if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    snprintf(err, err_len, "MYCROFT_RING_DIR %s is not a directory", dir);
+  } else if (st.st_uid != me) {
+    snprintf(err, err_len, "MYCROFT_RING_DIR %s is owned by uid %u, not by this process's uid %u; refusing it "
+             "(the default is per user: /dev/shm/mycroft-otel-<uid>)", dir, unsigned(st.st_uid), unsigned(me));
+  } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    snprintf(err, err_len, "MYCROFT_RING_DIR %s is writable by group or others (mode %03o); refusing it "
+             "(chmod go-w it)", dir, unsigned(st.st_mode & 0777));
+  } else {
+    return fd;
+  }
+  close(fd);
+  return -1;
+}
+
+// Reserves every byte of the file. tmpfs (and most file systems) accept a sparse size
+// from ftruncate; a store to a page that cannot be backed later raises SIGBUS inside
+// NCCL's threads. posix_fallocate makes the file system say ENOSPC now instead.
+// Returns 0 or an errno value.
+int ReserveFile(int fd, uint64_t size) {
+  int rc;
+  do {
+    rc = posix_fallocate(fd, 0, off_t(size));
+  } while (rc == EINTR);
+  if (rc == EOPNOTSUPP || rc == ENOSYS || rc == EINVAL) {
+    // No fallocate on this file system: write the zeros (write() reports ENOSPC, a store
+    // through the mapping could not).
+    static const char kZeros[1 << 16] = {};
+    uint64_t off = 0;
+    rc = 0;
+    while (off < size) {
+      size_t n = size - off < sizeof(kZeros) ? size_t(size - off) : sizeof(kZeros);
+      ssize_t w = pwrite(fd, kZeros, n, off_t(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        rc = w < 0 ? errno : ENOSPC;
+        break;
+      }
+      off += uint64_t(w);
+    }
+  }
+  if (rc != 0) return rc;
+  // A file system that keeps written zeros sparse (compression, dedup) leaves pages a
+  // store could still fail to back: refuse rather than map it.
+  struct stat st;
+  if (fstat(fd, &st) != 0) return errno;
+  if (uint64_t(st.st_size) < size || uint64_t(st.st_blocks) * 512u < size) return ENOSPC;
+  return 0;
+}
+
+// Leftover files of processes that are gone, when no agent removed them (none runs, or
+// it is behind): bounded by age, count and bytes. Only this user's regular files named
+// *.mycroft whose header names a writer pid that no longer exists are candidates; a
+// file younger than kLeftoverMinAgeNs is kept whatever the bounds (its evidence may be
+// on its way to an agent). Runs at init, off the hot path; bounded by kLeftoverScan.
+constexpr uint64_t kLeftoverMaxAgeNs = 600ull * 1000000000ull;  // the agent ignores dead rings this old too
+constexpr uint64_t kLeftoverMinAgeNs = 60ull * 1000000000ull;
+constexpr uint32_t kLeftoverMaxFiles = 64;
+constexpr uint64_t kLeftoverMaxBytes = 256ull << 20;
+constexpr uint32_t kLeftoverScan = 4096;
+
+struct Leftover {
+  char name[256];
+  uint64_t age_ns;
+  uint64_t bytes;
+  dev_t dev;
+  ino_t ino;
+};
+
+bool PidGone(int32_t pid) {
+  if (pid <= 0) return false;  // unknown writer: keep
+  if (pid == getpid()) return false;
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// The writer pid in our own file name (<host>-<pid>-<hash:016x>-r<rank>[-k].mycroft), or -1.
+// Used only to skip files cheaply (a live pid, or our own): a name cannot make a file go.
+int32_t PidFromName(const char* name) {
+  char buf[256];
+  snprintf(buf, sizeof(buf), "%s", name);
+  char* end = strstr(buf, ".mycroft");
+  if (end == nullptr) return -1;
+  *end = '\0';
+  char* r = strstr(buf, "-r");  // "-r<rank>": the pid and the hash are before it
+  for (char* q = r; q != nullptr; q = strstr(q + 1, "-r")) r = q;
+  if (r == nullptr || r - buf < 19) return -1;
+  *r = '\0';
+  char* hash = strrchr(buf, '-');
+  if (hash == nullptr || hash == buf) return -1;
+  *hash = '\0';
+  char* pid = strrchr(buf, '-');
+  long long v;
+  if (pid == nullptr || !ParseInt(pid + 1, 1, INT32_MAX, &v)) return -1;
+  return int32_t(v);
+}
+
+bool EndsWith(const char* s, const char* suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+uint32_t CleanLeftovers(int dirfd) {
+  int fd2 = dup(dirfd);
+  if (fd2 < 0) return 0;
+  DIR* d = fdopendir(fd2);
+  if (d == nullptr) {
+    close(fd2);
+    return 0;
+  }
+  Leftover* dead = static_cast<Leftover*>(calloc(kLeftoverScan, sizeof(Leftover)));
+  if (dead == nullptr) {
+    closedir(d);
+    return 0;
+  }
+  const uid_t me = geteuid();
+  const uint64_t now = NowNs();
+  uint32_t n = 0, removed = 0, scanned = 0;
+  while (dirent* e = readdir(d)) {
+    if (++scanned > kLeftoverScan || n >= kLeftoverScan) break;
+    if (e->d_name[0] == '.' || !EndsWith(e->d_name, ".mycroft") || strlen(e->d_name) >= sizeof(dead[0].name))
+      continue;
+    int32_t named = PidFromName(e->d_name);  // a job's own live files: one kill(), no open
+    if (named > 0 && !PidGone(named)) continue;
+    struct stat st;
+    if (fstatat(dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me)
+      continue;
+    int fd = openat(dirfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    shm::ShmHeader h;
+    bool ok = pread(fd, &h, sizeof(h), 0) == ssize_t(sizeof(h));
+    close(fd);
+    if (!ok || h.magic != shm::kMagic || !PidGone(h.pid)) continue;
+    uint64_t last = h.start_mono_ns;
+    if (h.heartbeat_ns > last) last = h.heartbeat_ns;
+    if (h.finalized_ns > last) last = h.finalized_ns;
+    Leftover& L = dead[n++];
+    snprintf(L.name, sizeof(L.name), "%s", e->d_name);
+    L.age_ns = now > last ? now - last : 0;
+    L.bytes = uint64_t(st.st_size);
+    L.dev = st.st_dev;
+    L.ino = st.st_ino;
+  }
+  closedir(d);
+  // Oldest first (insertion sort: n is small and this is init).
+  for (uint32_t i = 1; i < n; ++i) {
+    Leftover tmp = dead[i];
+    uint32_t j = i;
+    for (; j > 0 && dead[j - 1].age_ns < tmp.age_ns; --j) dead[j] = dead[j - 1];
+    dead[j] = tmp;
+  }
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < n; ++i) bytes += dead[i].bytes;
+  uint32_t left = n;
+  for (uint32_t i = 0; i < n; ++i) {
+    const Leftover& L = dead[i];
+    bool over = left > kLeftoverMaxFiles || bytes > kLeftoverMaxBytes;
+    if (!(L.age_ns >= kLeftoverMaxAgeNs || (over && L.age_ns >= kLeftoverMinAgeNs))) continue;
+    struct stat st;  // still the file we judged (not replaced meanwhile)
+    if (fstatat(dirfd, L.name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != L.dev || st.st_ino != L.ino) continue;
+    if (unlinkat(dirfd, L.name, 0) == 0) {
+      ++removed;
+      --left;
+      bytes -= L.bytes;
+    }
+  }
+  free(dead);
+  return removed;
 }
 
 bool CreateShm(Context* c, const Config& cfg, const char* host, uint64_t comm_hash, int rank, char* err,
                size_t err_len) {
-  if (!MakeDirs(cfg.ring_dir, err, err_len)) return false;
+  int dirfd = OpenRingDir(cfg.ring_dir, err, err_len);
+  if (dirfd < 0) return false;
+  uint32_t cleaned = CleanLeftovers(dirfd);
+  if (cleaned > 0)
+    MLOG(c->logfn, abi::LogLevel::Info, "mycroft-otel: removed %u leftover ring file(s) of exited processes from %s",
+         cleaned, cfg.ring_dir);
   char fhost[shm::kNameLen];
   SanitizeForFile(host, fhost, sizeof(fhost));
   uint64_t size = shm::FileSize(cfg.live_slots, cfg.ring_records);
   int fd = -1;
+  char name[256];
   for (int k = 0; k < 1000 && fd < 0; ++k) {
     if (k == 0) {
-      snprintf(c->path, sizeof(c->path), "%s/%s-%d-%016llx-r%d.mycroft", cfg.ring_dir, fhost, int(getpid()),
-               (unsigned long long)comm_hash, rank);
+      snprintf(name, sizeof(name), "%s-%d-%016llx-r%d.mycroft", fhost, int(getpid()), (unsigned long long)comm_hash,
+               rank);
     } else {
-      snprintf(c->path, sizeof(c->path), "%s/%s-%d-%016llx-r%d-%d.mycroft", cfg.ring_dir, fhost, int(getpid()),
+      snprintf(name, sizeof(name), "%s-%d-%016llx-r%d-%d.mycroft", fhost, int(getpid()),
                (unsigned long long)comm_hash, rank, k);
     }
-    fd = open(c->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    snprintf(c->path, sizeof(c->path), "%s/%s", cfg.ring_dir, name);
+    fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) {
-      snprintf(err, err_len, "cannot create %s: %s", c->path, strerror(errno));
+      snprintf(err, err_len, "cannot create %s: %s (%s)", c->path, strerror(errno), ErrnoName(errno));
+      close(dirfd);
       return false;
     }
   }
   if (fd < 0) {
     snprintf(err, err_len, "no free file name for %s", c->path);
+    close(dirfd);
     return false;
   }
-  if (ftruncate(fd, off_t(size)) != 0) {
-    snprintf(err, err_len, "ftruncate %s to %llu bytes: %s", c->path, (unsigned long long)size, strerror(errno));
+  if (int rc = ReserveFile(fd, size); rc != 0) {
+    snprintf(err, err_len, "cannot reserve %llu bytes for %.400s: %s (%s); the file system of MYCROFT_RING_DIR=%.300s is "
+             "full or too small (remove old *.mycroft files, enlarge it, or lower MYCROFT_LIVE_SLOTS / "
+             "MYCROFT_RING_RECORDS)", (unsigned long long)size, c->path, strerror(rc), ErrnoName(rc), cfg.ring_dir);
     close(fd);
-    unlink(c->path);
+    unlinkat(dirfd, name, 0);
+    close(dirfd);
     return false;
   }
-  // MAP_POPULATE: fault every page in now so the hot path never takes a page fault.
+  // MAP_POPULATE: fault every page in now so the hot path never takes a page fault
+  // (every page is backed: ReserveFile).
   void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  int map_errno = errno;
   close(fd);
   if (m == MAP_FAILED) {
-    snprintf(err, err_len, "mmap %s: %s", c->path, strerror(errno));
-    unlink(c->path);
+    snprintf(err, err_len, "mmap %s: %s (%s)", c->path, strerror(map_errno), ErrnoName(map_errno));
+    unlinkat(dirfd, name, 0);
+    close(dirfd);
     return false;
   }
+  close(dirfd);
   c->map = m;
   c->map_size = size;
   c->hdr = static_cast<shm::ShmHeader*>(m);

@@ -75,7 +75,7 @@ struct Config {
   bool enable = true;
   uint32_t live_slots = shm::kDefaultLiveSlots;
   uint32_t ring_records = shm::kDefaultRingCapacity;
-  char ring_dir[512] = "/dev/shm/mycroft-otel";
+  char ring_dir[512] = "";  // MYCROFT_RING_DIR, else /dev/shm/mycroft-otel-<euid> (LoadConfig)
   char job_id[shm::kNameLen] = "";
 };
 // Reads MYCROFT_* from the environment. On a bad value returns false and writes a

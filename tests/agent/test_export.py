@@ -236,7 +236,7 @@ def test_cli_runs_serves_metrics_and_stops_on_sigterm(tmp_path, otel_env):
     port = _free_port()
     # the 4 ops and nothing else: no idle status span however slowly this box runs the test
     env = dict(os.environ, PYTHONPATH=str(REPO), MYCROFT_SAMPLE_RATIO="1", MYCROFT_POLL_MS="50",
-               MYCROFT_IDLE_AFTER_MS="600000")
+               MYCROFT_IDLE_AFTER_MS="600000", MYCROFT_STATE_DIR=str(tmp_path.parent / "agent-state"))
     p = subprocess.Popen([sys.executable, "-m", "mycroft_otel", "agent", "--ring-dir", str(tmp_path),
                           "--metrics-port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -255,7 +255,7 @@ def test_cli_runs_serves_metrics_and_stops_on_sigterm(tmp_path, otel_env):
     finally:
         if p.poll() is None:
             p.kill()
-    state = json.loads((tmp_path / ".agent-state" / "cursors.json").read_text())
+    state = json.loads((tmp_path.parent / "agent-state" / "cursors.json").read_text())
     assert [v["cursor"] for v in state.values()] == [4]
 
 
