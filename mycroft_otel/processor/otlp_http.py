@@ -61,6 +61,8 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
         self.size = 0            # body bytes reserved against the in-flight budget
         self.refused = False     # an answer was sent; drop whatever else arrives
         self.headers: tornado.httputil.HTTPHeaders | None = None
+        self.deferred: tuple[int, str, bytes, dict | None] | None = None  # answer once the body is read
+        self.discarded = 0
 
     # -- answers ----------------------------------------------------------------------------
     def _reply(self, code: int, body: bytes = b"", ctype: str = "text/plain", close: bool = False,
@@ -93,16 +95,16 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
     # -- HTTPMessageDelegate ----------------------------------------------------------------
     def headers_received(self, start_line, headers) -> None:
         self.headers = headers
+        # refusals that do not depend on the body are answered once it has been read (and discarded, within
+        # the same size and time bounds): a client still writing its body when the connection closes sees
+        # a reset, not the answer
         if start_line.method != "POST":
-            self._refuse(405, "method", b"use POST /v1/traces\n", close=True)
-            return
-        if start_line.path.split("?", 1)[0] != TRACES_PATH:
-            self._refuse(404, "not_found", b"not found\n")
-            return
-        if self.rx.token is not None and not bearer_ok(headers.get("Authorization", ""), self.rx.token):
-            self._refuse(401, "unauthenticated", b"missing or wrong bearer token\n",
-                         extra={"WWW-Authenticate": 'Bearer realm="otlp"'})
-            return
+            self.deferred = (405, "method", b"use POST /v1/traces\n", None)
+        elif start_line.path.split("?", 1)[0] != TRACES_PATH:
+            self.deferred = (404, "not_found", b"not found\n", None)
+        elif self.rx.token is not None and not bearer_ok(headers.get("Authorization", ""), self.rx.token):
+            self.deferred = (401, "unauthenticated", b"missing or wrong bearer token\n",
+                             {"WWW-Authenticate": 'Bearer realm="otlp"'})
         length = headers.get("Content-Length")
         if length is not None:
             try:
@@ -113,13 +115,18 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
             if n < 0 or n > self.rx.max_bytes:
                 self._refuse(413, "oversized", b"request too large\n")
                 return
-        elif "chunked" not in headers.get("Transfer-Encoding", "").lower():
+        elif "chunked" not in headers.get("Transfer-Encoding", "").lower() and self.deferred is None:
             self._refuse(411, "no_length", b"Content-Length required\n")
 
     def data_received(self, chunk: bytes) -> None:
         if self.refused:
             return
         n = len(chunk)
+        if self.deferred is not None:  # read to answer, not to keep
+            self.discarded += n
+            if self.discarded > self.rx.max_bytes:
+                self._refuse(413, "oversized", b"request too large\n")
+            return
         if self.size + n > self.rx.max_bytes:
             self._refuse(413, "oversized", b"request too large\n")
             return
@@ -132,6 +139,10 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
 
     def finish(self) -> None:
         if self.refused:
+            return
+        if self.deferred is not None:
+            code, reason, text, extra = self.deferred
+            self._refuse(code, reason, text, close=False, extra=extra)
             return
         if self.server.pending >= self.server.limits.max_pending_ingest:
             self._refuse(503, "overloaded", b"overloaded\n")
