@@ -60,6 +60,10 @@ VARS: dict[str, Var] = {
             "processor"),
         Var("MYCROFT_MAX_TRACES", "20000", "Traces the processor holds at once; the oldest are evicted.",
             "processor"),
+        Var("MYCROFT_MAX_TRACE_BYTES", str(256 << 20),
+            "Bytes of span evidence the processor holds, all traces together (each kept span at its wire size "
+            "plus 512; a kept span never pins more than twice that); over it the least recently updated traces "
+            "are evicted and their spans counted as dropped.", "processor"),
         Var("MYCROFT_SUMMARY_MS", "10000",
             "Window of the per-rank, per-communicator mycroft.summary span of unsampled healthy operations (ms).",
             "agent"),
