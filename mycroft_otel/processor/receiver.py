@@ -96,6 +96,8 @@ class Receiver:
         self.limits = limits or HttpLimits(request_timeout_s=http_timeout_s)
         self.token: bytes | None = token.encode() if token else None
         self.rejected = {"grpc": 0, "http": 0}
+        # taken without waiting by the HTTP loop for small payloads (otlp_http.INLINE_MAX_BYTES)
+        self.ingest_lock = getattr(processor, "lock", None)
         self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-ingest")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
