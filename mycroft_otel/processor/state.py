@@ -29,7 +29,7 @@ from mycroft_otel import semconv as sc
 ProcKey = tuple  # (host, "g", global_rank, job) or (host, "p", pid, job)
 P2P = ("Send", "Recv")  # one trace per transfer: a p2p group's transfers share its number (not in trace_at)
 
-DEFAULT_MAX_BYTES = 256 << 20   # MYCROFT_MAX_TRACE_BYTES: span bytes held, all traces (accounted as below)
+DEFAULT_MAX_BYTES = 512 << 20   # MYCROFT_MAX_TRACE_BYTES: span bytes held, all traces (accounted as below)
 SPAN_OVERHEAD_BYTES = 512       # a kept SpanRef's Python objects (tuple, ints, key strings), measured ~450
 MAX_RANKS_PER_TRACE = 65536     # ranks one trace keeps evidence of; spans of further ranks are dropped
 

@@ -118,3 +118,14 @@ def test_root_cause_comm_labels_are_bounded():
     text = metrics.text()
     assert text.count("mycroft_root_causes_total{") == MAX_COMM_LABELS + 1
     assert 'comm="other",kind="hang"} 20.0' in text
+
+
+def test_count_evictions_are_dropped_spans_too():
+    from mycroft_otel.processor.state import DROP_EVICTED_COUNT
+
+    metrics = Metrics()
+    proc = Processor(env={"MYCROFT_MAX_TRACES": "3"}, metrics=metrics)
+    for seq in range(5):
+        proc.ingest_payload(Ring(4, seq=seq, comm=0x7E00).request().SerializeToString())
+    assert len(proc.store) == 3 and proc.store.dropped[DROP_EVICTED_COUNT] == 8  # two traces of 4 ranks
+    assert f'mycroft_processor_spans_dropped_total{{reason="{DROP_EVICTED_COUNT}"}} 8.0' in metrics.text()
