@@ -9,8 +9,9 @@ answered with a protocol error and counted, never an exception escaping into a
 server): gRPC answers INVALID_ARGUMENT, HTTP 400; oversized payloads get
 RESOURCE_EXHAUSTED / 413, gzip bombs are cut at the same limit. Bounds: whole-header
 and whole-body deadlines, open HTTP connections, body bytes in flight, queued ingest
-(:class:`~mycroft_otel.processor.otlp_http.HttpLimits`); gRPC concurrent RPCs,
-streams per connection, handshake time and connection idle/age. Loopback by default;
+(:class:`~mycroft_otel.processor.otlp_http.HttpLimits`); on gRPC the same deadline
+for a call's request message (from its headers on), queued ingest, streams per
+connection, connections, handshake time and connection idle/age. Loopback by default;
 TLS (certificate + key files) and a bearer token (``Authorization: Bearer``, on both
 protocols) are optional.
 """
@@ -37,13 +38,15 @@ log = logging.getLogger("mycroft_otel.processor.receiver")
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 DEFAULT_MAX_BYTES = 32 << 20
-GRPC_MAX_CONCURRENT_RPCS = 64      # beyond: RESOURCE_EXHAUSTED at once
 GRPC_MAX_STREAMS_PER_CONNECTION = 16
+GRPC_MAX_CONNECTIONS = 1024
+# calls in progress, most of them waiting for their message (a coroutine each, cut at the request deadline):
+# as many as the connections can carry, so holding them all takes GRPC_MAX_CONNECTIONS connections
+GRPC_MAX_CONCURRENT_RPCS = GRPC_MAX_CONNECTIONS * GRPC_MAX_STREAMS_PER_CONNECTION
 GRPC_HANDSHAKE_TIMEOUT_MS = 10_000  # TCP accepted -> TLS and HTTP/2 settings done
 GRPC_MAX_CONNECTION_IDLE_MS = 300_000
 GRPC_MAX_CONNECTION_AGE_MS = 600_000   # then a GOAWAY; calls in progress get the grace below
 GRPC_MAX_CONNECTION_AGE_GRACE_MS = 30_000
-GRPC_MAX_CONNECTIONS = 1024
 
 
 def _decode(data: bytes, content_type: str = "application/x-protobuf"):
@@ -96,6 +99,7 @@ class Receiver:
         self.limits = limits or HttpLimits(request_timeout_s=http_timeout_s)
         self.token: bytes | None = token.encode() if token else None
         self.rejected = {"grpc": 0, "http": 0}
+        self._grpc_pending = 0  # complete gRPC requests waiting for or in ingest (loop thread only)
         # taken without waiting by the HTTP loop for small payloads (otlp_http.INLINE_MAX_BYTES)
         self.ingest_lock = getattr(processor, "lock", None)
         self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-ingest")
@@ -150,15 +154,32 @@ class Receiver:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     # -- gRPC -----------------------------------------------------------------------------------
-    async def _grpc_export(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _grpc_export(self, _requests, context: grpc.aio.ServicerContext) -> bytes:
+        # Served as a client-streaming method (the wire is the same as unary): the handler starts when the call's
+        # headers arrive, so the request message can be awaited with a deadline -- a unary handler would only run
+        # once the whole message is in, and a client dripping it would hold its call, and a concurrency slot, as
+        # long as it likes.
         if self.token is not None:
             auth = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), "")
             if not bearer_ok(auth if isinstance(auth, str) else auth.decode("latin-1"), self.token):
                 self._reject("grpc", "unauthenticated")
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            data = await asyncio.wait_for(context.read(), self.limits.request_timeout_s)
+        except asyncio.TimeoutError:
+            self._reject("grpc", "timeout")
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"request message not received within {self.limits.request_timeout_s:g} s")
+        if data is grpc.aio.EOF or not isinstance(data, bytes):
+            self._reject("grpc", "malformed")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
         if len(data) > self.max_bytes:
             self._reject("grpc", "oversized")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request too large")
+        if self._grpc_pending >= self.limits.max_pending_ingest:
+            self._reject("grpc", "overloaded")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded")
+        self._grpc_pending += 1
         try:
             await asyncio.get_running_loop().run_in_executor(self.pool, self.handle, data)
         except ValueError as exc:
@@ -168,6 +189,8 @@ class Receiver:
             log.exception("gRPC export failed")
             self._reject("grpc", "internal")
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+        finally:
+            self._grpc_pending -= 1
         return EXPORT_RESPONSE
 
     async def _start_grpc(self) -> int:
@@ -184,8 +207,8 @@ class Receiver:
                      ("grpc.so_reuseport", 0)],
         )
         handler = grpc.method_handlers_generic_handler(SERVICE, {
-            "Export": grpc.unary_unary_rpc_method_handler(self._grpc_export, request_deserializer=None,
-                                                          response_serializer=None)})
+            "Export": grpc.stream_unary_rpc_method_handler(self._grpc_export, request_deserializer=None,
+                                                           response_serializer=None)})
         server.add_generic_rpc_handlers((handler,))
         addr = f"{self.bind}:{self.grpc_port or 0}"
         try:

@@ -119,3 +119,64 @@ class Drippers:
             self._thread.join(5)
         for s in self.socks:
             s.close()
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_literal(name: bytes, value: bytes) -> bytes:  # literal header field, never indexed, no Huffman
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+@dataclass
+class GrpcDrippers:
+    """HTTP/2 connections whose gRPC Export calls announce a 100 kB message and then send it a byte a second
+    (raw frames: a real gRPC client would not let us drip)."""
+
+    port: int
+    connections: int
+    streams: int
+    socks: list[socket.socket] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "GrpcDrippers":
+        headers = b"".join(_hpack_literal(k, v) for k, v in (
+            (b":method", b"POST"), (b":scheme", b"http"),
+            (b":path", b"/opentelemetry.proto.collector.trace.v1.TraceService/Export"),
+            (b":authority", f"127.0.0.1:{self.port}".encode()), (b"content-type", b"application/grpc"),
+            (b"te", b"trailers")))
+        for _ in range(self.connections):
+            s = socket.create_connection(("127.0.0.1", self.port))
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0))  # preface, empty SETTINGS
+            for i in range(self.streams):
+                sid = 2 * i + 1
+                s.sendall(_h2_frame(1, 4, sid, headers)  # HEADERS, END_HEADERS
+                          + _h2_frame(0, 0, sid, b"\x00" + (100_000).to_bytes(4, "big")))  # gRPC message prefix
+            s.setblocking(False)
+            self.socks.append(s)
+        self._thread = threading.Thread(target=self._drip, daemon=True)
+        self._thread.start()
+        return self
+
+    def _drip(self) -> None:
+        while not self._stop.wait(1.0):
+            for s in self.socks:
+                try:
+                    while s.recv(65536):  # (the server's frames: settings, pings, trailers)
+                        pass
+                except OSError:
+                    pass
+                for i in range(self.streams):
+                    try:
+                        s.send(_h2_frame(0, 0, 2 * i + 1, b"x"))
+                    except OSError:
+                        pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        for s in self.socks:
+            s.close()

@@ -19,7 +19,7 @@ from mycroft_otel.processor.metrics import Metrics
 from mycroft_otel.processor.otlp_http import HttpLimits
 from mycroft_otel.processor.receiver import Receiver
 
-from service_helpers import Drippers, hung_payload, make_certs, post
+from service_helpers import Drippers, GrpcDrippers, hung_payload, make_certs, post
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TOKEN = "planted-bearer-0f4c2b9e"
@@ -79,6 +79,25 @@ def test_post_succeeds_beside_64_dripping_clients():
             time.sleep(0.5)
         assert drip.closed_by_server == 64
         assert rx.rejected["http"] == 0  # none of the legitimate requests was refused
+    finally:
+        drip.stop()
+        rx.shutdown()
+
+
+def test_grpc_export_succeeds_beside_64_dripping_calls():
+    rx, proc, metrics = _receiver(limits=HttpLimits(request_timeout_s=3.0))
+    drip = GrpcDrippers(rx.grpc_port, connections=8, streams=8).start()
+    try:
+        time.sleep(1.5)  # 64 calls have their headers in and wait for the rest of their message
+        for seq in (1, 2, 3):
+            _grpc_call(rx.grpc_port, payload=hung_payload(seq))
+        assert {v.seq for v in proc.tick()} == {1, 2, 3}
+        # each dripping call is cut when its message is not in by the deadline, however steadily it sends
+        end = time.monotonic() + 30
+        while rx.rejected["grpc"] < 64 and time.monotonic() < end:
+            time.sleep(0.5)
+        assert rx.rejected["grpc"] == 64
+        assert 'mycroft_processor_requests_rejected_total{protocol="grpc",reason="timeout"} 64.0' in metrics.text()
     finally:
         drip.stop()
         rx.shutdown()
