@@ -164,3 +164,22 @@ def test_body_bytes_in_flight_are_bounded():
         assert post(rx.http_port, hung_payload(3))[0] == 200  # its reservation was given back
     finally:
         rx.shutdown()
+
+
+def test_metrics_scrape_beside_200_idle_connections_costs_no_thread_each():
+    import threading
+    import urllib.request
+
+    metrics = Metrics()
+    port = metrics.serve(0)
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+    try:
+        time.sleep(0.5)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        assert "mycroft_processor_spans_received_total" in text
+        assert threading.active_count() <= before + 2  # (a thread per connection would be 200 more)
+    finally:
+        for s in idle:
+            s.close()
+        metrics.shutdown()
