@@ -68,7 +68,8 @@ def post(port: int, body: bytes, headers: dict | None = None, tls: ssl.SSLContex
 
 @dataclass
 class Drippers:
-    """Clients that send one byte per second: half still in their headers, half in a declared body."""
+    """Clients that send one byte per second, a slowloris: half still in a header's value, half in a declared
+    body."""
 
     port: int
     n: int
@@ -83,8 +84,8 @@ class Drippers:
             if i % 2:  # complete headers, a body it never finishes
                 s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
                           b"Content-Length: 100000\r\n\r\n")
-            else:
-                s.sendall(b"P")
+            else:  # valid headers so far, one of them never ending
+                s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nX-Padding: ")
             s.setblocking(False)
             self.socks.append(s)
         self._thread = threading.Thread(target=self._drip, daemon=True)
@@ -108,7 +109,7 @@ class Drippers:
                     self.closed_by_server += 1
                     continue
                 try:
-                    s.send(b"O")
+                    s.send(b"a")
                 except OSError:
                     live.remove(s)
                     self.closed_by_server += 1
