@@ -88,6 +88,13 @@ VARS: dict[str, Var] = {
             "processor"),
         Var("MYCROFT_MAX_TRACES", "20000", "Traces the processor holds at once; the oldest are evicted.",
             "processor"),
+        Var("MYCROFT_OTLP_TOKEN", "",
+            "Bearer token the processor's OTLP receivers require (Authorization: Bearer, gRPC and HTTP); empty: "
+            "none. Or --token-file. Never logged.", "processor"),
+        Var("MYCROFT_MAX_TRACE_BYTES", str(512 << 20),
+            "Bytes of span evidence the processor holds, all traces together (each kept span at its wire size "
+            "plus 512; a kept span never pins more than twice that); over it the least recently updated traces "
+            "are evicted and their spans counted as dropped.", "processor"),
         Var("MYCROFT_SUMMARY_MS", "10000",
             "Window of the per-rank, per-communicator mycroft.summary span of unsampled healthy operations (ms).",
             "agent"),

@@ -3,11 +3,11 @@
 The poll loop hands over encoded spans with :meth:`ExportQueue.put` and never
 blocks: when the queue holds ``MYCROFT_EXPORT_QUEUE`` spans, new spans are dropped
 and counted (collector down, slow or erroring). The export thread batches up to
-``MYCROFT_EXPORT_BATCH`` spans per request and sends them through the
-OpenTelemetry OTLP exporters (gRPC or HTTP/protobuf), which bring the OTEL_*
-configuration (endpoint, headers, TLS certificates, compression, timeout) and the
-retry/back-off/reconnect behaviour; we only skip their object-to-protobuf step, as
-the payload is already protobuf bytes (:mod:`.otlp`).
+``MYCROFT_EXPORT_BATCH`` spans per request and sends them through an OTLP
+transport (:mod:`.transport`: gRPC or HTTP/protobuf on public grpcio/http.client
+APIs, configured by OTEL_* -- endpoint, headers, TLS certificates, compression,
+timeout -- with retry and back-off); the payload is already protobuf bytes
+(:mod:`.otlp`).
 
 Every item also carries per-ring cursor marks; once its spans are exported (or
 given up on), the marks become the committed cursors that :mod:`.state` persists,
@@ -25,71 +25,25 @@ from typing import Any, Callable, Iterator, Sequence
 
 from mycroft_otel.agent import otlp
 from mycroft_otel.agent.health import Health
+from mycroft_otel.agent.transport import Transport, otlp_transport
 
 log = logging.getLogger("mycroft_otel.agent")
 
-_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-
-
-class Transport:
-    """Sends one encoded ExportTraceServiceRequest; True on success."""
-
-    def send(self, payload: bytes, n_spans: int) -> bool:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def shutdown(self) -> None:
-        pass
-
-
-def _grpc_exporter_class() -> type:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-
-    class _RawStub:
-        def __init__(self, channel: Any):
-            self.Export = channel.unary_unary(_EXPORT_METHOD, request_serializer=lambda b: b,
-                                              response_deserializer=ExportTraceServiceResponse.FromString)
-
-    class RawGrpcSpanExporter(OTLPSpanExporter):
-        """The SDK's gRPC span exporter (channel, OTEL_* config, retries) sending pre-encoded bytes."""
-
-        def _initialize_channel_and_stub(self) -> None:
-            super()._initialize_channel_and_stub()
-            self._client = _RawStub(self._channel)
-
-        def _translate_data(self, data: Any) -> bytes:  # data = (payload, n_spans)
-            return data[0]
-
-        def _count_data(self, data: Any) -> int:
-            return data[1]
-
-    return RawGrpcSpanExporter
+__all__ = ["ExportQueue", "OtlpTransport", "Transport"]
 
 
 class OtlpTransport(Transport):
-    """OTLP over gRPC or HTTP/protobuf, configured by OTEL_* only."""
+    """OTLP over gRPC or HTTP/protobuf, configured by OTEL_* only (:mod:`.transport`)."""
 
     def __init__(self, protocol: str = "grpc"):
         self.protocol = protocol
-        if protocol == "grpc":
-            self._exp = _grpc_exporter_class()()
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            self._exp = OTLPSpanExporter()
+        self._transport = otlp_transport(protocol)
 
     def send(self, payload: bytes, n_spans: int) -> bool:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        if self.protocol == "grpc":
-            return self._exp._export((payload, n_spans)) == SpanExportResult.SUCCESS
-        return bool(self._exp._client.export(payload).success)
+        return self._transport.send(payload, n_spans)
 
     def shutdown(self) -> None:
-        try:
-            self._exp.shutdown()
-        except Exception:  # pragma: no cover
-            pass
+        self._transport.shutdown()
 
 
 class ExportQueue:

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 from mycroft_otel import config
 from mycroft_otel.config import ConfigError
+from mycroft_otel.redact import check_headers, safe_url
 
 
 @dataclass
@@ -93,11 +94,11 @@ def check_otel_env(env: Mapping[str, str] | None = None) -> str:
             continue
         u = urlparse(v if "://" in v else "http://" + v)
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise ConfigError(f"{var}={v!r} is not an http(s) URL with a host")
+            raise ConfigError(f"{var}={safe_url(v)!r} is not an http(s) URL with a host")
         try:
             u.port
         except ValueError:
-            raise ConfigError(f"{var}={v!r} has an invalid port") from None
+            raise ConfigError(f"{var}={safe_url(v)!r} has an invalid port") from None
     for var in ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"):
         v = get(var)
         if v is None:
@@ -120,13 +121,14 @@ def check_otel_env(env: Mapping[str, str] | None = None) -> str:
         v = get(var)
         if v is not None and not os.path.isfile(v):
             raise ConfigError(f"{var}={v!r}: no such file")
-    for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_RESOURCE_ATTRIBUTES"):
+    for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
         v = get(var)
-        if v is None:
-            continue
-        for item in v.split(","):
-            if item.strip() and ("=" not in item or not item.split("=", 1)[0].strip()):
-                raise ConfigError(f"{var}: {item.strip()!r} is not key=value")
+        if v is not None:
+            check_headers(var, v)  # (never echoes a value: they carry tokens)
+    v = get("OTEL_RESOURCE_ATTRIBUTES")
+    for item in (v or "").split(","):
+        if item.strip() and ("=" not in item or not item.split("=", 1)[0].strip()):
+            raise ConfigError(f"OTEL_RESOURCE_ATTRIBUTES: {item.strip()!r} is not key=value")
     v = get("OTEL_EXPORTER_OTLP_INSECURE")
     if v is not None and v.lower() not in ("true", "false"):
         raise ConfigError(f"OTEL_EXPORTER_OTLP_INSECURE={v!r} must be true or false")

@@ -4,7 +4,9 @@ Idempotent: each object is looked up by uid and updated when it exists, created 
 (datasources, the folder, dashboards with ``overwrite``, alert rules, then each rule group's
 interval and rule list). Errors are translated into one line a user can act on
 (:class:`GrafanaError`): unreachable, credentials refused (401), permission missing (403),
-payload rejected (400, with Grafana's message), server errors.
+payload rejected (400, with Grafana's message), server errors. No message carries a
+credential: the URL is shown without ``user:password@`` and the token, password and
+URL credentials are scrubbed from any text quoted from the client library.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from typing import Callable
 
 from mycroft_otel.grafana.payloads import Payloads
+from mycroft_otel.redact import safe_url, scrub
 
 
 class GrafanaError(RuntimeError):
@@ -33,12 +36,29 @@ def _client_module():
     return grafana_client, gc
 
 
-def explain(exc: BaseException, url: str, what: str) -> GrafanaError:
-    """One actionable line for an exception raised by grafana-client / niquests."""
+def _url_secrets(url: str) -> list[str]:
+    """The user and password in ``url`` (and their %-decoded forms)."""
+    from urllib.parse import unquote, urlsplit
+    try:
+        p = urlsplit(url)
+    except ValueError:
+        return [url]
+    out = [x for x in (p.username, p.password) if x]
+    return out + [unquote(x) for x in out]
+
+
+def explain(exc: BaseException, url: str, what: str, secrets: tuple = ()) -> GrafanaError:
+    """One actionable line for an exception raised by grafana-client / niquests, free of credentials."""
+    err = _explain(exc, safe_url(url), what)
+    return GrafanaError(scrub(str(err), (*secrets, *_url_secrets(url))), fatal=err.fatal)
+
+
+def _explain(exc: BaseException, url: str, what: str) -> GrafanaError:
     _, gc = _client_module()
     if isinstance(exc, gc.GrafanaUnauthorizedError):
         return GrafanaError(f"Grafana at {url} refused the credentials (401 Unauthorized) while {what}: "
-                            "pass --token (a service account token) or --user/--password")
+                            "give a service account token (GRAFANA_TOKEN or --token-file) or --user with "
+                            "GRAFANA_PASSWORD / --password-file")
     if isinstance(exc, gc.GrafanaClientError) and exc.status_code == 403:
         return GrafanaError(f"Grafana at {url} denied {what} (403 Forbidden): the account needs the Admin role "
                             "(datasources, alert rules) or Editor (dashboards)")
@@ -80,18 +100,20 @@ def connect(url: str, token: str | None = None, user: str | None = None, passwor
     """A GrafanaApi that has answered an authenticated request (so 401/unreachable surface here)."""
     grafana_client, _ = _client_module()
     credential = token if token else ((user, password or "") if user else None)
+    secrets = (token, password, *_url_secrets(url))
+    shown = safe_url(url)
     try:
         api = grafana_client.GrafanaApi.from_url(url, credential=credential, timeout=timeout)
     except (TypeError, ValueError) as exc:
-        raise GrafanaError(f"bad --url {url!r}: {exc}") from None
+        raise GrafanaError(scrub(f"bad --url {shown!r}: {exc}", secrets)) from None
     if not api.client.url_host:
-        raise GrafanaError(f"bad --url {url!r}: expected http(s)://HOST[:PORT][/PATH]")
+        raise GrafanaError(f"bad --url {shown!r}: expected http(s)://HOST[:PORT][/PATH]")
     for what, call in (("checking its health", api.health.check),
                        ("reading the current organisation", api.organization.get_current_organization)):
         try:
             call()
         except Exception as exc:  # noqa: BLE001 - translated
-            raise explain(exc, url, what) from None
+            raise explain(exc, url, what, secrets) from None
     return api
 
 

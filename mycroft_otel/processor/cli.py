@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -11,7 +12,11 @@ import threading
 from mycroft_otel.processor.exporter import RootCauseExporter
 from mycroft_otel.processor.metrics import Metrics
 from mycroft_otel.processor.pipeline import Processor
+from mycroft_otel import config
+from mycroft_otel.config import ConfigError
+from mycroft_otel.processor.otlp_http import HttpLimits
 from mycroft_otel.processor.receiver import DEFAULT_MAX_BYTES, Receiver
+from mycroft_otel.redact import check_headers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +29,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="largest OTLP request accepted (decompressed)")
     parser.add_argument("--tls-cert", help="PEM certificate: serve OTLP over TLS (with --tls-key)")
     parser.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    parser.add_argument("--token-file", metavar="FILE", help="require this bearer token (the file's one line) on "
+                        "both OTLP receivers (default: $MYCROFT_OTLP_TOKEN; none when unset)")
+    parser.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
+                        help="OTLP/HTTP: seconds for a request's whole header block, and again for its whole "
+                        "body (default %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=HttpLimits.max_connections,
+                        help="OTLP/HTTP: open connections at most (default %(default)s)")
     parser.add_argument("--record", metavar="FILE", help="append every received OTLP payload to FILE "
                         "(replay with python -m mycroft_otel.processor.replay FILE)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every verdict and more")
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The receivers' bearer token: --token-file, else MYCROFT_OTLP_TOKEN (never a command-line value: ps shows
+    those to every user of the machine)."""
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"--token-file {args.token_file}: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"--token-file {args.token_file} is empty")
+        return token
+    return config.get_str("MYCROFT_OTLP_TOKEN").strip() or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,12 +62,22 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("mycroft-otel processor: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    if not 0 < args.request_timeout <= 3600 or args.max_connections < 1:
+        print("mycroft-otel processor: --request-timeout must be in (0, 3600] s and --max-connections >= 1",
+              file=sys.stderr)
+        return 2
+    for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+        if os.environ.get(var, "").strip():
+            check_headers(var, os.environ[var])  # before the SDK's exporter would log a bad one, value and all
+    token = _token(args)
     metrics = Metrics()
     processor = Processor(exporter=RootCauseExporter(), metrics=metrics)
     receiver = Receiver(processor, bind=args.bind, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                         http_port=None if args.http_port < 0 else args.http_port,
                         max_bytes=args.max_request_bytes, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                        metrics=metrics, record=args.record)
+                        metrics=metrics, record=args.record, token=token,
+                        limits=HttpLimits(request_timeout_s=args.request_timeout,
+                                          max_connections=args.max_connections))
     try:
         receiver.start()
         mport = metrics.serve(args.metrics_port, args.bind) if args.metrics_port >= 0 else None
@@ -51,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     processor.start()
     print(f"mycroft-otel processor: OTLP gRPC {args.bind}:{receiver.grpc_port}, HTTP {args.bind}:{receiver.http_port}"
           f"/v1/traces, metrics {'off' if mport is None else f'{args.bind}:{mport}/metrics'}, "
-          f"stall {processor.stall_ms} ms", file=sys.stderr, flush=True)
+          f"stall {processor.stall_ms} ms, {'TLS' if args.tls_cert else 'plaintext'}, "
+          f"{'bearer token required' if token else 'no authentication'}", file=sys.stderr, flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

@@ -1,10 +1,32 @@
-"""Prometheus ``/metrics`` of the processor (its own registry, so tests can run several)."""
+"""Prometheus ``/metrics`` of the processor (its own registry, so tests can run several).
+
+Label values are bounded: reasons and protocols are this package's constants, and the
+communicator label of ``mycroft_root_causes`` keeps its first :data:`MAX_COMM_LABELS`
+values, after which verdicts count under ``comm="other"`` (communicator hashes come
+from the network: a sender must not be able to grow the scrape without bound).
+
+``/metrics`` is served by Tornado on its own event loop thread with the receiver's
+protections (a deadline on the whole request, a cap on open connections), not by
+``prometheus_client``'s thread-per-connection server, which an idle client holds a
+thread of for ever.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+import asyncio
+import threading
+from concurrent import futures
+
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.5, 1, 2, 3, 3.5, 4, 4.5, 5, 6, 8, 10, 15, 20, 30, 60, 120)
+MAX_COMM_LABELS = 512
+METRICS_REQUEST_TIMEOUT_S = 10.0
+METRICS_MAX_CONNECTIONS = 256
+OTHER_COMM = "other"
 _ANALYSIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -23,16 +45,22 @@ class Metrics:
         self.unknown = Counter("mycroft_processor_spans_unknown_shape",
                                "Spans ignored because they do not have the mycroft span shape.", registry=r)
         self.dropped = Counter("mycroft_processor_spans_dropped",
-                               "Spans dropped: requests rejected (malformed, oversized, overloaded).",
+                               "Spans received and then let go before analysis: traces evicted for the byte "
+                               "budget (evicted_bytes) or the trace count (evicted_count), spans of a trace "
+                               "over the budget alone (over_budget) or past the rank cap (rank_cap). Refused "
+                               "requests are counted by mycroft_processor_requests_rejected.",
                                ["reason"], registry=r)
         self.rejected = Counter("mycroft_processor_requests_rejected", "OTLP requests answered with an error.",
                                 ["protocol", "reason"], registry=r)
         self.evicted = Gauge("mycroft_processor_traces_evicted", "Traces evicted from memory (cumulative).",
                              ["reason"], registry=r)
         self.traces = Gauge("mycroft_processor_traces_in_memory", "Traces held in memory.", registry=r)
+        self.trace_bytes = Gauge("mycroft_processor_trace_bytes",
+                                 "Accounted bytes of the spans held (budget: MYCROFT_MAX_TRACE_BYTES).", registry=r)
         self.propagated_total = Counter("mycroft_processor_propagated_hangs",
                                         "Hung traces attributed to another trace's incident.", registry=r)
         self._server = None
+        self._comms: set[str] = set()
 
     def spans_received(self, n: int, unknown: int) -> None:
         self.received.inc(n)
@@ -41,34 +69,97 @@ class Metrics:
 
     def request_rejected(self, protocol: str, reason: str) -> None:
         self.rejected.labels(protocol, reason).inc()
-        self.dropped.labels(reason).inc(0)
 
-    def traces_in_memory(self, n: int, evicted_ttl: int, evicted_size: int) -> None:
+    def spans_dropped(self, reason: str, n: int) -> None:
+        self.dropped.labels(reason).inc(n)
+
+    def traces_in_memory(self, n: int, evicted_ttl: int, evicted_size: int, evicted_bytes: int = 0,
+                         held_bytes: int = 0) -> None:
         self.traces.set(n)
         self.evicted.labels("ttl").set(evicted_ttl)
         self.evicted.labels("size").set(evicted_size)
+        self.evicted.labels("bytes").set(evicted_bytes)
+        self.trace_bytes.set(held_bytes)
+
+    def _comm_label(self, comm: str) -> str:
+        if comm in self._comms:
+            return comm
+        if len(self._comms) < MAX_COMM_LABELS:
+            self._comms.add(comm)
+            return comm
+        return OTHER_COMM
 
     def propagated(self) -> None:
         self.propagated_total.inc()
 
     def verdict(self, v) -> None:
-        self.root_causes.labels(v.kind, v.category, v.comm).inc()
+        self.root_causes.labels(v.kind, v.category, self._comm_label(v.comm)).inc()
         onset = v.finding.onset_ns
         if onset > 0:
             self.detection.labels(v.kind).observe(max(0.0, (v.detected_ns - onset) / 1e9))
         self.analysis.labels(v.kind).observe(v.analysis_s)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve /metrics; returns the bound port (0 picks a free one)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        self._server = server
-        return server.server_address[1]
+        """Serve /metrics (and /); returns the bound port (0 picks a free one). Raises OSError when it cannot
+        bind."""
+        loop = asyncio.new_event_loop()
+        started: futures.Future = futures.Future()
+
+        async def start():
+            socks = tornado.netutil.bind_sockets(port, addr, reuse_port=False)
+            app = tornado.web.Application([(r"/(?:metrics)?", _Scrape, {"registry": self.registry})])
+            server = _CappedServer(app, idle_connection_timeout=METRICS_REQUEST_TIMEOUT_S,
+                                   body_timeout=METRICS_REQUEST_TIMEOUT_S, max_body_size=64 << 10,
+                                   max_header_size=64 << 10)
+            server.add_sockets(socks)
+            return server, socks[0].getsockname()[1]
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                started.set_result(loop.run_until_complete(start()))
+            except BaseException as exc:  # noqa: BLE001 - handed to serve()'s caller
+                started.set_exception(exc)
+                loop.close()
+                return
+            loop.run_forever()
+            loop.close()
+
+        thread = threading.Thread(target=run, name="processor-metrics", daemon=True)
+        thread.start()
+        server, bound = started.result(30)
+        self._server = (loop, server, thread)
+        return bound
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
 
     def shutdown(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            loop, server, thread = self._server
+            loop.call_soon_threadsafe(server.stop)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
             self._server = None
+
+
+class _Scrape(tornado.web.RequestHandler):
+    def initialize(self, registry: CollectorRegistry) -> None:  # type: ignore[override]
+        self.registry = registry
+
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.write(generate_latest(self.registry))
+
+    def log_exception(self, *args) -> None:  # a broken scraper is not our error
+        pass
+
+
+class _CappedServer(tornado.httpserver.HTTPServer):
+    """At most METRICS_MAX_CONNECTIONS open connections; more are closed at accept."""
+
+    def handle_stream(self, stream, address) -> None:
+        if len(self._connections) >= METRICS_MAX_CONNECTIONS:
+            stream.close()
+            return
+        super().handle_stream(stream, address)

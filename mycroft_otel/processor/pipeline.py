@@ -27,11 +27,12 @@ from mycroft_otel import config, ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
 from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
-from mycroft_otel.processor.state import P2P, TraceStore, proc_key
+from mycroft_otel.processor.state import P2P, TraceStore, detach, proc_key
 
 log = logging.getLogger("mycroft_otel.processor")
 
 INCIDENT_WINDOW_S = 120.0
+MAX_VERDICTS = 4096    # verdicts kept in Processor.verdicts (the latest; each was published when made)
 SLOW_CONFIRM = 3       # slow collectives naming the same culprit process before a slowdown verdict
 STRONG_CONFIRM = 2     # ... when they are far beyond any jitter (slowdown.STRONG_RATIO); never one alone:
                        #     a descheduled proxy thread can hold one flow for tens of ms once
@@ -189,7 +190,9 @@ class Processor:
         self.stall_ms = stall_ms if stall_ms is not None else config.get_int("MYCROFT_STALL_MS", env, lo=1)
         self.slow_factor = config.get_float("MYCROFT_SLOW_FACTOR", env, lo=1.0)
         self.store = TraceStore(ttl_s=config.get_float("MYCROFT_TRACE_TTL_S", env, lo=0.001),
-                                max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1), clock=mono_clock)
+                                max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1), clock=mono_clock,
+                                max_bytes=config.get_int("MYCROFT_MAX_TRACE_BYTES", env, lo=1 << 20),
+                                on_drop=metrics.spans_dropped if metrics is not None else None)
         self.mono = mono_clock
         self.baselines = detect.Baselines()
         self.exporter = exporter
@@ -198,7 +201,7 @@ class Processor:
         self.tick_s = tick_s
         self.settle_s = settle_s
         self.lock = threading.RLock()
-        self.verdicts: list[Verdict] = []
+        self.verdicts: deque[Verdict] = deque(maxlen=MAX_VERDICTS)
         self.listeners: list[Callable[[Verdict], None]] = []
         self._hang_cand: dict[bytes, None] = {}
         self._slow_cand: dict[bytes, float] = {}
@@ -226,7 +229,7 @@ class Processor:
         with self.lock:
             now = self.mono()
             bases: dict = {}  # (comm, func, bytes) -> (baseline, its samples) this payload's op spans are judged by
-            for ref in d.refs:
+            for ref in detach(d.refs, len(data)):
                 self._add(ref, now, bases)
             self.counts["spans"] += d.seen
             self.counts["unknown"] += d.rejected
@@ -353,7 +356,8 @@ class Processor:
                 if mono - t > INCIDENT_WINDOW_S:
                     del self._incidents[k]
             if self.metrics is not None:
-                self.metrics.traces_in_memory(len(self.store), self.store.evicted_ttl, self.store.evicted_size)
+                self.metrics.traces_in_memory(len(self.store), self.store.evicted_ttl, self.store.evicted_size,
+                                              self.store.evicted_bytes, self.store.bytes)
         out.sort(key=lambda v: -v.finding.confidence)  # the surest first when several land together
         for v in out:
             self._publish(v)

@@ -1,35 +1,52 @@
 """OTLP receiver: gRPC ``TraceService/Export`` and HTTP ``POST /v1/traces`` (protobuf or JSON).
 
-Both decode ``ExportTraceServiceRequest`` themselves (raw bytes in, so every
-malformed payload is answered with a protocol error and counted, never an
-exception escaping into the server): gRPC answers INVALID_ARGUMENT, HTTP 400;
-oversized payloads get RESOURCE_EXHAUSTED / 413, gzip bombs are cut at the same
-limit, slow or stuck HTTP clients time out, and concurrency is bounded (gRPC
-``maximum_concurrent_rpcs``, an HTTP semaphore) so hostile traffic cannot wedge
-the processor. Loopback by default; TLS optional (certificate + key files).
+Both servers run on one asyncio event loop thread (grpc.aio, and Tornado's HTTP/1.1
+server in :mod:`.otlp_http`); decoding and ingest run on a small pool of worker
+threads. A connection that is idle, mid-handshake or dripping bytes costs a socket
+on the loop, never a thread, so it cannot stop anyone else's ingest. Each payload
+is decoded by the receiver itself (raw bytes in, so every malformed payload is
+answered with a protocol error and counted, never an exception escaping into a
+server): gRPC answers INVALID_ARGUMENT, HTTP 400; oversized payloads get
+RESOURCE_EXHAUSTED / 413, gzip bombs are cut at the same limit. Bounds: whole-header
+and whole-body deadlines, open HTTP connections, body bytes in flight, queued ingest
+(:class:`~mycroft_otel.processor.otlp_http.HttpLimits`); on gRPC the same deadline
+for a call's request message (from its headers on), queued ingest, streams per
+connection, connections, handshake time and connection idle/age. Loopback by default;
+TLS (certificate + key files) and a bearer token (``Authorization: Bearer``, on both
+protocols) are optional.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import struct
 import threading
 import time
-import zlib
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
+import tornado.netutil
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from mycroft_otel.processor.otlp_http import EXPORT_RESPONSE, HttpLimits, OtlpHttpServer, bearer_ok
 
 log = logging.getLogger("mycroft_otel.processor.receiver")
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 DEFAULT_MAX_BYTES = 32 << 20
-_RESPONSE = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+GRPC_MAX_STREAMS_PER_CONNECTION = 16
+GRPC_MAX_CONNECTIONS = 1024
+# calls in progress, most of them waiting for their message (a coroutine each, cut at the request deadline):
+# as many as the connections can carry, so holding them all takes GRPC_MAX_CONNECTIONS connections
+GRPC_MAX_CONCURRENT_RPCS = GRPC_MAX_CONNECTIONS * GRPC_MAX_STREAMS_PER_CONNECTION
+GRPC_HANDSHAKE_TIMEOUT_MS = 10_000  # TCP accepted -> TLS and HTTP/2 settings done
+GRPC_MAX_CONNECTION_IDLE_MS = 300_000
+GRPC_MAX_CONNECTION_AGE_MS = 600_000   # then a GOAWAY; calls in progress get the grace below
+GRPC_MAX_CONNECTION_AGE_GRACE_MS = 30_000
 
 
 def _decode(data: bytes, content_type: str = "application/x-protobuf"):
@@ -70,7 +87,7 @@ class Receiver:
     def __init__(self, processor, bind: str = "127.0.0.1", grpc_port: int | None = 4317,
                  http_port: int | None = 4318, max_bytes: int = DEFAULT_MAX_BYTES, tls_cert: str | None = None,
                  tls_key: str | None = None, metrics=None, workers: int = 4, http_timeout_s: float = 10.0,
-                 record: str | None = None):
+                 record: str | None = None, token: str | None = None, limits: HttpLimits | None = None):
         self.processor = processor
         self.bind = bind
         self.max_bytes = max_bytes
@@ -79,11 +96,17 @@ class Receiver:
         self.grpc_port = grpc_port
         self.http_port = http_port
         self.workers = workers
-        self.http_timeout_s = http_timeout_s
+        self.limits = limits or HttpLimits(request_timeout_s=http_timeout_s)
+        self.token: bytes | None = token.encode() if token else None
         self.rejected = {"grpc": 0, "http": 0}
-        self._grpc: grpc.Server | None = None
-        self._http: ThreadingHTTPServer | None = None
-        self._http_thread: threading.Thread | None = None
+        self._grpc_pending = 0  # complete gRPC requests waiting for or in ingest (loop thread only)
+        # taken without waiting by the HTTP loop for small payloads (otlp_http.INLINE_MAX_BYTES)
+        self.ingest_lock = getattr(processor, "lock", None)
+        self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-ingest")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._http: OtlpHttpServer | None = None
         self._record = open(record, "ab") if record else None
         self._record_lock = threading.Lock()
 
@@ -105,33 +128,87 @@ class Receiver:
         except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError, ValueError) as exc:
             raise ValueError(f"malformed ExportTraceServiceRequest: {exc}") from None
 
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.tls[0], self.tls[1])
+        return ctx
+
+    # -- the loop thread ------------------------------------------------------------------------
+    def _run_on_loop(self, coro, timeout_s: float = 30.0):
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            self._loop_thread = threading.Thread(target=run, name="otlp-receiver", daemon=True)
+            self._loop_thread.start()
+            ready.wait()
+            self._loop = loop
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
     # -- gRPC -----------------------------------------------------------------------------------
-    def _grpc_export(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+    async def _grpc_export(self, _requests, context: grpc.aio.ServicerContext) -> bytes:
+        # Served as a client-streaming method (the wire is the same as unary): the handler starts when the call's
+        # headers arrive, so the request message can be awaited with a deadline -- a unary handler would only run
+        # once the whole message is in, and a client dripping it would hold its call, and a concurrency slot, as
+        # long as it likes.
+        if self.token is not None:
+            auth = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), "")
+            if not bearer_ok(auth if isinstance(auth, str) else auth.decode("latin-1"), self.token):
+                self._reject("grpc", "unauthenticated")
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            data = await asyncio.wait_for(context.read(), self.limits.request_timeout_s)
+        except asyncio.TimeoutError:
+            self._reject("grpc", "timeout")
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"request message not received within {self.limits.request_timeout_s:g} s")
+        if data is grpc.aio.EOF or not isinstance(data, bytes):
+            self._reject("grpc", "malformed")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
         if len(data) > self.max_bytes:
             self._reject("grpc", "oversized")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request too large")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request too large")
+        if self._grpc_pending >= self.limits.max_pending_ingest:
+            self._reject("grpc", "overloaded")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded")
+        self._grpc_pending += 1
         try:
-            self.handle(data)
+            await asyncio.get_running_loop().run_in_executor(self.pool, self.handle, data)
         except ValueError as exc:
             self._reject("grpc", "malformed")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception:  # noqa: BLE001 - an internal error must still be an answer
             log.exception("gRPC export failed")
             self._reject("grpc", "internal")
-            context.abort(grpc.StatusCode.INTERNAL, "internal error")
-        return _RESPONSE
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+        finally:
+            self._grpc_pending -= 1
+        return EXPORT_RESPONSE
 
-    def start_grpc(self) -> int:
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="otlp-grpc"),
-            maximum_concurrent_rpcs=64,
+    async def _start_grpc(self) -> int:
+        server = grpc.aio.server(
+            maximum_concurrent_rpcs=GRPC_MAX_CONCURRENT_RPCS,
             options=[("grpc.max_receive_message_length", self.max_bytes),
                      ("grpc.max_send_message_length", 1 << 20),
+                     ("grpc.max_concurrent_streams", GRPC_MAX_STREAMS_PER_CONNECTION),
+                     ("grpc.server_handshake_timeout_ms", GRPC_HANDSHAKE_TIMEOUT_MS),
+                     ("grpc.max_connection_idle_ms", GRPC_MAX_CONNECTION_IDLE_MS),
+                     ("grpc.max_connection_age_ms", GRPC_MAX_CONNECTION_AGE_MS),
+                     ("grpc.max_connection_age_grace_ms", GRPC_MAX_CONNECTION_AGE_GRACE_MS),
+                     ("grpc.max_allowed_incoming_connections", GRPC_MAX_CONNECTIONS),
                      ("grpc.so_reuseport", 0)],
         )
         handler = grpc.method_handlers_generic_handler(SERVICE, {
-            "Export": grpc.unary_unary_rpc_method_handler(self._grpc_export, request_deserializer=None,
-                                                          response_serializer=None)})
+            "Export": grpc.stream_unary_rpc_method_handler(self._grpc_export, request_deserializer=None,
+                                                           response_serializer=None)})
         server.add_generic_rpc_handlers((handler,))
         addr = f"{self.bind}:{self.grpc_port or 0}"
         try:
@@ -145,127 +222,28 @@ class Receiver:
             raise OSError(f"cannot bind OTLP/gRPC on {addr}: {exc}") from None
         if port == 0:
             raise OSError(f"cannot bind OTLP/gRPC on {addr}")
-        server.start()
+        await server.start()
         self._grpc = server
-        self.grpc_port = port
         return port
 
+    def start_grpc(self) -> int:
+        self.grpc_port = self._run_on_loop(self._start_grpc())
+        return self.grpc_port
+
     # -- HTTP -----------------------------------------------------------------------------------
-    def start_http(self) -> int:
-        receiver = self
-        slots = threading.BoundedSemaphore(32)
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stalls
-            timeout = receiver.http_timeout_s
-            server_version = "mycroft-otel-processor"
-
-            def log_message(self, fmt, *args):  # quiet
-                pass
-
-            def _reply(self, code: int, body: bytes = b"", ctype: str = "text/plain", close: bool = False) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                if close:
-                    self.send_header("Connection", "close")
-                    self.close_connection = True
-                self.end_headers()
-                if body:
-                    self.wfile.write(body)
-
-            def do_GET(self):
-                self._reply(405, b"use POST /v1/traces\n")
-
-            do_PUT = do_DELETE = do_PATCH = do_GET
-
-            def do_POST(self):
-                if not slots.acquire(blocking=False):
-                    receiver._reject("http", "overloaded")
-                    self._reply(503, b"overloaded\n", close=True)
-                    return
-                try:
-                    self._post()
-                finally:
-                    slots.release()
-
-            def _post(self):
-                if self.path.split("?", 1)[0] != "/v1/traces":
-                    receiver._reject("http", "not_found")
-                    self._reply(404, b"not found\n", close=True)
-                    return
-                try:
-                    length = int(self.headers.get("Content-Length", ""))
-                except ValueError:
-                    receiver._reject("http", "no_length")
-                    self._reply(411, b"Content-Length required\n", close=True)
-                    return
-                if length < 0 or length > receiver.max_bytes:
-                    receiver._reject("http", "oversized")
-                    self._reply(413, b"request too large\n", close=True)
-                    return
-                data = self.rfile.read(length)
-                if len(data) != length:
-                    receiver._reject("http", "truncated")
-                    self._reply(400, b"truncated body\n", close=True)
-                    return
-                enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-                if enc == "gzip":
-                    try:
-                        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                        data = d.decompress(data, receiver.max_bytes + 1)
-                        if len(data) > receiver.max_bytes or d.unconsumed_tail:
-                            receiver._reject("http", "oversized")
-                            self._reply(413, b"decompressed request too large\n", close=True)
-                            return
-                    except zlib.error:
-                        receiver._reject("http", "malformed")
-                        self._reply(400, b"bad gzip body\n")
-                        return
-                elif enc not in ("identity", ""):
-                    receiver._reject("http", "encoding")
-                    self._reply(415, b"unsupported Content-Encoding\n")
-                    return
-                ctype = (self.headers.get("Content-Type") or "application/x-protobuf").split(";")[0].strip().lower()
-                if ctype not in ("application/x-protobuf", "application/protobuf", "application/json"):
-                    receiver._reject("http", "content_type")
-                    self._reply(415, b"unsupported Content-Type\n")
-                    return
-                try:
-                    receiver.handle(data, ctype)
-                except ValueError as exc:
-                    receiver._reject("http", "malformed")
-                    self._reply(400, str(exc).encode() + b"\n")
-                    return
-                except Exception:  # noqa: BLE001
-                    log.exception("HTTP export failed")
-                    receiver._reject("http", "internal")
-                    self._reply(500, b"internal error\n")
-                    return
-                if ctype == "application/json":
-                    self._reply(200, b"{}", "application/json")
-                else:
-                    self._reply(200, _RESPONSE, "application/x-protobuf")
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-            request_queue_size = 64
-
-            def handle_error(self, request, client_address):  # a broken client is not our error
-                pass
-
-        server = Server((self.bind, self.http_port or 0), Handler)
-        if self.tls:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(self.tls[0], self.tls[1])
-            server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    async def _start_http(self) -> int:
+        try:
+            socks = tornado.netutil.bind_sockets(self.http_port or 0, self.bind, reuse_port=False, backlog=128)
+        except OSError as exc:
+            raise OSError(f"cannot bind OTLP/HTTP on {self.bind}:{self.http_port}: {exc.strerror or exc}") from None
+        server = OtlpHttpServer(receiver=self, limits=self.limits, tls=self._ssl_context(),
+                                loop=asyncio.get_running_loop())
+        server.add_sockets(socks)
         self._http = server
-        self.http_port = server.server_address[1]
-        self._http_thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                             name="otlp-http", daemon=True)
-        self._http_thread.start()
+        return socks[0].getsockname()[1]
+
+    def start_http(self) -> int:
+        self.http_port = self._run_on_loop(self._start_http())
         return self.http_port
 
     def start(self) -> "Receiver":  # noqa: D401
@@ -275,14 +253,30 @@ class Receiver:
             self.start_http()
         return self
 
-    def shutdown(self) -> None:
+    async def _stop(self) -> None:
         if self._grpc is not None:
-            self._grpc.stop(grace=1).wait(3)
+            await self._grpc.stop(grace=1)
             self._grpc = None
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.stop()
+            try:
+                await asyncio.wait_for(self._http.close_all_connections(), 3)
+            except asyncio.TimeoutError:
+                pass
             self._http = None
+
+    def shutdown(self) -> None:
+        if self._loop is not None:
+            try:
+                self._run_on_loop(self._stop(), timeout_s=10)
+            except Exception:  # noqa: BLE001 - shutting down: nothing left to answer
+                log.debug("receiver shutdown", exc_info=True)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=5)
+            self._loop.close()
+            self._loop = None
+        self.pool.shutdown(wait=False, cancel_futures=True)
         if self._record is not None:
             self._record.close()
             self._record = None

@@ -3,8 +3,15 @@
 One :class:`TraceState` per trace id (= one collective instance or p2p transfer):
 per rank its completed op span, its latest in-flight snapshot and its status
 evidence. :class:`TraceStore` keeps them in LRU order with a TTL after the last
-span (MYCROFT_TRACE_TTL_S) and a size cap (MYCROFT_MAX_TRACES); evictions are
-counted. A small per-process index (host + global rank, else host + pid) lets the
+span (MYCROFT_TRACE_TTL_S), a count cap (MYCROFT_MAX_TRACES) and a byte budget
+(MYCROFT_MAX_TRACE_BYTES); evictions, and the spans they drop, are counted.
+
+Bytes: a kept span holds its wire bytes for the analysis (``SpanRef.raw``). A span
+shares its request's buffer only while the request's kept spans are at least half
+of it; otherwise (one small span in a large request) the span's bytes are copied
+out, so a kept span never pins more than twice its own size. Each kept span is
+accounted at its wire size plus :data:`SPAN_OVERHEAD_BYTES`; over the budget the
+least recently updated traces are evicted. A small per-process index (host + global rank, else host + pid) lets the
 pipeline see that a rank missing from one communicator's collective is busy in
 another one's (hang propagation across communicators).
 """
@@ -14,13 +21,43 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from mycroft_otel.processor.spans import INFLIGHT, OP, STATUS, SpanRef
 from mycroft_otel import semconv as sc
 
 ProcKey = tuple  # (host, "g", global_rank, job) or (host, "p", pid, job)
 P2P = ("Send", "Recv")  # one trace per transfer: a p2p group's transfers share its number (not in trace_at)
+
+DEFAULT_MAX_BYTES = 512 << 20   # MYCROFT_MAX_TRACE_BYTES: span bytes held, all traces (accounted as below)
+SPAN_OVERHEAD_BYTES = 512       # a kept SpanRef's Python objects (tuple, ints, key strings), measured ~450
+MAX_RANKS_PER_TRACE = 65536     # ranks one trace keeps evidence of; spans of further ranks are dropped
+
+# why kept spans were let go (the mycroft_processor_spans_dropped reasons of the store)
+DROP_EVICTED_BYTES = "evicted_bytes"
+DROP_EVICTED_COUNT = "evicted_count"
+DROP_RANK_CAP = "rank_cap"
+DROP_OVER_BUDGET = "over_budget"
+
+
+def span_bytes(ref: SpanRef) -> int:
+    """What one kept span is accounted at."""
+    return SPAN_OVERHEAD_BYTES + (ref.raw[2] if ref.raw is not None else 0)
+
+
+def detach(refs: list[SpanRef], payload_bytes: int) -> list[SpanRef]:
+    """The spans of one request, copied out of its buffer when they are less than half of it (so keeping
+    them does not keep the request)."""
+    kept = sum(r.raw[2] for r in refs if r.raw is not None)
+    if 2 * kept >= payload_bytes:
+        return refs
+    out = []
+    for r in refs:
+        if r.raw is not None:
+            data, off, n = r.raw
+            r = r._replace(raw=(data[off:off + n], 0, n))
+        out.append(r)
+    return out
 
 
 def proc_key(ref: SpanRef) -> ProcKey | None:
@@ -55,6 +92,8 @@ class TraceState:
     spans: int = 0
     ranks_changed_mono: float = 0.0  # when a rank was last heard from for the first time in this trace
     indexed: bool = False          # filed in TraceStore.trace_at (or a p2p transfer, which is not)
+    nbytes: int = 0                # accounted bytes of the spans kept (span_bytes)
+    kept: int = 0                  # spans kept (a newer snapshot replaces an older one)
 
     # -- views -----------------------------------------------------------------------------
 
@@ -89,7 +128,8 @@ class TraceState:
     def complete(self) -> bool:
         return self.nranks > 0 and len(self.op) >= self.nranks
 
-    def add(self, ref: SpanRef, now: float) -> None:
+    def add(self, ref: SpanRef, now: float) -> int:
+        """File one span; returns the change of accounted bytes (a replaced span gives its bytes back)."""
         rank, kind = ref.rank, ref.kind
         self.spans += 1
         self.updated_mono = now
@@ -106,8 +146,9 @@ class TraceState:
         start = ref.start_ns
         if start and (not self.first_evidence_ns or start < self.first_evidence_ns):
             self.first_evidence_ns = start
+        before = self.nbytes
         if kind == OP:
-            self.op[rank] = ref
+            self._keep(self.op, rank, ref)
             if ref.end_ns > self.last_progress_ns:
                 self.last_progress_ns = ref.end_ns
             if ref.anomaly:
@@ -117,7 +158,7 @@ class TraceState:
         elif kind == INFLIGHT:
             old = self.inflight.get(rank)
             if old is None or (ref.snapshot, ref.end_ns) >= (old.snapshot, old.end_ns):
-                self.inflight[rank] = ref
+                self._keep(self.inflight, rank, ref)
             progress = ref.last_progress_ns or ref.start_ns
             if progress > self.last_progress_ns:
                 self.last_progress_ns = progress
@@ -125,19 +166,37 @@ class TraceState:
             old = self.status.get(rank)
             # process_exited outranks not_entered; otherwise the newest wins
             if old is None or old.status != sc.STATUS_PROCESS_EXITED or ref.status == sc.STATUS_PROCESS_EXITED:
-                self.status[rank] = ref
+                self._keep(self.status, rank, ref)
+        return self.nbytes - before
+
+    def _keep(self, slot: dict[int, SpanRef], rank: int, ref: SpanRef) -> None:
+        old = slot.get(rank)
+        if old is not None:
+            self.nbytes -= span_bytes(old)
+            self.kept -= 1
+        slot[rank] = ref
+        self.nbytes += span_bytes(ref)
+        self.kept += 1
 
 
 class TraceStore:
-    """Traces in LRU order, bounded by TTL and count; evictions counted."""
+    """Traces in LRU order, bounded by TTL, count and bytes; evictions and the spans they drop counted."""
 
-    def __init__(self, ttl_s: float = 120.0, max_traces: int = 20000, clock=time.monotonic):
+    def __init__(self, ttl_s: float = 120.0, max_traces: int = 20000, clock=time.monotonic,
+                 max_bytes: int = DEFAULT_MAX_BYTES, max_ranks: int = MAX_RANKS_PER_TRACE,
+                 on_drop: Callable[[str, int], None] | None = None):
         self.ttl_s = ttl_s
         self.max_traces = max_traces
+        self.max_bytes = max_bytes
+        self.max_ranks = max_ranks
         self.clock = clock
+        self.on_drop = on_drop     # (reason, spans): the processor's metrics
         self.traces: OrderedDict[bytes, TraceState] = OrderedDict()
+        self.bytes = 0             # accounted bytes of all kept spans
         self.evicted_ttl = 0
         self.evicted_size = 0
+        self.evicted_bytes = 0
+        self.dropped: dict[str, int] = {}  # reason -> spans
         # process -> {trace_id: None} where its latest evidence is in flight / not entered
         self.inflight_by_proc: dict[ProcKey, dict[bytes, None]] = {}
         self.proc_of: dict[tuple[str, int], ProcKey] = {}  # (comm, rank) -> process
@@ -151,6 +210,12 @@ class TraceStore:
     def get(self, trace_id: bytes) -> TraceState | None:
         return self.traces.get(trace_id)
 
+    def _count_drop(self, reason: str, spans: int) -> None:
+        if spans > 0:
+            self.dropped[reason] = self.dropped.get(reason, 0) + spans
+            if self.on_drop is not None:
+                self.on_drop(reason, spans)
+
     def add(self, ref: SpanRef, now: float) -> TraceState:
         """File the span under its trace (``now``: the store's clock, read once per payload)."""
         tid = ref.trace_id
@@ -159,11 +224,25 @@ class TraceStore:
             st = TraceState(trace_id=tid, created_mono=now)
             self.traces[tid] = st
             if len(self.traces) > self.max_traces:
-                self._drop(next(iter(self.traces)))
+                self._count_drop(DROP_EVICTED_COUNT, self._drop(next(iter(self.traces))))
                 self.evicted_size += 1
         else:
             self.traces.move_to_end(tid)
-        st.add(ref, now)
+        rank = ref.rank
+        if (len(st.op) >= self.max_ranks or len(st.inflight) >= self.max_ranks or len(st.status) >= self.max_ranks) \
+                and rank not in st.op and rank not in st.inflight and rank not in st.status:
+            self._count_drop(DROP_RANK_CAP, 1)
+            return st
+        if st.nbytes + span_bytes(ref) > self.max_bytes:  # one trace alone may not take the whole budget
+            self._count_drop(DROP_OVER_BUDGET, 1)
+            return st
+        self.bytes += st.add(ref, now)
+        while self.bytes > self.max_bytes and len(self.traces) > 1:
+            oldest = next(iter(self.traces))
+            if oldest == tid:  # (the trace being filed is the most recent: never first while others exist)
+                break
+            self._count_drop(DROP_EVICTED_BYTES, self._drop(oldest))
+            self.evicted_bytes += 1
         kind, rank = ref.kind, ref.rank
         ck = (ref.comm, rank)
         if kind != STATUS and ref.seq >= 0 and ref.comm:
@@ -207,10 +286,12 @@ class TraceStore:
                     del self.inflight_by_proc[key]
         return st
 
-    def _drop(self, trace_id: bytes) -> None:
+    def _drop(self, trace_id: bytes) -> int:
+        """Forget one trace; returns how many spans it held."""
         st = self.traces.pop(trace_id, None)
         if st is None:
-            return
+            return 0
+        self.bytes -= st.nbytes
         if self.trace_at.get((st.comm, st.seq)) == trace_id:
             del self.trace_at[(st.comm, st.seq)]
         for r in st.inflight:
@@ -226,6 +307,7 @@ class TraceStore:
                 d.pop(trace_id, None)
                 if not d:
                     del self.inflight_by_proc[key]
+        return st.kept
 
     def expire(self) -> int:
         """Evict traces idle longer than the TTL; returns how many."""

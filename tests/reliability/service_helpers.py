@@ -1,0 +1,183 @@
+"""Helpers for the processor / secrets / gateway reliability tests: certificates, a receiver, hostile clients."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import ssl
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import trustme
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "processor"))  # synth: OTLP traces in the agent's span schema
+
+from synth import Ring  # noqa: E402
+
+TRACES = "/v1/traces"
+
+
+@dataclass
+class Certs:
+    """A throwaway CA and a server certificate for localhost / 127.0.0.1, as PEM files."""
+
+    ca: str
+    cert: str
+    key: str
+
+    def client_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.ca)
+
+
+def make_certs(tmp_path) -> Certs:
+    ca = trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    paths = Certs(str(tmp_path / "ca.pem"), str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    ca.cert_pem.write_to_path(paths.ca)
+    server.cert_chain_pems[0].write_to_path(paths.cert)
+    server.private_key_pem.write_to_path(paths.key)
+    return paths
+
+
+def hung_payload(seq: int = 1, n: int = 8) -> bytes:
+    """One collective where rank 3's GPU stalls: a payload that must give a verdict."""
+    ring = Ring(n, seq=seq, comm=0x6A00 + seq, global_base=100 * seq)
+    ring.gpu_stall(3)
+    return ring.request().SerializeToString()
+
+
+def post(port: int, body: bytes, headers: dict | None = None, tls: ssl.SSLContext | None = None,
+         host: str = "127.0.0.1", timeout_s: float = 30.0) -> tuple[int, bytes]:
+    """One OTLP/HTTP POST on a fresh connection; (status, body)."""
+    if tls is not None:
+        c = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=tls)
+    else:
+        c = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        h = {"Content-Type": "application/x-protobuf"}
+        h.update(headers or {})
+        c.request("POST", TRACES, body=body, headers=h)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+@dataclass
+class Drippers:
+    """Clients that send one byte per second, a slowloris: half still in a header's value, half in a declared
+    body."""
+
+    port: int
+    n: int
+    socks: list[socket.socket] = field(default_factory=list)
+    closed_by_server: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "Drippers":
+        for i in range(self.n):
+            s = socket.create_connection(("127.0.0.1", self.port))
+            if i % 2:  # complete headers, a body it never finishes
+                s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                          b"Content-Length: 100000\r\n\r\n")
+            else:  # valid headers so far, one of them never ending
+                s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nX-Padding: ")
+            s.setblocking(False)
+            self.socks.append(s)
+        self._thread = threading.Thread(target=self._drip, daemon=True)
+        self._thread.start()
+        return self
+
+    def _drip(self) -> None:
+        live = list(self.socks)
+        while live and not self._stop.wait(1.0):
+            for s in list(live):
+                try:
+                    if s.recv(4096) == b"":
+                        raise ConnectionResetError
+                    live.remove(s)  # answered: the server refused it
+                    self.closed_by_server += 1
+                    continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    live.remove(s)
+                    self.closed_by_server += 1
+                    continue
+                try:
+                    s.send(b"a")
+                except OSError:
+                    live.remove(s)
+                    self.closed_by_server += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        for s in self.socks:
+            s.close()
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_literal(name: bytes, value: bytes) -> bytes:  # literal header field, never indexed, no Huffman
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+@dataclass
+class GrpcDrippers:
+    """HTTP/2 connections whose gRPC Export calls announce a 100 kB message and then send it a byte a second
+    (raw frames: a real gRPC client would not let us drip)."""
+
+    port: int
+    connections: int
+    streams: int
+    socks: list[socket.socket] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "GrpcDrippers":
+        headers = b"".join(_hpack_literal(k, v) for k, v in (
+            (b":method", b"POST"), (b":scheme", b"http"),
+            (b":path", b"/opentelemetry.proto.collector.trace.v1.TraceService/Export"),
+            (b":authority", f"127.0.0.1:{self.port}".encode()), (b"content-type", b"application/grpc"),
+            (b"te", b"trailers")))
+        for _ in range(self.connections):
+            s = socket.create_connection(("127.0.0.1", self.port))
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0))  # preface, empty SETTINGS
+            for i in range(self.streams):
+                sid = 2 * i + 1
+                s.sendall(_h2_frame(1, 4, sid, headers)  # HEADERS, END_HEADERS
+                          + _h2_frame(0, 0, sid, b"\x00" + (100_000).to_bytes(4, "big")))  # gRPC message prefix
+            s.setblocking(False)
+            self.socks.append(s)
+        self._thread = threading.Thread(target=self._drip, daemon=True)
+        self._thread.start()
+        return self
+
+    def _drip(self) -> None:
+        while not self._stop.wait(1.0):
+            for s in self.socks:
+                try:
+                    while s.recv(65536):  # (the server's frames: settings, pings, trailers)
+                        pass
+                except OSError:
+                    pass
+                for i in range(self.streams):
+                    try:
+                        s.send(_h2_frame(0, 0, 2 * i + 1, b"x"))
+                    except OSError:
+                        pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        for s in self.socks:
+            s.close()

@@ -1,0 +1,131 @@
+"""The processor's memory is bounded by bytes, not by traces (issue 14, items 10 and 13).
+
+Two attacks with 8 MiB requests: 20 requests that each carry one small collective
+padded with 8 MiB of foreign spans (each kept span used to pin its whole request:
+160 MiB for 20 small traces), and 20 requests of 8 MiB that are all evidence (the
+budget must evict). What is measured is what the store really keeps alive: the
+distinct buffers its spans reference, next to the bytes it accounts.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+
+from mycroft_otel.processor import Processor
+from mycroft_otel.processor.metrics import Metrics
+from mycroft_otel.processor.state import DROP_EVICTED_BYTES, DROP_RANK_CAP, SPAN_OVERHEAD_BYTES
+
+from service_helpers import Ring
+
+MIB = 1 << 20
+PAYLOAD = 8 * MIB
+
+
+def _pinned(proc: Processor) -> int:
+    """Bytes of the distinct buffers the kept spans hold on to."""
+    bufs: dict[int, int] = {}
+    for st in proc.store.traces.values():
+        for refs in (st.op, st.inflight, st.status):
+            for ref in refs.values():
+                if ref.raw is not None:
+                    bufs[id(ref.raw[0])] = len(ref.raw[0])
+    return sum(bufs.values())
+
+
+def _padded(seq: int) -> bytes:
+    """A hung collective (8 ranks, ~17 KiB) and 8 MiB of spans that are not ours, in one request."""
+    ring = Ring(8, seq=seq, comm=0x7B00 + seq, global_base=100 * seq)
+    ring.gpu_stall(3)
+    req = ring.request()
+    pad = trace_service_pb2.ExportTraceServiceRequest()
+    span = pad.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\1" * 16, span_id=b"\2" * 8,
+                                                               name="GET /upload")
+    span.attributes.add(key="http.request.body", value=common_pb2.AnyValue(string_value="x" * PAYLOAD))
+    req.MergeFrom(pad)
+    return req.SerializeToString()
+
+
+def test_small_spans_do_not_pin_their_8mib_requests():
+    budget = 64 * MIB
+    metrics = Metrics()
+    proc = Processor(env={"MYCROFT_MAX_TRACE_BYTES": str(budget)}, metrics=metrics)
+    for seq in range(1, 21):
+        proc.ingest_payload(_padded(seq))
+    assert len(proc.store) == 20  # nothing had to go
+    assert proc.store.bytes <= budget
+    pinned = _pinned(proc)
+    # 160 spans of ~2 KiB each: a few hundred KiB, where 20 x 8 MiB = 160 MiB stayed alive before
+    assert pinned <= 2 * proc.store.bytes < 4 * MIB, pinned
+    # the copied-out spans still carry everything the analysis reads
+    assert sorted(v.seq for v in proc.tick()) == list(range(1, 21))
+    assert all(v.category == "gpu_stalled" and v.finding.ranks == [3] for v in proc.verdicts)
+
+
+def _big_collectives(first: int, n_traces: int, template: bytes, tid: bytes) -> bytes:
+    """``n_traces`` collectives of 64 ranks x 32 channels (about 1.1 MiB each), each its own trace."""
+    return b"".join(template.replace(tid, (first + i).to_bytes(16, "big")) for i in range(n_traces))
+
+
+def test_8mib_requests_of_evidence_stay_within_the_byte_budget():
+    budget = 24 * MIB
+    metrics = Metrics()
+    proc = Processor(env={"MYCROFT_MAX_TRACE_BYTES": str(budget)}, metrics=metrics)
+    ring = Ring(64, nch=32, seq=1, comm=0x7C00)
+    template = ring.request().SerializeToString()  # (concatenated requests are one request on the wire)
+    tid = ring.tid.to_bytes(16, "big")
+    per_trace = len(template)
+    seen_max = pinned_max = 0
+    for i in range(20):
+        payload = _big_collectives(1000 + 8 * i, max(1, PAYLOAD // per_trace), template, tid)
+        assert len(payload) >= 7 * MIB
+        proc.ingest_payload(payload)
+        seen_max = max(seen_max, proc.store.bytes)
+        pinned_max = max(pinned_max, _pinned(proc))
+    assert seen_max <= budget
+    assert pinned_max <= 2 * budget
+    # the evictions are counted as dropped spans, in the store and on /metrics (the dashboard's panel)
+    dropped = proc.store.dropped[DROP_EVICTED_BYTES]
+    assert dropped >= 64 * 100  # of 20 x 7 collectives of 64 ranks, at most ~21 fit
+    assert f'mycroft_processor_spans_dropped_total{{reason="{DROP_EVICTED_BYTES}"}} {float(dropped)}' in metrics.text()
+    assert proc.store.evicted_bytes * 64 == dropped
+    assert proc.store.bytes == sum(st.nbytes for st in proc.store.traces.values())
+    assert proc.store.bytes == sum(SPAN_OVERHEAD_BYTES + ref.raw[2] for st in proc.store.traces.values()
+                                   for refs in (st.op, st.inflight, st.status) for ref in refs.values())
+
+
+def test_ranks_per_trace_are_capped_and_counted():
+    metrics = Metrics()
+    proc = Processor(env={}, metrics=metrics)
+    proc.store.max_ranks = 4
+    proc.ingest_payload(Ring(8, seq=3, comm=0x7D00).request().SerializeToString())
+    st = next(iter(proc.store.traces.values()))
+    assert sorted(st.op) == [0, 1, 2, 3]
+    assert proc.store.dropped[DROP_RANK_CAP] == 4
+    assert f'mycroft_processor_spans_dropped_total{{reason="{DROP_RANK_CAP}"}} 4.0' in metrics.text()
+
+
+def test_root_cause_comm_labels_are_bounded():
+    from mycroft_otel.processor.metrics import MAX_COMM_LABELS
+
+    metrics = Metrics()
+    proc = Processor(env={}, metrics=metrics)
+    for seq in range(MAX_COMM_LABELS + 20):
+        ring = Ring(4, seq=seq, comm=0x9000 + seq, global_base=10 * seq)
+        ring.gpu_stall(1)
+        proc.ingest_payload(ring.request().SerializeToString())
+    assert len(proc.tick()) == MAX_COMM_LABELS + 20
+    text = metrics.text()
+    assert text.count("mycroft_root_causes_total{") == MAX_COMM_LABELS + 1
+    assert 'comm="other",kind="hang"} 20.0' in text
+
+
+def test_count_evictions_are_dropped_spans_too():
+    from mycroft_otel.processor.state import DROP_EVICTED_COUNT
+
+    metrics = Metrics()
+    proc = Processor(env={"MYCROFT_MAX_TRACES": "3"}, metrics=metrics)
+    for seq in range(5):
+        proc.ingest_payload(Ring(4, seq=seq, comm=0x7E00).request().SerializeToString())
+    assert len(proc.store) == 3 and proc.store.dropped[DROP_EVICTED_COUNT] == 8  # two traces of 4 ranks
+    assert f'mycroft_processor_spans_dropped_total{{reason="{DROP_EVICTED_COUNT}"}} 8.0' in metrics.text()
