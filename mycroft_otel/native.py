@@ -189,6 +189,8 @@ class ShmHeader:
     bad_handle_by_kind: dict[str, int]
     #: KernelCh stops that came after a later launch had started; kept (the op waited for them)
     late_kernel_stops: int
+    #: ncclGetVersion() of the NCCL that loaded the plugin (X*10000 + Y*100 + Z), 0 = unknown
+    nccl_version: int
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShmHeader":

@@ -45,7 +45,7 @@ PYBIND11_MODULE(_native, m) {
                        reserved0, start_realtime_ns, start_mono_ns, ring_head, heartbeat_ns, finalized_ns,
                        ops_started, ops_completed, dropped_live_full, dropped_bad_handle, dropped_bad_descr,
                        dropped_flows, pxn_foreign_ops, p2p_send_count_total, p2p_recv_count_total, bad_handle_by_kind,
-                       late_kernel_stops, reserved);
+                       late_kernel_stops, nccl_version, reserved1, reserved);
   PYBIND11_NUMPY_DTYPE(Event, t_ns, ctx, slot, parent_slot, type, state, op, func, datatype, algo, proto,
                        n_channels, channel, is_send, rank, root_or_peer, pid, n_steps, chunk_size, step, seq, count,
                        size, ptimer);

@@ -89,6 +89,7 @@ class RingReader {
       bad[mycroft::shm::kBadHandleKindNames[k]] = c.bad_handle_by_kind[k];
     d["bad_handle_by_kind"] = bad;
     d["late_kernel_stops"] = c.late_kernel_stops;
+    d["nccl_version"] = c.nccl_version;
     return d;
   }
 

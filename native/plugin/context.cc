@@ -251,7 +251,8 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
     return Result::InvalidUsage;
   }
   int want = 0;
-  if (!RequestedMask(abi_version, &want, err, sizeof(err))) {  // mask.cc
+  const int nccl_version = NcclVersion();
+  if (!RequestedMask(abi_version, nccl_version, &want, err, sizeof(err))) {  // mask.cc
     MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: %s; profiler disabled for this communicator", err);
     return Result::InvalidUsage;
   }
@@ -326,6 +327,7 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
   h->pid = int32_t(c->pid);
   h->abi_version = uint32_t(abi_version);
   h->activation_mask = want;
+  h->nccl_version = uint32_t(nccl_version);
   h->start_realtime_ns = RealtimeNs();
   h->start_mono_ns = NowNs();
   h->heartbeat_ns = h->start_mono_ns;

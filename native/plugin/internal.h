@@ -106,9 +106,10 @@ Result CoreStop(void* handle);
 Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptimer, bool has_args,
                   int max_state);
 Result CoreFinalize(void* context);
-// The activation mask asked of NCCL for an ABI version (mask.cc); false with a message
-// naming MYCROFT_KERNEL_EVENTS when that variable holds a bad value.
-bool RequestedMask(int abi_version, int* mask, char* err, size_t err_len);
+// The activation mask asked of NCCL for an ABI version and NCCL release (mask.cc); false
+// with a message naming MYCROFT_KERNEL_EVENTS when that variable holds a bad value.
+bool RequestedMask(int abi_version, int nccl_version, int* mask, char* err, size_t err_len);
+int NcclVersion();  // ncclGetVersion() of the NCCL that loaded us, 0 if unknown
 
 // Process-wide count of callbacks with a NULL handle (no context to charge them to).
 extern std::atomic<uint64_t> g_null_handles;

@@ -1,21 +1,26 @@
 // The activation mask the plugin asks NCCL for, per profiler ABI version (= NCCL release
 // line), and the MYCROFT_KERNEL_EVENTS knob that overrides its kernel part.
 //
-// What each event costs NCCL (docs/native.md, "Activation mask"):
-//  * Coll/P2p, the API events, ProxyOp/ProxyStep: host-side callbacks only, counted by
-//    benchmarks/plugin_hot_path.
-//  * KernelCh makes NCCL's kernels write per-channel start/stop timestamps that a host
-//    thread polls. On 2.27-2.30 that is cheap: NVIDIA/nccl#2355 measured 0.44% bus
-//    bandwidth on a 1 MB AllReduce with NCCL 2.29.7 (52.648 -> 52.418 GB/s). On 2.31.2
-//    asking for KernelCh alone also turns on the KernelPhase instrumentation (phase
-//    timestamps plus a system-scope fence in the kernel): 10.49% on the same test
-//    (52.265 -> 46.783 GB/s), 4.3-13.3% from 128 KB to 4 MB (NVIDIA/nccl PR #2357 gates the
-//    phase writes on the KernelPhase bit). A profiler must not cost a tenth of the
-//    bandwidth by default, and the ABI version cannot tell a fixed 2.31.x from 2.31.2,
-//    so on v7 the default leaves kernel events off.
-//  * KernelPhase (v7): the phase timestamps and the fence, i.e. the cost above, always.
-// Without KernelCh an op completes with its launch and its ProxyOps (network work); ops
-// without proxy work (intra-node P2P/SHM/NVLS) then end at launch.
+// Why KernelCh is always on: Coll/P2p stop at launch and NCCL hands ProxyOps to the
+// proxy thread around that moment, so a ProxyOp can start after its Coll stopped, and
+// ops without proxy work (intra-node P2P/SHM/NVLS) have no other end at all. The
+// KernelCh stop of every channel is the only completion signal NCCL gives; without it
+// the plugin could not tell a finished collective from a hung one.
+//
+// What the kernel events cost NCCL (NVIDIA/nccl#2355, all_reduce_perf, 8 x A100):
+//  * 2.27-2.30, KernelCh: the kernels write per-channel start/stop timestamps that a host
+//    thread polls: 0.44% bus bandwidth on a 1 MB AllReduce with 2.29.7 (52.648 -> 52.418
+//    GB/s), 0.1-1.1% from 128 KB to 4 MB.
+//  * 2.31.2, KernelCh: asking for KernelCh also turns on the KernelPhase instrumentation
+//    (phase timestamps and a system-scope fence in the kernel): 10.49% on the same test
+//    (52.265 -> 46.783 GB/s), 4.3-13.3% from 128 KB to 4 MB. NVIDIA/nccl PR #2357 gates
+//    the phase writes on the KernelPhase bit, after which that cost belongs to KernelPhase.
+// So the default ("auto") asks for KernelCh everywhere and for KernelPhase only where its
+// cost is paid anyway: NCCL 2.31.0-2.31.2 (read with ncclGetVersion at init; the ABI
+// version alone cannot tell 2.31.2 from a fixed release). MYCROFT_KERNEL_EVENTS=phase
+// asks for the phases on any v7 NCCL, =channel never.
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,7 +31,7 @@ namespace mycroft::plugin {
 
 namespace {
 
-enum class KernelEvents { kAuto, kOff, kChannel, kPhase };
+enum class KernelEvents { kAuto, kChannel, kPhase };
 
 bool ParseKernelEvents(const char* raw, KernelEvents* out) {
   if (raw == nullptr) {
@@ -42,7 +47,6 @@ bool ParseKernelEvents(const char* raw, KernelEvents* out) {
     KernelEvents value;
   };
   static const Word kWords[] = {{"auto", KernelEvents::kAuto},
-                                {"off", KernelEvents::kOff},
                                 {"channel", KernelEvents::kChannel},
                                 {"phase", KernelEvents::kPhase}};
   for (const Word& w : kWords) {
@@ -56,17 +60,27 @@ bool ParseKernelEvents(const char* raw, KernelEvents* out) {
 
 }  // namespace
 
-bool RequestedMask(int abi_version, int* mask, char* err, size_t err_len) {
+int NcclVersion() {
+  // NCCL loaded us, so its symbols are in the process; ncclGetVersion is its public API
+  // (X*10000 + Y*100 + Z since 2.9). Absent (a driver, a test): 0, treated as unknown.
+  using GetVersionFn = int (*)(int*);
+  auto fn = reinterpret_cast<GetVersionFn>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
+  int v = 0;
+  if (fn == nullptr || fn(&v) != 0 || v < 0) return 0;
+  return v;
+}
+
+bool RequestedMask(int abi_version, int nccl_version, int* mask, char* err, size_t err_len) {
   const char* raw = getenv("MYCROFT_KERNEL_EVENTS");
   KernelEvents ke;
   if (!ParseKernelEvents(raw, &ke)) {
-    snprintf(err, err_len, "MYCROFT_KERNEL_EVENTS='%.64s' is not one of auto, off, channel, phase", raw);
+    snprintf(err, err_len, "MYCROFT_KERNEL_EVENTS='%.64s' is not one of auto, channel, phase", raw);
     return false;
   }
-  int m = kEvColl | kEvP2p | kEvProxyOp | kEvProxyStep;
+  int m = kEvColl | kEvP2p | kEvProxyOp | kEvProxyStep | kEvKernelCh;
   if (abi_version >= 5) m |= kEvGroupApi | kEvCollApi | kEvP2pApi;
-  if (ke == KernelEvents::kAuto) ke = abi_version >= 7 ? KernelEvents::kOff : KernelEvents::kChannel;
-  if (ke == KernelEvents::kChannel || ke == KernelEvents::kPhase) m |= kEvKernelCh;
+  if (ke == KernelEvents::kAuto)
+    ke = (nccl_version >= 23100 && nccl_version <= 23102) ? KernelEvents::kPhase : KernelEvents::kChannel;
   if (ke == KernelEvents::kPhase && abi_version >= 7) m |= kEvKernelPhase;
   *mask = m;
   return true;

@@ -124,11 +124,11 @@ TEST(Mask, DefaultPerVersionAndTheKnob) {
     int ver;
     bool kernel_ch, kernel_phase;
   };
+  // No ncclGetVersion in this process (NCCL version unknown): "auto" asks for KernelCh only.
   const Case cases[] = {
       {nullptr, 4, true, false}, {nullptr, 5, true, false}, {nullptr, 6, true, false},
-      {nullptr, 7, false, false},  // NVIDIA/nccl#2355: KernelCh costs ~10% bus bandwidth on 2.31.2
-      {"auto", 7, false, false},   {"off", 5, false, false},  {"channel", 7, true, false},
-      {" phase ", 7, true, true},  {"phase", 6, true, false},
+      {nullptr, 7, true, false}, {"auto", 7, true, false},  {"channel", 7, true, false},
+      {" phase ", 7, true, true}, {"phase", 6, true, false},
   };
   for (const Case& k : cases) {
     ClearKnobs();
@@ -144,13 +144,7 @@ TEST(Mask, DefaultPerVersionAndTheKnob) {
     EXPECT_EQ(p.mask & int(kProxyStep), int(kProxyStep)) << what;
     View v(dir.Files().at(0));
     EXPECT_EQ(v.H().activation_mask, p.mask);
-    if (!k.kernel_ch) {
-      // No KernelCh will come: the op completes with its launch and ProxyOps.
-      void* coll = p.CollLaunch(ctx, "AllReduce", 0, 2);
-      p.ProxyOp(ctx, coll, 0, 1, true, 2);
-      EXPECT_EQ(v.Live().size(), 0u) << what;
-      EXPECT_EQ(v.H().ops_completed, 1u) << what;
-    }
+    EXPECT_EQ(v.H().nccl_version, 0u);
     p.Finalize(ctx);
   }
   // A bad value disables the plugin for the communicator, naming the variable.

@@ -252,7 +252,9 @@ struct alignas(64) ShmHeader {
   uint64_t p2p_recv_count_total;
   uint64_t bad_handle_by_kind[kBadHandleKinds];  // dropped_bad_handle split by BadHandleKind
   uint64_t late_kernel_stops;  // KernelCh stops that arrived after a later launch started (kept, not dropped)
-  uint64_t reserved[4];
+  uint32_t nccl_version;       // ncclGetVersion() at init (X*10000 + Y*100 + Z), 0 = unknown
+  uint32_t reserved1;
+  uint64_t reserved[3];
 };
 
 // Byte offsets of the sections for a given geometry.
