@@ -69,7 +69,8 @@ class Fault:
     hang: bool
 
     def sim_duration_s(self) -> float:
-        return HANG_ONSET_S + STALL_MS / 1000 + 5.0 if self.hang else 14.0
+        # slowdowns: the detector needs a baseline, then several slow steps on a 4-rank ring (6-10 s)
+        return HANG_ONSET_S + STALL_MS / 1000 + 5.0 if self.hang else 20.0
 
 
 FAULTS = (
