@@ -274,25 +274,48 @@ def fault_table(rows: list[dict]) -> str:
 # ------------------------------------------------------------------------------------------------
 # overhead per NCCL
 # ------------------------------------------------------------------------------------------------
-def nccl_libraries(wheels: Path, out: Path) -> list[tuple[str, str | None]]:
-    """(label, libnccl.so.2 to preload or None for torch's own) for torch's NCCL and each cached wheel."""
-    libs: list[tuple[str, str | None]] = [("torch's NCCL", None)]
-    for whl in sorted(wheels.glob("nvidia_nccl_cu1*-*.whl")) if wheels.is_dir() else []:
-        ver = whl.name.split("-")[1]
+#: One release per profiler ABI: 2.27 -> v4, 2.28 -> v5, 2.29 -> v6, the newest (2.32) -> v7 (pip index versions
+#: nvidia-nccl-cu12, 2026-12-01: 2.27.7, 2.28.9, 2.29.7, 2.30.7, 2.31.2, 2.32.3).
+NCCL_VERSIONS = ("2.27.7", "2.28.9", "2.29.7", "2.32.3")
+
+
+def nccl_libraries(wheels: Path, versions: list[str], cuda_major: str, out: Path) -> list[tuple[str, str | None]]:
+    """(label, libnccl.so.2 to preload; None = torch's own, "" = no wheel for that version) per NCCL to measure.
+
+    Wheels are read from WHEELS (nvidia_nccl_cu12/cu13-<version>-*.whl; the ABI test caches them there,
+    or `pip download --no-deps nvidia-nccl-cu12==<version> -d WHEELS`); the one matching torch's CUDA major
+    is preferred. Only libnccl.so.2 is extracted: the ranks preload it in place of torch's."""
+    libs: list[tuple[str, str | None]] = [("torch", None)]
+    for ver in versions:
+        cands = sorted(wheels.glob(f"nvidia_nccl_cu1*-{ver}-*.whl")) if wheels.is_dir() else []
+        cands.sort(key=lambda w: not w.name.startswith(f"nvidia_nccl_cu{cuda_major}"))
+        if not cands:
+            libs.append((ver, ""))
+            continue
         dest = out / "nccl" / ver
-        with zipfile.ZipFile(whl) as z:
+        with zipfile.ZipFile(cands[0]) as z:
             member = next((n for n in z.namelist() if n.endswith("lib/libnccl.so.2")), None)
             if member is None:
+                libs.append((ver, ""))
                 continue
             z.extract(member, dest)
         libs.append((ver, str(dest / member)))
     return libs
 
 
-def run_overhead(args, plugin: str, out: Path, log) -> list[dict]:
-    rows = []
-    for label, lib in nccl_libraries(Path(args.wheels), out):
-        log_dir = out / "overhead" / label.replace(" ", "_").replace("'", "")
+def run_overhead(args, plugin: str, out: Path, deadline: float, log, save) -> list[dict]:
+    import torch
+
+    rows: list[dict] = []
+    cuda_major = (torch.version.cuda or "12").split(".")[0]
+    for label, lib in nccl_libraries(Path(args.wheels), args.nccl_versions.split(","), cuda_major, out):
+        if lib == "":
+            rows.append({"nccl": label, "skipped": f"no nvidia-nccl wheel for {label} in {args.wheels}", "sizes": {}})
+            continue
+        if time.monotonic() + args.overhead_timeout_s + 15 > deadline:
+            rows.append({"nccl": label, "skipped": "out of time (the drill is bounded to 9 minutes)", "sizes": {}})
+            continue
+        log_dir = out / "overhead" / label
         ring_dir = log_dir / "rings"
         ring_dir.mkdir(parents=True, mode=0o700)
         port = gpu_check.free_port()
@@ -320,8 +343,12 @@ def run_overhead(args, plugin: str, out: Path, log) -> list[dict]:
                 if line.startswith("RESULT "):
                     res[r] = json.loads(line[7:])
         abis = sorted({gpu_check_abi(p) for p in ring_dir.iterdir()}) if ring_dir.is_dir() else []
+        contexts = len(list(ring_dir.iterdir()))
         row = {"nccl": label, "nccl_version": next((v["nccl"] for v in res.values()), "?"), "abi": abis,
-               "ranks_ok": len(res), "plugin_contexts": len(list(ring_dir.iterdir())), "sizes": {}}
+               "ranks_ok": len(res), "plugin_contexts": contexts,
+               # NCCL loads the profiler per communicator: one context per plugin communicator and rank, none for
+               # the baseline ones; anything else means the pairs did not alternate and the numbers are void
+               "interleaved": contexts == args.pairs * NRANKS, "sizes": {}}
         if len(res) == NRANKS:
             for mib in (1, 16):
                 # per pair: the slowest rank's median (a collective ends when its last rank does)
@@ -333,6 +360,7 @@ def run_overhead(args, plugin: str, out: Path, log) -> list[dict]:
                     "overhead_pct_median": round(statistics.median(diff), 2),
                     "overhead_pct_range": [round(min(diff), 2), round(max(diff), 2)], "pairs": len(diff)}
         rows.append(row)
+        save(rows)
         log(f"  overhead {label}: {row}")
     return rows
 
@@ -357,8 +385,11 @@ def main(argv: list[str] | None = None) -> int:
                                                      "mycroft-otel", "wheels"),
                     help="directory of nvidia-nccl-cu12/-cu13 wheels whose libnccl.so.2 the overhead part preloads")
     ap.add_argument("--pairs", type=int, default=10, help="baseline/plugin communicator pairs per NCCL (>= 10)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--overhead-timeout-s", type=float, default=45.0)
+    ap.add_argument("--iters", type=int, default=10, help="timed all-reduces per size and communicator")
+    ap.add_argument("--nccl-versions", default=",".join(NCCL_VERSIONS), help="NCCL wheels to measure besides torch's")
+    ap.add_argument("--overhead-timeout-s", type=float, default=60.0, help="bound of one NCCL's overhead job")
+    ap.add_argument("--budget-s", type=float, default=500.0,
+                    help="stop starting overhead jobs past this (gpu_drill.sh kills the drill at 540 s)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--train-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--overhead-worker", action="store_true", help=argparse.SUPPRESS)
@@ -389,6 +420,16 @@ def main(argv: list[str] | None = None) -> int:
             print("gpu_drill: no CUDA device visible; use --dry-run", file=sys.stderr)
             return 2
     faults = [f for f in FAULTS if not args.only or f.name in args.only]
+    deadline = t_start + args.budget_s
+    doc = {"kind": "mycroft-otel gpu_drill", "dry_run": args.dry_run, "topology": TOPOLOGY, "stall_ms": STALL_MS,
+           "faults": [asdict(f) for f in faults], "rows": [], "overhead": [], "all_right": False}
+
+    def save(overhead_rows=None) -> None:  # after every job: a drill cut short still leaves its results
+        if overhead_rows is not None:
+            doc["overhead"] = overhead_rows
+        doc["wall_s"] = round(time.monotonic() - t_start, 1)
+        (out / "drill.json").write_text(json.dumps(doc, indent=1, default=str))
+
     sink = Sink()
     sink.start()
     rows = []
@@ -397,28 +438,33 @@ def main(argv: list[str] | None = None) -> int:
             log(f"fault {f.name} ({'simulator' if args.dry_run else 'real NCCL'})")
             o = run_sim_fault(f, sink, log) if args.dry_run else run_gpu_fault(f, sink, out, plugin, log)
             rows.append(score(f, o))
+            doc["rows"] = rows
+            save()
     finally:
         sink.stop()
-    overhead = [] if (args.dry_run or args.skip_overhead) else run_overhead(args, plugin, out, log)
+    overhead = [] if (args.dry_run or args.skip_overhead) else run_overhead(args, plugin, out, deadline, log, save)
     table = fault_table(rows)
     print(("dry run on the simulator (" + TOPOLOGY + ")" if args.dry_run else "real NCCL, one GPU, 4 ranks as 4 hosts"))
     print(table)
     if overhead:
         print("\noverhead (slowest rank's median per pair; median and range over pairs)")
         for r in overhead:
+            if "skipped" in r:
+                print(f"  NCCL {r['nccl']}: skipped, {r['skipped']}")
+                continue
             for size, s in r["sizes"].items():
                 print(f"  NCCL {r['nccl_version']} ({r['nccl']}, ABI {r['abi']}) {size}: baseline {s['baseline_ms']} ms, "
                       f"plugin {s['plugin_ms']} ms, overhead {s['overhead_pct_median']}% "
-                      f"[{s['overhead_pct_range'][0]}, {s['overhead_pct_range'][1]}] over {s['pairs']} pairs")
+                      f"[{s['overhead_pct_range'][0]}, {s['overhead_pct_range'][1]}] over {s['pairs']} pairs"
+                      + ("" if r["interleaved"] else f"  VOID: {r['plugin_contexts']} plugin contexts, "
+                         f"expected {args.pairs * NRANKS}"))
             if not r["sizes"]:
                 print(f"  NCCL {r['nccl']}: no result ({r['ranks_ok']}/{NRANKS} ranks finished; logs under {out})")
     elif args.dry_run:
         print("\noverhead: needs a GPU (not measured in --dry-run)")
     right = all(r["right"] for r in rows)
-    doc = {"kind": "mycroft-otel gpu_drill", "dry_run": args.dry_run, "topology": TOPOLOGY, "stall_ms": STALL_MS,
-           "faults": [asdict(f) for f in faults], "rows": rows, "overhead": overhead, "all_right": right,
-           "wall_s": round(time.monotonic() - t_start, 1)}
-    (out / "drill.json").write_text(json.dumps(doc, indent=1, default=str))
+    doc["all_right"] = right
+    save(overhead)
     (out / "drill.txt").write_text(table + "\n")
     print(f"\n{'all verdicts right' if right else 'NOT all verdicts right'}; results in {out}")
     return 0 if right else 1
