@@ -88,6 +88,14 @@ _WAIT_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in sc.WAIT_STATE_NAMES]
 _KF = {}
 
 
+def _has(obj: Any, key: str) -> bool:
+    """Whether a record (numpy structured value, or a dict as tests and snapshots pass) has ``key``."""
+    names = getattr(getattr(obj, "dtype", None), "names", None)
+    if names is not None:
+        return key in names
+    return isinstance(obj, dict) and key in obj
+
+
 def _gpu_span(start: int, end: int) -> int:
     """A GPU-timed interval in ns, -1 when NCCL did not report both ends."""
     return end - start if start and end and end >= start else -1
@@ -99,13 +107,12 @@ def kernel_attributes(op: Any, kch: np.ndarray | None) -> list[tuple[str, Any]]:
     Empty for an untagged op without kernel channels, so spans from v4..v6 (no tag, no
     phases) and from readers without these fields carry nothing new.
     """
-    names = op.dtype.names or ()
     out: list[tuple[str, Any]] = []
-    if "user_tag" in names:
+    if _has(op, "user_tag"):
         tag = int(op["user_tag"])
         if tag:
             out.append((sc.COLL_USER_TAG, tag - (1 << 64) if tag >= 1 << 63 else tag))  # OTLP ints are signed
-    valid = int(op["kch_valid"]) if "kch_valid" in names else 0
+    valid = int(op["kch_valid"]) if _has(op, "kch_valid") else 0
     if not valid or kch is None:
         return out
     chans = [c for c in range(min(MAX_KERNEL_CHANNELS, len(kch))) if valid >> c & 1]
@@ -529,8 +536,7 @@ class SpanBuilder:
 
 
 def _kch_of(rec: Any) -> np.ndarray | None:
-    names = rec.dtype.names or ()
-    return rec["kch"] if "kch" in names else None
+    return rec["kch"] if _has(rec, "kch") else None
 
 
 def bad_handle_attributes(header: dict) -> list[tuple[str, Any]]:

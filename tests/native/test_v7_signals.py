@@ -79,3 +79,19 @@ def test_older_abis_get_neither_and_lose_nothing(plugin_so, ring_dir, version):
         assert sc.COLL_USER_TAG not in attrs and sc.KERNEL_INITIAL_SYNC not in attrs
         assert attrs[sc.KERNEL_CH_CHANNEL] == [0, 1]  # KernelCh times are there in every version
     assert header["dropped_bad_handle"] == 0 and header["dropped_bad_descr"] == 0
+
+
+@pytest.mark.parametrize("version", [7, 5])
+def test_the_simulated_framework_tags_each_call_with_its_step(plugin_so, tmp_path, version):
+    from mycroft_otel.sim import runner
+    from mycroft_otel.sim.simulation import Simulation
+    from mycroft_otel.sim.topology import parse_topology
+
+    sim = Simulation(parse_topology("nodes=2,gpus=1,tp=1,dp=2"), None, [], seed=1, steps=3)
+    runner.run(sim, runner.RunConfig(ring_dir=str(tmp_path), plugin=plugin_so, abi_version=version))
+    tags = []
+    for path in native.ring_files(tmp_path):
+        recs, _, _ = native.open_ring(path).read(0, 1 << 10, False)
+        tags += [int(r["op"]["user_tag"]) for r in recs]
+    assert tags
+    assert set(tags) == ({1, 2, 3} if version == 7 else {0})
