@@ -16,10 +16,10 @@ one fresh job each:
 | slow_gpu | rank 1's GPU kept busy by a concurrent kernel from the onset | slow_gpu, rank 1 |
 
 Each verdict is scored like ``mycroft-otel eval`` (harness.score: culprit, category, seconds from the onset
-to the first verdict). Then the overhead: per NCCL (torch's own, plus every nvidia-nccl wheel found in
---wheels, by default the ABI test's cache), one 4-rank job that alternates communicators without and with the
-plugin (>= 10 pairs, each timing 1 and 16 MiB all-reduces), and reports per size the medians and spread of
-both and the overhead, with the profiler ABI NCCL picked. ``--dry-run`` runs the same faults through the
+to the first verdict). Then the overhead: per NCCL (one release per profiler ABI from nvidia-nccl wheels in
+--wheels, by default the ABI test's cache, preloaded in place of torch's; and torch's own), 4-rank jobs
+without and with the plugin alternated (>= 10 pairs, each job timing 1 and 16 MiB all-reduces), and per size
+the medians and ranges of both and of the overhead, with the profiler ABI NCCL picked. ``--dry-run`` runs the same faults through the
 simulator (``mycroft-otel sim`` with the matching catalogue faults, real plugin, agent and processor) and the
 same scoring; it needs no GPU and is what CI runs (tests/evaluate/test_gpu_drill.py).
 
@@ -32,10 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from dataclasses import asdict, dataclass
@@ -56,7 +58,7 @@ NRANKS = gpu_check.NRANKS
 TOPOLOGY = "nodes=4,gpus=1,tp=1,dp=4"  # the simulator's picture of the same job
 STALL_MS = 3000
 HANG_ONSET_S, SLOW_ONSET_S = 3.0, 4.0   # simulated job: seconds after the start
-GPU_ONSET_S = 12.0                      # real job: after NCCL init and the warm-up steps
+GPU_ONSET_S = 8.0                       # real job: after torch import, NCCL init and the warm-up steps
 SIM_SEED = 3  # the simulator's seeded choices (which collective each fault strikes)
 
 
@@ -141,34 +143,30 @@ def train_worker(args: argparse.Namespace) -> int:
 
 
 def overhead_worker(args: argparse.Namespace) -> int:
-    """Alternates communicators without/with the plugin (NCCL loads the profiler per communicator init)."""
+    """One overhead job: 1 and 16 MiB all-reduces, medians per size (with or without the plugin: the env says).
+
+    NCCL decides once per process whether a profiler is loaded ("none" marks the load failed for good, a
+    loaded plugin stays while any communicator holds it), so baseline and plugin are separate jobs."""
     import torch
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    plugin = os.environ["DRILL_PLUGIN"]
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
-    os.environ["NCCL_PROFILER_PLUGIN"] = "none"
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
-    out: dict[str, list] = {}
-    for pair in range(args.pairs):
-        for tag in ("baseline", "plugin"):
-            os.environ["NCCL_PROFILER_PLUGIN"] = plugin if tag == "plugin" else "none"
-            g = dist.new_group(list(range(world)), backend="nccl")
-            for mib in (1, 16):
-                x = torch.ones(mib << 18, device=dev)
-                for _ in range(3):
-                    dist.all_reduce(x, group=g)
-                torch.cuda.synchronize()
-                ts = []
-                for _ in range(args.iters):
-                    t0 = time.perf_counter()
-                    dist.all_reduce(x, group=g)
-                    torch.cuda.synchronize()
-                    ts.append(time.perf_counter() - t0)
-                out.setdefault(f"{tag}/{mib}MiB", []).append(statistics.median(ts))
-            dist.destroy_process_group(g)
+    out: dict[str, float] = {}
+    for mib in (1, 16):
+        x = torch.ones(mib << 18, device=dev)
+        for _ in range(3):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+        out[f"{mib}MiB"] = statistics.median(ts)
     nccl = ".".join(map(str, torch.cuda.nccl.version()))
     print("RESULT " + json.dumps({"rank": rank, "nccl": nccl, "medians_s": out}), flush=True)
     dist.destroy_process_group()
@@ -181,9 +179,10 @@ def overhead_worker(args: argparse.Namespace) -> int:
 def run_gpu_fault(f: Fault, sink: Sink, out: Path, plugin: str, log) -> harness.Outcome:
     """One fresh 4-rank job with the fault; agent and processor started first (harness's components)."""
     work = out / "faults" / f.name
-    ring_dir, log_dir = work / "rings", work / "logs"
-    ring_dir.mkdir(parents=True, mode=0o700)
+    log_dir = work / "logs"
     log_dir.mkdir(parents=True)
+    # the rings (tens of MB per rank) stay out of $OUT, which travels back
+    ring_dir = Path(tempfile.mkdtemp(prefix=f"mycroft-drill-{f.name}-"))
     py = [sys.executable, "-m", "mycroft_otel"]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MYCROFT_"))}
     base.update({"MYCROFT_STALL_MS": str(STALL_MS), "OTEL_BSP_SCHEDULE_DELAY": "200", "PYTHONUNBUFFERED": "1"})
@@ -204,7 +203,7 @@ def run_gpu_fault(f: Fault, sink: Sink, out: Path, plugin: str, log) -> harness.
     sink.take()
     t0 = time.time_ns()
     onset = t0 + int(GPU_ONSET_S * 1e9)
-    end = onset + int(((STALL_MS / 1000 + 10.0) if f.hang else 15.0) * 1e9)
+    end = onset + int(((STALL_MS / 1000 + 6.0) if f.hang else 12.0) * 1e9)
     port = gpu_check.free_port()
     procs = []
     for r in range(NRANKS):
@@ -231,6 +230,7 @@ def run_gpu_fault(f: Fault, sink: Sink, out: Path, plugin: str, log) -> harness.
     time.sleep(1.5)
     for comp in (agent, processor):
         comp.stop()
+    shutil.rmtree(ring_dir, ignore_errors=True)
     o = harness.Outcome(Scenario(f.name, f.sim if f.name != "healthy" else "healthy", TOPOLOGY))
     if f.category:
         o.truth = {"fault": f.name, "category": f.category, "culprit_global_ranks": [f.culprit],
@@ -303,62 +303,85 @@ def nccl_libraries(wheels: Path, versions: list[str], cuda_major: str, out: Path
     return libs
 
 
+def _overhead_job(args, plugin: str | None, lib: str, log_dir: Path, ring_dir: Path, tag: str) -> dict:
+    """One 4-rank job; {rank: medians} of the ranks that finished."""
+    port = gpu_check.free_port()
+    procs = []
+    for r in range(NRANKS):
+        env = gpu_check.rank_env(r, port, plugin, ring_dir, log_dir, tag)
+        env.update({"NCCL_DEBUG": "WARN", "MYCROFT_RING_RECORDS": "512"})
+        if lib:
+            env["LD_PRELOAD"] = lib
+        fh = open(log_dir / f"{tag}-r{r}.out", "w")
+        procs.append((subprocess.Popen([sys.executable, __file__, "--overhead-worker", "--iters", str(args.iters)],
+                                       env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True), fh))
+    deadline = time.monotonic() + args.job_timeout_s
+    for p, fh in procs:
+        try:
+            p.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        fh.close()
+    res = {}
+    for r in range(NRANKS):
+        for line in (log_dir / f"{tag}-r{r}.out").read_text(errors="replace").splitlines():
+            if line.startswith("RESULT "):
+                res[r] = json.loads(line[7:])
+    return res
+
+
 def run_overhead(args, plugin: str, out: Path, deadline: float, log, save) -> list[dict]:
+    """Per NCCL: baseline and plugin jobs alternated (B P B P ...), --pairs pairs."""
     import torch
 
     rows: list[dict] = []
     cuda_major = (torch.version.cuda or "12").split(".")[0]
-    for label, lib in nccl_libraries(Path(args.wheels), args.nccl_versions.split(","), cuda_major, out):
+    torch_nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    versions = [v for v in args.nccl_versions.split(",") if v]
+    libs = nccl_libraries(Path(args.wheels), versions, cuda_major, out)
+    # torch's own NCCL is measured too, unless a wheel of the same release already is
+    libs = [x for x in libs if x[1] is not None] + ([] if torch_nccl in versions else [("torch", None)])
+    for label, lib in libs:
         if lib == "":
             rows.append({"nccl": label, "skipped": f"no nvidia-nccl wheel for {label} in {args.wheels}", "sizes": {}})
+            save(rows)
             continue
-        if time.monotonic() + args.overhead_timeout_s + 15 > deadline:
-            rows.append({"nccl": label, "skipped": "out of time (the drill is bounded to 9 minutes)", "sizes": {}})
+        need = 2 * args.pairs * args.job_timeout_s / 4  # a job usually takes a quarter of its bound
+        if time.monotonic() + need > deadline:
+            rows.append({"nccl": label, "skipped": "out of time (the drill is bounded to 9 minutes; "
+                                                   "--skip-faults --nccl-versions ... measures it alone)", "sizes": {}})
+            save(rows)
             continue
         log_dir = out / "overhead" / label
-        ring_dir = log_dir / "rings"
-        ring_dir.mkdir(parents=True, mode=0o700)
-        port = gpu_check.free_port()
-        procs = []
-        for r in range(NRANKS):
-            env = gpu_check.rank_env(r, port, plugin, ring_dir, log_dir, "overhead")
-            env.update({"DRILL_PLUGIN": plugin, "NCCL_DEBUG": "WARN"})
-            if lib:
-                env["LD_PRELOAD"] = lib
-            fh = open(log_dir / f"r{r}.out", "w")
-            procs.append((subprocess.Popen([sys.executable, __file__, "--overhead-worker", "--pairs",
-                                            str(args.pairs), "--iters", str(args.iters)], env=env, stdout=fh,
-                                           stderr=subprocess.STDOUT, start_new_session=True), fh))
-        deadline = time.monotonic() + args.overhead_timeout_s
-        for p, fh in procs:
-            try:
-                p.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-            fh.close()
-        res = {}
-        for r in range(NRANKS):
-            for line in (log_dir / f"r{r}.out").read_text(errors="replace").splitlines():
-                if line.startswith("RESULT "):
-                    res[r] = json.loads(line[7:])
-        abis = sorted({gpu_check_abi(p) for p in ring_dir.iterdir()}) if ring_dir.is_dir() else []
+        log_dir.mkdir(parents=True)
+        ring_dir = Path(tempfile.mkdtemp(prefix=f"mycroft-drill-overhead-{label}-"))
+        runs: dict[str, list[dict]] = {"baseline": [], "plugin": []}
+        for pair in range(args.pairs):
+            for tag in ("baseline", "plugin"):
+                runs[tag].append(_overhead_job(args, plugin if tag == "plugin" else None, lib or "", log_dir,
+                                               ring_dir, f"{tag}{pair}"))
+        ok = [i for i in range(args.pairs) if len(runs["baseline"][i]) == NRANKS and len(runs["plugin"][i]) == NRANKS]
+        abis = sorted({gpu_check_abi(p) for p in ring_dir.iterdir()})
         contexts = len(list(ring_dir.iterdir()))
-        row = {"nccl": label, "nccl_version": next((v["nccl"] for v in res.values()), "?"), "abi": abis,
-               "ranks_ok": len(res), "plugin_contexts": contexts,
-               # NCCL loads the profiler per communicator: one context per plugin communicator and rank, none for
-               # the baseline ones; anything else means the pairs did not alternate and the numbers are void
-               "interleaved": contexts == args.pairs * NRANKS, "sizes": {}}
-        if len(res) == NRANKS:
-            for mib in (1, 16):
-                # per pair: the slowest rank's median (a collective ends when its last rank does)
-                b = [max(res[r]["medians_s"][f"baseline/{mib}MiB"][i] for r in res) for i in range(args.pairs)]
-                p_ = [max(res[r]["medians_s"][f"plugin/{mib}MiB"][i] for r in res) for i in range(args.pairs)]
-                diff = [100.0 * (y - x) / x for x, y in zip(b, p_)]
-                row["sizes"][f"{mib}MiB"] = {
-                    "baseline_ms": round(1e3 * statistics.median(b), 3), "plugin_ms": round(1e3 * statistics.median(p_), 3),
-                    "overhead_pct_median": round(statistics.median(diff), 2),
-                    "overhead_pct_range": [round(min(diff), 2), round(max(diff), 2)], "pairs": len(diff)}
+        shutil.rmtree(ring_dir, ignore_errors=True)
+        versions_seen = {v["nccl"] for job in runs["plugin"] + runs["baseline"] for v in job.values()}
+        row = {"nccl": label, "nccl_version": ",".join(sorted(versions_seen)) or "?", "abi": abis,
+               "pairs_ok": len(ok), "plugin_contexts": contexts, "sizes": {}}
+        for mib in (1, 16):
+            key = f"{mib}MiB"
+            # per job: the slowest rank's median (a collective ends when its last rank does)
+            b = [max(v["medians_s"][key] for v in runs["baseline"][i].values()) for i in ok]
+            p_ = [max(v["medians_s"][key] for v in runs["plugin"][i].values()) for i in ok]
+            if not ok:
+                continue
+            diff = [100.0 * (y - x) / x for x, y in zip(b, p_)]
+            row["sizes"][key] = {
+                "baseline_ms": round(1e3 * statistics.median(b), 3), "plugin_ms": round(1e3 * statistics.median(p_), 3),
+                "baseline_range_ms": [round(1e3 * min(b), 3), round(1e3 * max(b), 3)],
+                "plugin_range_ms": [round(1e3 * min(p_), 3), round(1e3 * max(p_), 3)],
+                "overhead_pct_median": round(statistics.median(diff), 2),
+                "overhead_pct_range": [round(min(diff), 2), round(max(diff), 2)], "pairs": len(diff)}
         rows.append(row)
         save(rows)
         log(f"  overhead {label}: {row}")
@@ -384,10 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels", default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                                                      "mycroft-otel", "wheels"),
                     help="directory of nvidia-nccl-cu12/-cu13 wheels whose libnccl.so.2 the overhead part preloads")
-    ap.add_argument("--pairs", type=int, default=10, help="baseline/plugin communicator pairs per NCCL (>= 10)")
+    ap.add_argument("--pairs", type=int, default=10, help="baseline/plugin job pairs per NCCL (>= 10)")
     ap.add_argument("--iters", type=int, default=10, help="timed all-reduces per size and communicator")
     ap.add_argument("--nccl-versions", default=",".join(NCCL_VERSIONS), help="NCCL wheels to measure besides torch's")
-    ap.add_argument("--overhead-timeout-s", type=float, default=60.0, help="bound of one NCCL's overhead job")
+    ap.add_argument("--job-timeout-s", type=float, default=30.0, help="bound of one 4-rank overhead job")
+    ap.add_argument("--skip-faults", action="store_true", help="only the overhead part")
     ap.add_argument("--budget-s", type=float, default=500.0,
                     help="stop starting overhead jobs past this (gpu_drill.sh kills the drill at 540 s)")
     ap.add_argument("--skip-overhead", action="store_true")
@@ -419,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("gpu_drill: no CUDA device visible; use --dry-run", file=sys.stderr)
             return 2
-    faults = [f for f in FAULTS if not args.only or f.name in args.only]
+    faults = [] if args.skip_faults else [f for f in FAULTS if not args.only or f.name in args.only]
     deadline = t_start + args.budget_s
     doc = {"kind": "mycroft-otel gpu_drill", "dry_run": args.dry_run, "topology": TOPOLOGY, "stall_ms": STALL_MS,
            "faults": [asdict(f) for f in faults], "rows": [], "overhead": [], "all_right": False}
@@ -453,13 +477,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  NCCL {r['nccl']}: skipped, {r['skipped']}")
                 continue
             for size, s in r["sizes"].items():
-                print(f"  NCCL {r['nccl_version']} ({r['nccl']}, ABI {r['abi']}) {size}: baseline {s['baseline_ms']} ms, "
-                      f"plugin {s['plugin_ms']} ms, overhead {s['overhead_pct_median']}% "
-                      f"[{s['overhead_pct_range'][0]}, {s['overhead_pct_range'][1]}] over {s['pairs']} pairs"
-                      + ("" if r["interleaved"] else f"  VOID: {r['plugin_contexts']} plugin contexts, "
-                         f"expected {args.pairs * NRANKS}"))
+                print(f"  NCCL {r['nccl_version']} ({r['nccl']}, ABI {r['abi']}) {size}: baseline {s['baseline_ms']} ms "
+                      f"{s['baseline_range_ms']}, plugin {s['plugin_ms']} ms {s['plugin_range_ms']}, overhead "
+                      f"{s['overhead_pct_median']}% [{s['overhead_pct_range'][0]}, {s['overhead_pct_range'][1]}] over "
+                      f"{s['pairs']} pairs")
             if not r["sizes"]:
-                print(f"  NCCL {r['nccl']}: no result ({r['ranks_ok']}/{NRANKS} ranks finished; logs under {out})")
+                print(f"  NCCL {r['nccl']}: no result ({r['pairs_ok']}/{args.pairs} pairs finished; logs under {out})")
     elif args.dry_run:
         print("\noverhead: needs a GPU (not measured in --dry-run)")
     right = all(r["right"] for r in rows)
