@@ -101,19 +101,21 @@ def _gpu_span(start: int, end: int) -> int:
     return end - start if start and end and end >= start else -1
 
 
-def kernel_attributes(op: Any, kch: np.ndarray | None) -> list[tuple[str, Any]]:
-    """The v7 user tag and the per-channel kernel times of one op (docs/span-schema.md).
+def user_tag_attribute(tag: int) -> list[tuple[str, Any]]:
+    """The v7 userTag (0 = untagged: nothing); OTLP ints are signed, so the 64 bits wrap."""
+    return [(sc.COLL_USER_TAG, tag - (1 << 64) if tag >= 1 << 63 else tag)] if tag else []
 
-    Empty for an untagged op without kernel channels, so spans from v4..v6 (no tag, no
-    phases) and from readers without these fields carry nothing new.
+
+def kernel_attributes(op: Any, kch: np.ndarray | None) -> list[tuple[str, Any]]:
+    """The v7 user tag and, where NCCL sent KernelPhase events, the per-channel kernel times (span-schema.md).
+
+    Empty for an untagged op without phases: spans from v4..v6 (no tag, no phases), from v7 without
+    KernelPhase in the mask, and from readers without these fields carry nothing new. (KernelCh alone
+    gives every op channel times; they are not exported: the phases are what explains a wait.)
     """
-    out: list[tuple[str, Any]] = []
-    if _has(op, "user_tag"):
-        tag = int(op["user_tag"])
-        if tag:
-            out.append((sc.COLL_USER_TAG, tag - (1 << 64) if tag >= 1 << 63 else tag))  # OTLP ints are signed
+    out = user_tag_attribute(int(op["user_tag"])) if _has(op, "user_tag") else []
     valid = int(op["kch_valid"]) if _has(op, "kch_valid") else 0
-    if not valid or kch is None:
+    if not valid or kch is None or not int(op["flags"]) & FLAG_KERNEL_PHASES:
         return out
     chans = [c for c in range(min(MAX_KERNEL_CHANNELS, len(kch))) if valid >> c & 1]
     if not chans:
@@ -121,10 +123,9 @@ def kernel_attributes(op: Any, kch: np.ndarray | None) -> list[tuple[str, Any]]:
     k = kch[chans]
     st, en = k["start_ns"].tolist(), k["end_ns"].tolist()
     out += [(sc.KERNEL_CH_CHANNEL, chans), (sc.KERNEL_CH_DURATION, [_gpu_span(a, b) for a, b in zip(st, en)])]
-    if int(op["flags"]) & FLAG_KERNEL_PHASES:
-        ps, pe = k["phase_start_ns"].tolist(), k["phase_end_ns"].tolist()
-        for i, key in enumerate((sc.KERNEL_INITIAL_SYNC, sc.KERNEL_COMPUTE, sc.KERNEL_FINAL_SYNC)):
-            out.append((key, [_gpu_span(a[i], b[i]) for a, b in zip(ps, pe)]))
+    ps, pe = k["phase_start_ns"].tolist(), k["phase_end_ns"].tolist()
+    for i, key in enumerate((sc.KERNEL_INITIAL_SYNC, sc.KERNEL_COMPUTE, sc.KERNEL_FINAL_SYNC)):
+        out.append((key, [_gpu_span(a[i], b[i]) for a, b in zip(ps, pe)]))
     return out
 
 
@@ -399,9 +400,8 @@ class SpanBuilder:
         ks_l, ke_l = ops["kernel_start_ns"].tolist(), ops["kernel_end_ns"].tolist()
         names = ops.dtype.names or ()
         kch_all = recs["kch"] if "kch" in (recs.dtype.names or ()) else [None] * R
-        tag_or_kch = ((ops["user_tag"] != 0) if "user_tag" in names else np.zeros(R, bool)) | (
-            (ops["kch_valid"] != 0) if "kch_valid" in names else np.zeros(R, bool))
-        tag_or_kch = tag_or_kch.tolist()
+        tags_l = ops["user_tag"].tolist() if "user_tag" in names else [0] * R
+        phases_l = ((ops["flags"] & FLAG_KERNEL_PHASES) != 0).tolist()
 
         # flows
         nflows = np.minimum(ops["n_flows"].astype(np.int64), recs["flows"].shape[1])
@@ -458,8 +458,10 @@ class SpanBuilder:
             if en > st:
                 parts.append(_attr(sc.BUS_BW, nb_l[i] * busbw_factor(fn, s.nranks) / (en - st)))
             parts += [pairs[0][i], pairs[1][i]]
-            if tag_or_kch[i]:
+            if phases_l[i]:
                 parts += [_attr(key, v) for key, v in kernel_attributes(ops[i], kch_all[i])]
+            elif tags_l[i]:
+                parts += [_attr(key, v) for key, v in user_tag_attribute(tags_l[i])]
             an = anomalies[i]
             if an is not None and an[0]:
                 parts.append(_attr(sc.ANOMALY, an[0]))

@@ -184,6 +184,7 @@ class FakeRing:
         r["seq"] = 0
         r["op"] = rec["op"]
         r["flows"] = rec["flows"]
+        r["kch"] = rec["kch"]
         r["seq"] = head + 1
         self.h["ring_head"] = head + 1
         self.h["ops_completed"] += 1
