@@ -68,6 +68,8 @@ VARS: dict[str, Var] = {
         Var("MYCROFT_LIVE_SLOTS", "64", "Operations in flight at once per communicator and rank (1..4096).", "plugin"),
         Var("MYCROFT_RING_RECORDS", "512", "Completion-ring records per communicator and rank (16..65536).", "plugin"),
         Var("MYCROFT_ENABLE", "1", "0 disables the plugin (NCCL runs as without it).", "plugin"),
+        Var("MYCROFT_KERNEL_EVENTS", "auto", "Kernel events asked of NCCL: auto (KernelCh; plus v7 KernelPhase on "
+            "NCCL 2.31.0-2.31.2), channel, phase (docs/native.md).", "plugin"),
         Var("MYCROFT_POLL_MS", "100", "Agent period for polling live tables and draining rings (ms).", "agent"),
         Var("MYCROFT_INFLIGHT_AFTER_MS", "1000",
             "An operation in flight longer than this is exported as in-flight snapshots (ms).", "agent"),

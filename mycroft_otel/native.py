@@ -185,6 +185,12 @@ class ShmHeader:
     pxn_foreign_ops: int
     p2p_send_count_total: int
     p2p_recv_count_total: int
+    #: dropped_bad_handle by the callback it came in (names: shm_layout.h kBadHandleKindNames)
+    bad_handle_by_kind: dict[str, int]
+    #: KernelCh stops that came after a later launch had started; kept (the op waited for them)
+    late_kernel_stops: int
+    #: ncclGetVersion() of the NCCL that loaded the plugin (X*10000 + Y*100 + Z), 0 = unknown
+    nccl_version: int
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShmHeader":

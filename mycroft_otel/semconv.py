@@ -73,6 +73,17 @@ BASELINE_NS = "mycroft.baseline_ns"  # the rank's running baseline duration when
 SNAPSHOT_SEQ = "mycroft.snapshot.seq"  # in-flight snapshot number, 0-based
 PROXY_OPS = "mycroft.proxy_ops"      # [started, stopped]
 KERNEL_CHANNELS = "mycroft.kernel_channels"  # [started, stopped]
+COLL_USER_TAG = "mycroft.coll.user_tag"  # int: v7 per-call userTag (ncclCollConfig_t.userProfilerTag); absent if 0
+
+# --- kernel channels: arrays indexed like KERNEL_CH_CHANNEL (one entry per GPU channel) ----
+# GPU-timed (%globaltimer) durations in ns; present only when NCCL reported them (KernelCh;
+# the phases need v7 KernelPhase). Initial sync is the GPU's own wait for its peers' flags
+# before the first byte moves: a straggler signal independent of the proxy thread's timing.
+KERNEL_CH_CHANNEL = "mycroft.kernel.channel"
+KERNEL_CH_DURATION = "mycroft.kernel.channel_duration_ns"
+KERNEL_INITIAL_SYNC = "mycroft.kernel.initial_sync_ns"
+KERNEL_COMPUTE = "mycroft.kernel.compute_ns"
+KERNEL_FINAL_SYNC = "mycroft.kernel.final_sync_ns"
 
 # --- flows: arrays indexed by flow (one (channel, direction) pair each) -------------
 FLOW_CHANNEL = "mycroft.flow.channel"
@@ -181,3 +192,7 @@ SUMMARY_FUNCS = "mycroft.summary.funcs"          # string array: function of eac
 SUMMARY_FUNC_OPS = "mycroft.summary.func_ops"    # int array, per function
 SUMMARY_FUNC_DURATION_MEAN = "mycroft.summary.func_duration_mean_ns"  # int array, per function
 SUMMARY_DROPPED_RING = "mycroft.summary.dropped_ring"  # completions lost to ring overwrite in the window
+# Plugin counters since the context began (cumulative), only when non-zero:
+SUMMARY_BAD_HANDLE_KINDS = "mycroft.summary.bad_handle_kinds"  # string array: callback kinds (shm BadHandleKind)
+SUMMARY_BAD_HANDLES = "mycroft.summary.bad_handles"            # int array, per kind
+SUMMARY_LATE_KERNEL_STOPS = "mycroft.summary.late_kernel_stops"  # KernelCh stops after a later launch (kept)

@@ -223,6 +223,9 @@ def summarize_rings(ring_dir: Path, max_records: int) -> list[dict]:
             "ops_completed": h.ops_completed, "records": len(records), "overwritten": lost, "in_flight": len(live),
             "dropped": {k: getattr(h, k) for k in ("dropped_live_full", "dropped_bad_handle", "dropped_bad_descr",
                                                     "dropped_flows", "pxn_foreign_ops")},
+            # which callbacks the bad handles came in, and the late KernelCh stops the plugin kept
+            "bad_handle_by_kind": {k: v for k, v in h.bad_handle_by_kind.items() if v},
+            "late_kernel_stops": h.late_kernel_stops, "nccl_version": h.nccl_version,
             "by_func": by_func, "flow_totals": flows_total, "captured": captured,
         })
     return out

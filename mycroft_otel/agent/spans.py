@@ -39,6 +39,8 @@ DIR_NAMES = ("send", "recv")
 KIND_COLL, KIND_SEND, KIND_RECV = 1, 2, 3
 ROOTED_FUNCS = (0, 1, 9, 10)  # Broadcast, Reduce, Gather, Scatter
 FLAG_KERNEL_TIMES = 1 << 1
+FLAG_KERNEL_PHASES = 1 << 3
+MAX_KERNEL_CHANNELS = 32  # shm_layout.h kMaxKernelChannels
 STATUS_INDEX = {k: i for i, k in enumerate(sc.STATUS_KINDS)}
 
 SCOPE = otlp.scope("mycroft_otel.agent", mycroft_otel.__version__)
@@ -84,6 +86,47 @@ _FLOW_INT_FIELDS = (
 _DIR_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in DIR_NAMES]
 _WAIT_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in sc.WAIT_STATE_NAMES]
 _KF = {}
+
+
+def _has(obj: Any, key: str) -> bool:
+    """Whether a record (numpy structured value, or a dict as tests and snapshots pass) has ``key``."""
+    names = getattr(getattr(obj, "dtype", None), "names", None)
+    if names is not None:
+        return key in names
+    return isinstance(obj, dict) and key in obj
+
+
+def _gpu_span(start: int, end: int) -> int:
+    """A GPU-timed interval in ns, -1 when NCCL did not report both ends."""
+    return end - start if start and end and end >= start else -1
+
+
+def user_tag_attribute(tag: int) -> list[tuple[str, Any]]:
+    """The v7 userTag (0 = untagged: nothing); OTLP ints are signed, so the 64 bits wrap."""
+    return [(sc.COLL_USER_TAG, tag - (1 << 64) if tag >= 1 << 63 else tag)] if tag else []
+
+
+def kernel_attributes(op: Any, kch: np.ndarray | None) -> list[tuple[str, Any]]:
+    """The v7 user tag and, where NCCL sent KernelPhase events, the per-channel kernel times (span-schema.md).
+
+    Empty for an untagged op without phases: spans from v4..v6 (no tag, no phases), from v7 without
+    KernelPhase in the mask, and from readers without these fields carry nothing new. (KernelCh alone
+    gives every op channel times; they are not exported: the phases are what explains a wait.)
+    """
+    out = user_tag_attribute(int(op["user_tag"])) if _has(op, "user_tag") else []
+    valid = int(op["kch_valid"]) if _has(op, "kch_valid") else 0
+    if not valid or kch is None or not int(op["flags"]) & FLAG_KERNEL_PHASES:
+        return out
+    chans = [c for c in range(min(MAX_KERNEL_CHANNELS, len(kch))) if valid >> c & 1]
+    if not chans:
+        return out
+    k = kch[chans]
+    st, en = k["start_ns"].tolist(), k["end_ns"].tolist()
+    out += [(sc.KERNEL_CH_CHANNEL, chans), (sc.KERNEL_CH_DURATION, [_gpu_span(a, b) for a, b in zip(st, en)])]
+    ps, pe = k["phase_start_ns"].tolist(), k["phase_end_ns"].tolist()
+    for i, key in enumerate((sc.KERNEL_INITIAL_SYNC, sc.KERNEL_COMPUTE, sc.KERNEL_FINAL_SYNC)):
+        out.append((key, [_gpu_span(a[i], b[i]) for a, b in zip(ps, pe)]))
+    return out
 
 
 def _kf(key: str) -> bytes:
@@ -200,7 +243,8 @@ class SpanBuilder:
     # --- attributes (generic, readable reference) -----------------------------------------
     def op_attributes(self, op: Any, flows: np.ndarray, state: str, *, anomaly: str | None = None,
                       baseline: int | None = None, gap: int | None = None, snapshot: int | None = None,
-                      stopped: bool | None = None, recent: int | None = None) -> list[tuple[str, Any]]:
+                      stopped: bool | None = None, recent: int | None = None,
+                      kch: np.ndarray | None = None) -> list[tuple[str, Any]]:
         s = self.src
         r = s.to_real
         kind, func = int(op["kind"]), int(op["func"])
@@ -231,6 +275,7 @@ class SpanBuilder:
             a.append((sc.BUS_BW, int(op["bytes"]) * busbw_factor(func, s.nranks) / (end - start)))
         a += [(sc.PROXY_OPS, [int(op["proxy_ops_started"]), int(op["proxy_ops_stopped"])]),
               (sc.KERNEL_CHANNELS, [int(op["kernel_ch_started"]), int(op["kernel_ch_stopped"])])]
+        a += kernel_attributes(op, kch)
         if snapshot is not None:
             a.append((sc.SNAPSHOT_SEQ, snapshot))
         if anomaly:
@@ -296,7 +341,7 @@ class SpanBuilder:
         f = flows[:n]
         links = self.links(trace, kind, peer, f["channel"].tolist(), f["dir"].tolist(), f["peer"].tolist())
         attrs = self.op_attributes(op, flows, sc.OP_STATE_COMPLETED, anomaly=anomaly, baseline=baseline, gap=gap,
-                                   recent=recent)
+                                   recent=recent, kch=_kch_of(rec))
         events = self.flow_events(op, flows) if self.detail_chunk else []
         return otlp.span(trace.to_bytes(16, "big"), ids.span_id(trace, self.src.rank, sc.ROLE_OP).to_bytes(8, "big"),
                          sc.op_span_name(func_name(int(op["func"]))), start, end, attrs, links, events)
@@ -353,6 +398,10 @@ class SpanBuilder:
             pairs.append([otlp.array_attr(kf, e) for e in otlp.split(blob, ends, np.full(R, 2, dtype=np.int64))])
         flags_l = ops["flags"].tolist()
         ks_l, ke_l = ops["kernel_start_ns"].tolist(), ops["kernel_end_ns"].tolist()
+        names = ops.dtype.names or ()
+        kch_all = recs["kch"] if "kch" in (recs.dtype.names or ()) else [None] * R
+        tags_l = ops["user_tag"].tolist() if "user_tag" in names else [0] * R
+        phases_l = ((ops["flags"] & FLAG_KERNEL_PHASES) != 0).tolist()
 
         # flows
         nflows = np.minimum(ops["n_flows"].astype(np.int64), recs["flows"].shape[1])
@@ -409,6 +458,10 @@ class SpanBuilder:
             if en > st:
                 parts.append(_attr(sc.BUS_BW, nb_l[i] * busbw_factor(fn, s.nranks) / (en - st)))
             parts += [pairs[0][i], pairs[1][i]]
+            if phases_l[i]:
+                parts += [_attr(key, v) for key, v in kernel_attributes(ops[i], kch_all[i])]
+            elif tags_l[i]:
+                parts += [_attr(key, v) for key, v in user_tag_attribute(tags_l[i])]
             an = anomalies[i]
             if an is not None and an[0]:
                 parts.append(_attr(sc.ANOMALY, an[0]))
@@ -476,8 +529,30 @@ class SpanBuilder:
         d = h.digest()
         trace = d[:16] if any(d[:16]) else b"\x00" * 15 + b"\x01"
         sid = d[16:] if any(d[16:]) else b"\x00" * 7 + b"\x01"
+        try:
+            plugin = bad_handle_attributes(s.reader.header())
+        except (ValueError, AttributeError):  # reader closed, or a reader without a header
+            plugin = []
         return otlp.span(trace, sid, sc.SUMMARY_SPAN, window_start_real, window_end_real,
-                         list(self.common_attrs) + [(sc.SUMMARY_WINDOW_START, window_start_real)] + attrs)
+                         list(self.common_attrs) + [(sc.SUMMARY_WINDOW_START, window_start_real)] + attrs + plugin)
+
+
+def _kch_of(rec: Any) -> np.ndarray | None:
+    return rec["kch"] if _has(rec, "kch") else None
+
+
+def bad_handle_attributes(header: dict) -> list[tuple[str, Any]]:
+    """The plugin's cumulative bad-handle counts by callback kind (non-zero kinds only) and its
+    kept late KernelCh stops, for the summary span; empty when there is nothing to report."""
+    kinds = header.get("bad_handle_by_kind") or {}
+    nz = [(k, int(v)) for k, v in kinds.items() if int(v)]
+    out: list[tuple[str, Any]] = []
+    if nz:
+        out += [(sc.SUMMARY_BAD_HANDLE_KINDS, [k for k, _ in nz]), (sc.SUMMARY_BAD_HANDLES, [v for _, v in nz])]
+    late = int(header.get("late_kernel_stops") or 0)
+    if late:
+        out.append((sc.SUMMARY_LATE_KERNEL_STOPS, late))
+    return out
 
 
 def last_state_text(op: Any, flows: np.ndarray) -> str:

@@ -28,6 +28,7 @@ OP_START, OP_STOP, OP_RECORD = 1, 2, 3
 # ncclProfile* event-type bits (v7 numbering).
 GROUP, COLL, P2P, PROXY_OP, PROXY_STEP, PROXY_CTRL, KERNEL_CH, NET_PLUGIN = (1 << i for i in range(8))
 GROUP_API, COLL_API, P2P_API, KERNEL_LAUNCH = (1 << i for i in range(8, 12))
+KERNEL_PHASE = 1 << 15  # v7: sub-event of KernelCh; the row's `step` is the phaseId, `ptimer` its GPU time
 
 # ncclProfiler* state values (v7 numbering).
 S_SEND_GPU_WAIT = 8
@@ -40,6 +41,10 @@ S_SEND_PEER_WAIT = 20
 S_KERNEL_CH_STOP = 22
 S_GROUP_START_API_STOP = 23
 S_GROUP_END_API_START = 24
+S_KERNEL_PHASE_STOP = 31  # v7; stop time in `ptimer`
+
+#: v7 KernelPhase ids (kernelPhase.phaseId): the GPU's wait for its peers, the data movement, the closing barrier.
+PHASE_INITIAL_SYNC, PHASE_COMPUTE, PHASE_FINAL_SYNC = 0, 1, 2
 
 # Name tables (shm_layout.h): indexes the rows carry.
 FUNC_NAMES = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "SendRecv", "Send", "Recv",

@@ -19,7 +19,10 @@ def user_rows(inst, t_issue: np.ndarray, model: TimingModel, slots: SlotAllocato
                owner: np.ndarray, funcs: list, counts: np.ndarray, peers: np.ndarray, ranks: np.ndarray,
                seqs: np.ndarray, nccl_seqs: np.ndarray, roots: np.ndarray) -> tuple[list, np.ndarray]:
     """The user-thread calls of one NCCL API call per member (NCCL 2.28 order, design §3); returns the
-    blocks and each member's Coll/P2p slot (the parent of its ProxyOps and KernelChs)."""
+    blocks and each member's Coll/P2p slot (the parent of its ProxyOps and KernelChs).
+
+    The simulated framework tags every call with its training step + 1 (v7 userTag through
+    ncclCollConfig_t.userProfilerTag; rows carry it in ``ptimer``, older ABIs never see it)."""
     nc = model.nccl
     gap = model.gpu.api_gap_ns
     n = len(t_issue)
@@ -32,11 +35,12 @@ def user_rows(inst, t_issue: np.ndarray, model: TimingModel, slots: SlotAllocato
     api_type = abi.P2P_API if p2p else abi.COLL_API
     ev_type = abi.P2P if p2p else abi.COLL
     root = peers if p2p else roots
+    tag = np.uint64(inst.step + 1)
     out = [
         block(t, owner, USER, op=abi.OP_START, type=abi.GROUP_API, slot=s_gapi, parent_slot=abi.NO_SLOT, **common),
         block(t + gap, owner, USER, op=abi.OP_RECORD, slot=s_gapi, state=abi.S_GROUP_START_API_STOP, **common),
         block(t + 2 * gap, owner, USER, op=abi.OP_START, type=api_type, slot=s_capi, parent_slot=s_gapi,
-              func=func_idx, count=counts, datatype=dt, root_or_peer=root, **common),
+              func=func_idx, count=counts, datatype=dt, root_or_peer=root, ptimer=tag, **common),
         block(t + 3 * gap, owner, USER, op=abi.OP_STOP, slot=s_capi, **common),
         block(t + 4 * gap, owner, USER, op=abi.OP_RECORD, slot=s_gapi, state=abi.S_GROUP_END_API_START, **common),
         block(t + 5 * gap, owner, USER, op=abi.OP_START, type=abi.KERNEL_LAUNCH, slot=s_kl, parent_slot=s_gapi,
@@ -49,7 +53,7 @@ def user_rows(inst, t_issue: np.ndarray, model: TimingModel, slots: SlotAllocato
               seq=np.where(nccl_seqs >= 0, nccl_seqs, seqs).astype(np.uint64),
               algo=abi.ALGO[inst.algo], proto=abi.PROTO[nc.proto], n_channels=inst.comm.n_channels,
               # the Group handle (coll.parentGroup) rides in `size` as slot + 1 (driver_event.h convention)
-              size=s_grp.astype(np.uint64) + 1, **common),
+              size=s_grp.astype(np.uint64) + 1, ptimer=tag, **common),
         block(t + 9 * gap, owner, USER, op=abi.OP_STOP, slot=s_coll, **common),
         block(t + 10 * gap, owner, USER, op=abi.OP_STOP, slot=s_grp, **common),
         block(t + 11 * gap, owner, USER, op=abi.OP_STOP, slot=s_gapi, **common),

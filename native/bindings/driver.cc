@@ -19,7 +19,8 @@
 // "empty". A row that needs an empty slot (filled by another replaying thread) waits for it with a
 // bound (slot_timeout_ms, default 2 s) and is then skipped and counted, never deadlocks.
 // Coll/P2p START rows carry their Group's slot in `size` as slot + 1 (0 = no group): the v5+
-// `parentGroup`, and the v4 parent.
+// `parentGroup`, and the v4 parent. Coll/P2p/CollApi/P2pApi START rows carry the v7 userTag in
+// `ptimer` (driver_event.h); older versions have no such member and never see it.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
@@ -217,6 +218,7 @@ void FillDescr(typename Abi<V>::D& d, const Event& e, void* parent, void* group,
       c.nWarps = 16;
       c.algo = NameOf(mycroft::shm::kAlgoNames, e.algo);
       c.proto = NameOf(mycroft::shm::kProtoNames, e.proto);
+      if constexpr (V == 7) c.userTag = e.ptimer;
       if constexpr (V == 4) {
         if (has_group) d.parentObj = group;
       } else {
@@ -231,6 +233,7 @@ void FillDescr(typename Abi<V>::D& d, const Event& e, void* parent, void* group,
       p.count = e.count;
       p.peer = e.root_or_peer;
       p.nChannels = e.n_channels;
+      if constexpr (V == 7) p.userTag = e.ptimer;
       if constexpr (V == 4) {
         if (has_group) d.parentObj = group;
       } else {
@@ -268,11 +271,13 @@ void FillDescr(typename Abi<V>::D& d, const Event& e, void* parent, void* group,
         d.collApi.count = e.count;
         d.collApi.datatype = dtype;
         d.collApi.root = e.root_or_peer;
+        if constexpr (V == 7) d.collApi.userTag = e.ptimer;
         break;
       case t7::kP2pApi:
         d.p2pApi.func = func;
         d.p2pApi.count = e.count;
         d.p2pApi.datatype = dtype;
+        if constexpr (V == 7) d.p2pApi.userTag = e.ptimer;
         break;
       default: break;
     }

@@ -35,21 +35,24 @@ PYBIND11_MODULE(_native, m) {
   PYBIND11_NUMPY_DTYPE(OpInfo, op_id, seq, nccl_seq, count, bytes, kind, func, datatype, algo, proto, n_channels,
                        n_flows, abi_version, root_or_peer, flags, api_ns, start_ns, launch_ns, end_ns,
                        kernel_start_ns, kernel_end_ns, proxy_ops_started, proxy_ops_stopped, kernel_ch_started,
-                       kernel_ch_stopped, last_progress_ns, reserved);
-  PYBIND11_NUMPY_DTYPE(LiveOp, generation, state, reserved, op, flows);
-  PYBIND11_NUMPY_DTYPE(RingRecord, seq, reserved, op, flows);
+                       kernel_ch_stopped, last_progress_ns, user_tag, kch_valid, reserved);
+  PYBIND11_NUMPY_DTYPE(KernelChannel, start_ns, end_ns, phase_start_ns, phase_end_ns);
+  PYBIND11_NUMPY_DTYPE(LiveOp, generation, state, reserved, op, flows, kch);
+  PYBIND11_NUMPY_DTYPE(RingRecord, seq, reserved, op, flows, kch);
   PYBIND11_NUMPY_DTYPE(ShmHeader, magic, layout_version, header_size, live_slots, ring_capacity, live_offset,
                        ring_offset, file_size, job_id, comm_name, host, plugin_version, comm_hash, comm_id, rank,
                        nranks, nnodes, global_rank, local_rank, cuda_device, pid, abi_version, activation_mask,
                        reserved0, start_realtime_ns, start_mono_ns, ring_head, heartbeat_ns, finalized_ns,
                        ops_started, ops_completed, dropped_live_full, dropped_bad_handle, dropped_bad_descr,
-                       dropped_flows, pxn_foreign_ops, p2p_send_count_total, p2p_recv_count_total, reserved);
+                       dropped_flows, pxn_foreign_ops, p2p_send_count_total, p2p_recv_count_total, bad_handle_by_kind,
+                       late_kernel_stops, nccl_version, reserved1, reserved);
   PYBIND11_NUMPY_DTYPE(Event, t_ns, ctx, slot, parent_slot, type, state, op, func, datatype, algo, proto,
                        n_channels, channel, is_send, rank, root_or_peer, pid, n_steps, chunk_size, step, seq, count,
                        size, ptimer);
 
   m.attr("FLOW_DTYPE") = py::dtype::of<Flow>();
   m.attr("OP_INFO_DTYPE") = py::dtype::of<OpInfo>();
+  m.attr("KERNEL_CHANNEL_DTYPE") = py::dtype::of<KernelChannel>();
   m.attr("LIVE_OP_DTYPE") = py::dtype::of<LiveOp>();
   m.attr("RING_RECORD_DTYPE") = py::dtype::of<RingRecord>();
   m.attr("HEADER_DTYPE") = py::dtype::of<ShmHeader>();
@@ -58,6 +61,8 @@ PYBIND11_MODULE(_native, m) {
   m.attr("MAGIC") = py::int_(kMagic);
   m.attr("LAYOUT_VERSION") = py::int_(kLayoutVersion);
   m.attr("MAX_FLOWS") = py::int_(kMaxFlows);
+  m.attr("MAX_KERNEL_CHANNELS") = py::int_(kMaxKernelChannels);
+  m.attr("BAD_HANDLE_KINDS") = Names(kBadHandleKindNames);
   m.attr("NAME_LEN") = py::int_(kNameLen);
   m.attr("UNKNOWN_INDEX") = py::int_(kUnknownIndex);
   m.attr("NO_SLOT") = py::int_(mycroft::driver::kNoSlot);
@@ -79,7 +84,8 @@ PYBIND11_MODULE(_native, m) {
   m.attr("DIR_NAMES") = py::make_tuple("send", "recv");
   m.attr("OP_FLAGS") = py::dict(py::arg("FLOWS_TRUNCATED") = uint32_t(kFlagFlowsTruncated),
                                 py::arg("KERNEL_TIMES") = uint32_t(kFlagKernelTimes),
-                                py::arg("ABORTED") = uint32_t(kFlagAborted));
+                                py::arg("ABORTED") = uint32_t(kFlagAborted),
+                                py::arg("KERNEL_PHASES") = uint32_t(kFlagKernelPhases));
 
   // Event rows: ops, NCCL's event-type bits and state values of the newest ABI (v7).
   namespace v7 = mycroft::nccl_abi::v7;

@@ -86,6 +86,12 @@ class RingReader {
     d["pxn_foreign_ops"] = c.pxn_foreign_ops;
     d["p2p_send_count_total"] = c.p2p_send_count_total;
     d["p2p_recv_count_total"] = c.p2p_recv_count_total;
+    py::dict bad;  // dropped_bad_handle by the callback it came in (shm::BadHandleKind)
+    for (uint32_t k = 0; k < mycroft::shm::kBadHandleKinds; ++k)
+      bad[mycroft::shm::kBadHandleKindNames[k]] = c.bad_handle_by_kind[k];
+    d["bad_handle_by_kind"] = bad;
+    d["late_kernel_stops"] = c.late_kernel_stops;
+    d["nccl_version"] = c.nccl_version;
     return d;
   }
 

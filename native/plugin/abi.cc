@@ -11,8 +11,11 @@ namespace {
 
 template <class D>
 inline constexpr bool kHasParentGroup = !std::is_same_v<D, abi::v4::EventDescr>;
+// v7 adds coll/p2p.userTag and the KernelPhase event.
+template <class D>
+inline constexpr bool kIsV7 = std::is_same_v<D, abi::v7::EventDescr>;
 
-// Fields common to every version's Coll/P2p/ProxyOp/ProxyStep/KernelCh members.
+// Fields common to every version's Coll/P2p/ProxyOp/ProxyStep/KernelCh members, plus v7's additions.
 template <class D>
 void CopyCommon(const D* e, Descr* d) {
   d->type = e->type;
@@ -29,6 +32,7 @@ void CopyCommon(const D* e, Descr* d) {
       d->algo = e->coll.algo;
       d->proto = e->coll.proto;
       if constexpr (kHasParentGroup<D>) d->parent_group = e->coll.parentGroup;
+      if constexpr (kIsV7<D>) d->user_tag = e->coll.userTag;
       break;
     case kEvP2p:
       d->func = e->p2p.func;
@@ -37,6 +41,7 @@ void CopyCommon(const D* e, Descr* d) {
       d->peer = e->p2p.peer;
       d->n_channels = e->p2p.nChannels;
       if constexpr (kHasParentGroup<D>) d->parent_group = e->p2p.parentGroup;
+      if constexpr (kIsV7<D>) d->user_tag = e->p2p.userTag;
       break;
     case kEvProxyOp:
       d->pid = e->proxyOp.pid;
@@ -54,6 +59,13 @@ void CopyCommon(const D* e, Descr* d) {
       d->ptimer = e->kernelCh.pTimer;
       break;
     default:
+      if constexpr (kIsV7<D>) {
+        if (d->type == kEvKernelPhase) {
+          d->channel = e->kernelPhase.channelId;
+          d->phase = e->kernelPhase.phaseId;
+          d->ptimer = e->kernelPhase.pTimer;
+        }
+      }
       break;
   }
 }

@@ -467,12 +467,6 @@ Context* LookupContext(uint32_t index, uint32_t inc) {
   return c;
 }
 
-int RequestedMask(int abi_version) {
-  int m = kEvColl | kEvP2p | kEvProxyOp | kEvProxyStep | kEvKernelCh;
-  if (abi_version >= 5) m |= kEvGroupApi | kEvCollApi | kEvP2pApi;
-  return m;
-}
-
 Result CoreInit(int abi_version, void** context, int* mask, const char* comm_name, uint64_t comm_hash,
                 uint64_t comm_id, int n_nodes, int nranks, int rank, abi::DebugLogger logfn) {
   if (context == nullptr) return Result::InvalidArgument;
@@ -490,6 +484,12 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
   }
   if (!cfg.enable) {
     MLOG(logfn, abi::LogLevel::Info, "mycroft-otel: disabled by MYCROFT_ENABLE");
+    return Result::InvalidUsage;
+  }
+  int want = 0;
+  const int nccl_version = NcclVersion();
+  if (!RequestedMask(abi_version, nccl_version, &want, err, sizeof(err))) {  // mask.cc
+    MLOG(logfn, abi::LogLevel::Warn, "mycroft-otel: %s; profiler disabled for this communicator", err);
     return Result::InvalidUsage;
   }
 
@@ -536,7 +536,6 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
       c->slots[s].kch_stopped_bits[w].store(0, std::memory_order_relaxed);
     }
 
-  int want = RequestedMask(abi_version);
   if (mask != nullptr) __atomic_store_n(mask, want, __ATOMIC_RELAXED);
 
   // Header (the file is fresh: all zero). Magic last, with release: a reader that sees
@@ -564,6 +563,7 @@ Result CoreInit(int abi_version, void** context, int* mask, const char* comm_nam
   h->pid = int32_t(c->pid);
   h->abi_version = uint32_t(abi_version);
   h->activation_mask = want;
+  h->nccl_version = uint32_t(nccl_version);
   h->start_realtime_ns = RealtimeNs();
   h->start_mono_ns = NowNs();
   h->heartbeat_ns = h->start_mono_ns;

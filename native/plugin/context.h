@@ -35,8 +35,9 @@ enum HandleKind : uint32_t {
   kHProxyStep = 5,  // ProxyStep:         payload = entry(14) | step slot(3) | entry generation(15)
   kHApi = 6,        // GroupApi/CollApi/P2pApi: payload = api cursor + 1 (32 bits)
   kHGroup = 9,      // Group: payload = per-context group number (launch order)
-  kHIgnored = 7,    // KernelLaunch, ProxyCtrl, NetPlugin, Ce*, KernelPhase: nothing to track
+  kHIgnored = 7,    // KernelLaunch, ProxyCtrl, NetPlugin, Ce*: nothing to track
   kHForeign = 8,    // ProxyOp/ProxyStep of another process (PXN): ignored
+  kHKernelPhase = 10,  // v7 KernelPhase: payload = slot(12) | channel(8) | phase(2) | slot generation(10)
 };
 
 inline void* MakeHandle(uint32_t kind, uint32_t ctx, uint32_t inc, uint32_t payload) {
@@ -87,9 +88,10 @@ struct alignas(64) SlotCtl {
   // started ProxyOp; the thread that brings it to 0 completes the op.
   std::atomic<int64_t> outstanding{0};
   std::atomic<uint32_t> launched{0};
-  // KernelCh references still held: (slot generation << 32) | count, so a release
-  // aimed at an op whose slot was since reused fails its CAS.
+  // KernelCh references still held, with the channels open (ops.h KrefWord); the slot
+  // generation in the top half makes a release aimed at a reused slot fail its CAS.
   std::atomic<uint64_t> kref{0};
+  std::atomic<uint64_t> superseded_ns{0};  // when a later launch's kernel started (0: not yet)
   std::atomic<uint32_t> group{0};  // per-context Group number of the launch (0 = unknown)
   std::atomic<uint32_t> n_flows{0};  // flows claimed (may exceed kMaxFlows: truncated)
   std::atomic<uint64_t> kch_started_bits[4];

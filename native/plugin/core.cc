@@ -15,8 +15,13 @@
 //   started-but-not-stopped ProxyOps; the thread that takes it to 0 publishes the
 //   record. Kernels of one communicator run in launch order, so the first KernelCh
 //   start of a later launch (Group) also drops the KernelCh references earlier
-//   launches still hold (NCCL sent fewer KernelCh than nChannels announced). An op with
-//   n_channels == 0 completes with its launch and ProxyOps alone. docs/native.md.
+//   launches hold for channels that never started (NCCL sent fewer KernelCh than
+//   nChannels announced). A channel that started keeps its reference until its own stop:
+//   NCCL 2.27-2.30 report KernelCh from the proxy thread's polling of the GPU's work
+//   counters, and the stop of one channel can come a pass after the next launch's first
+//   channel started (and after the op's last ProxyOp stopped). kLateKernelStopNs bounds
+//   that wait. An op with n_channels == 0, or a context whose mask has no KernelCh (v7
+//   by default, mask.cc), completes with its launch and ProxyOps alone. docs/native.md.
 #include <cstring>
 #include <unistd.h>
 
@@ -183,9 +188,12 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
     return Result::Success;
   }
   SlotCtl& ctl = c->slots[s];
-  ctl.outstanding.store(1 + int64_t(d.n_channels), std::memory_order_relaxed);
+  // Without KernelCh in the mask NCCL sends none: nothing to wait for.
+  const uint32_t kernel_refs = (Ld(c->hdr->activation_mask) & int(kEvKernelCh)) ? d.n_channels : 0;
+  ctl.outstanding.store(1 + int64_t(kernel_refs), std::memory_order_relaxed);
   ctl.launched.store(0, std::memory_order_relaxed);
-  ctl.kref.store((uint64_t(odd + 1) << 32) | d.n_channels, std::memory_order_relaxed);
+  ctl.kref.store(KrefWord(odd + 1, false, 0, kernel_refs), std::memory_order_relaxed);
+  ctl.superseded_ns.store(0, std::memory_order_relaxed);
   ctl.group.store(group, std::memory_order_relaxed);
   ctl.n_flows.store(0, std::memory_order_relaxed);
   for (int w = 0; w < 4; ++w) {
@@ -219,6 +227,7 @@ Result StartOp(Context* c, void** handle, const Descr& d, uint64_t now) {
                           : -1;
   }
   op.api_ns = api_ns;
+  op.user_tag = d.user_tag;
   op.start_ns = now;
   op.last_progress_ns = now;
   LiveOp& L = c->live[s];
@@ -237,17 +246,54 @@ void StopOp(const OpRef& r, uint64_t now) {
 }
 
 // ---- KernelCh -------------------------------------------------------------------------
+// Adds `open_delta` to the op's open-channel count and drops references as the rule
+// in the header says; returns how many references the caller must release.
+static uint32_t KrefUpdate(SlotCtl& ctl, uint32_t gen, int open_delta) {
+  uint64_t v = ctl.kref.load(std::memory_order_relaxed);
+  for (int tries = 0; tries < 64; ++tries) {
+    if (uint32_t(v >> 32) != gen) return 0;
+    bool sup = (v & kKrefSuperseded) != 0;
+    uint32_t open = KrefOpen(v), held = KrefHeld(v);
+    if (open_delta > 0) {
+      ++open;
+    } else if (open_delta < 0) {
+      open = open > 0 ? open - 1 : 0;
+      // Before a later launch: every stopped channel gives back one of the nChannels
+      // references. After it: only the still-open channels keep one each.
+      held = sup ? (held < open ? held : open) : (held > 0 ? held - 1 : 0);
+    }
+    uint64_t nv = KrefWord(gen, sup, open, held);
+    if (ctl.kref.compare_exchange_weak(v, nv, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return KrefHeld(v) - held;
+  }
+  return 0;
+}
+
 Result StartKernelCh(Context* c, void** handle, const Descr& d, uint64_t now) {
   OpRef r;
   if (!ParentOp(c, d.parent, &r)) {
-    CountBadHandle(c);
+    CountBadHandle(c, shm::BadHandleKind::kKernelChStart);
     return Result::Success;
   }
   uint32_t ch = d.channel;
   SlotCtl& ctl = c->slots[r.slot];
-  OpInfo& op = c->live[r.slot].op;
+  LiveOp& L = c->live[r.slot];
+  OpInfo& op = L.op;
   uint64_t bit = 1ull << (ch & 63);
   if ((ctl.kch_started_bits[ch >> 6].fetch_or(bit, std::memory_order_relaxed) & bit) == 0) {
+    KrefUpdate(ctl, r.gen, +1);
+    if (ch < shm::kMaxKernelChannels) {
+      // One thread reports a communicator's KernelCh and KernelPhase events (the proxy
+      // thread, 2.31+ the profiler thread): plain relaxed stores; the valid bit goes last.
+      shm::KernelChannel& k = L.kch[ch];
+      St(k.start_ns, d.ptimer);
+      St(k.end_ns, uint64_t{0});
+      for (uint32_t p = 0; p < shm::kKernelPhases; ++p) {
+        St(k.phase_start_ns[p], uint64_t{0});
+        St(k.phase_end_ns[p], uint64_t{0});
+      }
+      __atomic_fetch_or(&op.kch_valid, uint32_t(1u << ch), __ATOMIC_RELEASE);
+    }
     if (Add(op.kernel_ch_started, uint32_t{1}) == 0)
       ReleaseEarlierKernels(c, ctl.group.load(std::memory_order_relaxed), now);
   }
@@ -266,35 +312,28 @@ static bool KernelChFromHandle(Context* c, const Decoded& d, OpRef* r, uint32_t*
   return true;
 }
 
-// Gives back one KernelCh reference of the op in `slot` if it still holds one.
-bool TakeKernelRef(Context* c, uint32_t slot, uint32_t gen) {
-  auto& kref = c->slots[slot].kref;
-  uint64_t v = kref.load(std::memory_order_relaxed);
-  for (int tries = 0; tries < 64; ++tries) {
-    if (uint32_t(v >> 32) != gen || uint32_t(v) == 0) return false;
-    if (kref.compare_exchange_weak(v, v - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return true;
-  }
-  return false;
-}
-
 void StopKernelCh(const OpRef& r, uint32_t ch, uint64_t now) {
   SlotCtl& ctl = r.c->slots[r.slot];
   OpInfo& op = r.c->live[r.slot].op;
   uint64_t bit = 1ull << (ch & 63);
   if (ctl.kch_stopped_bits[ch >> 6].fetch_or(bit, std::memory_order_acq_rel) & bit) {
-    CountBadHandle(r.c);  // second stop of the same channel
+    CountBadHandle(r.c, shm::BadHandleKind::kKernelChStop);  // second stop of the same channel
     return;
   }
   Add(op.kernel_ch_stopped, uint32_t{1});
   St(op.last_progress_ns, now);
+  if (ctl.kref.load(std::memory_order_relaxed) & kKrefSuperseded) Add(r.c->hdr->late_kernel_stops, uint64_t{1});
   // More KernelCh than coll.nChannels announced: the extra ones hold no reference.
-  if (TakeKernelRef(r.c, r.slot, r.gen)) Release(r.c, r.slot, now);
+  for (uint32_t k = KrefUpdate(ctl, r.gen, -1); k > 0; --k) Release(r.c, r.slot, now);
 }
 
 // Kernels of one communicator run one after another on the GPU. When the first
 // channel of a later launch (Group) starts, every op of an earlier launch has
-// finished its kernel work: drop the KernelCh references they still hold. This
-// bounds the damage when NCCL emits fewer KernelCh events than nChannels said.
+// finished its kernel work: channels of theirs that never started will not (NCCL
+// emitted fewer KernelCh than nChannels said), so their references go now. Channels
+// that started keep theirs until their stop arrives, up to kLateKernelStopNs after
+// this first supersession; a launch after that deadline drops them too, and the op
+// then ends at its last recorded progress.
 void ReleaseEarlierKernels(Context* c, uint32_t group, uint64_t now) {
   if (group == 0) return;
   for (uint32_t s = 0; s < c->live_slots; ++s) {
@@ -304,12 +343,58 @@ void ReleaseEarlierKernels(Context* c, uint32_t group, uint64_t now) {
     uint32_t og = ctl.group.load(std::memory_order_relaxed);
     if (og == 0 || int32_t(group - og) <= 0) continue;
     uint64_t v = ctl.kref.load(std::memory_order_relaxed);
-    if (uint32_t(v >> 32) != g || uint32_t(v) == 0) continue;
-    if (!ctl.kref.compare_exchange_strong(v, uint64_t(g) << 32, std::memory_order_acq_rel)) continue;
-    // We hold uint32_t(v) references of that op: it cannot complete (or be reused) before we drop them.
-    int64_t k = int64_t(uint32_t(v));
-    if (ctl.outstanding.fetch_sub(k, std::memory_order_acq_rel) == k) Complete(c, s, now);
+    if (uint32_t(v >> 32) != g || KrefHeld(v) == 0) continue;
+    bool sup = (v & kKrefSuperseded) != 0;
+    uint64_t since = ctl.superseded_ns.load(std::memory_order_relaxed);
+    bool expired = sup && since != 0 && now - since > kLateKernelStopNs;
+    if (sup && !expired) continue;
+    uint32_t open = KrefOpen(v), held = KrefHeld(v);
+    uint32_t keep = expired ? 0 : (held < open ? held : open);
+    if (!ctl.kref.compare_exchange_strong(v, KrefWord(g, true, open, keep), std::memory_order_acq_rel)) continue;
+    if (!sup) ctl.superseded_ns.store(now, std::memory_order_relaxed);
+    // We hold (held - keep) references of that op: it cannot complete (or be reused)
+    // before we drop them.
+    int64_t k = int64_t(held - keep);
+    if (k == 0) continue;
+    uint64_t end = expired ? Ld(c->live[s].op.last_progress_ns) : now;
+    if (ctl.outstanding.fetch_sub(k, std::memory_order_acq_rel) == k) Complete(c, s, end);
   }
+}
+
+// ---- KernelPhase (v7) ------------------------------------------------------------------
+// A sub-event of one KernelCh: phase 0 initial sync (the channel waits for its peers
+// before data moves), 1 compute, 2 final sync; GPU-timed start (descriptor) and stop
+// (KernelPhaseStop state). Kept per channel for channels below kMaxKernelChannels.
+Result StartKernelPhase(Context* c, void** handle, const Descr& d, uint64_t now) {
+  Decoded pd;
+  OpRef r;
+  if (Resolve(d.parent, &pd) != c || !SlotFromHandle(c, pd, kHKernelCh, 0xfff, &r)) {
+    CountBadHandle(c, shm::BadHandleKind::kKernelPhase);
+    return Result::Success;
+  }
+  uint32_t ch = (pd.payload >> 12) & 0xff;
+  if (d.phase >= shm::kKernelPhases) {
+    CountBadDescr(c);
+    return Result::Success;
+  }
+  if (ch >= shm::kMaxKernelChannels) {
+    *handle = MakeHandle(kHIgnored, c->index, c->inc, 0);
+    return Result::Success;
+  }
+  LiveOp& L = c->live[r.slot];
+  if (d.ptimer != 0) St(L.kch[ch].phase_start_ns[d.phase], d.ptimer);
+  __atomic_fetch_or(&L.op.flags, uint32_t(shm::kFlagKernelPhases), __ATOMIC_RELAXED);
+  St(L.op.last_progress_ns, now);
+  *handle = MakeHandle(kHKernelPhase, c->index, c->inc,
+                       (r.slot << 20) | (ch << 12) | (uint32_t(d.phase) << 10) | (r.gen & 0x3ff));
+  return Result::Success;
+}
+
+static bool KernelPhaseFromHandle(Context* c, const Decoded& d, OpRef* r, uint32_t* ch, uint32_t* phase) {
+  if (!SlotFromHandle(c, d, kHKernelPhase, 0x3ff, r)) return false;
+  *ch = (d.payload >> 12) & 0xff;
+  *phase = (d.payload >> 10) & 3;
+  return *ch < shm::kMaxKernelChannels && *phase < shm::kKernelPhases;
 }
 
 void StartApi(Context* c, void** handle, uint64_t now) {
@@ -359,6 +444,11 @@ void PublishOp(Context* c, uint32_t s, uint32_t extra_flags, uint64_t end_ns) {
   // threads (finalize), so a plain copy is consistent.
   CopyWords(R.flows, L.flows, nf * sizeof(Flow));
   if (old_nf > nf) ZeroWords(R.flows + nf, (old_nf - nf) * sizeof(Flow));
+  // Kernel channels: only those the op's kch_valid names (readers ignore the rest).
+  for (uint32_t valid = Ld(L.op.kch_valid); valid != 0; valid &= valid - 1) {
+    uint32_t ch = uint32_t(__builtin_ctz(valid));
+    CopyWords(&R.kch[ch], &L.kch[ch], sizeof(shm::KernelChannel));
+  }
   uint64_t mine = target | kWriting;
   // Fails only if a newer writer took the record over meanwhile: then it is theirs.
   __atomic_compare_exchange_n(&R.seq, &mine, target, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
@@ -407,7 +497,7 @@ Result CoreStart(void* context, void** handle, const Descr& d) {
   Context* c = LookupContext(cd.ctx, cd.inc);
   if (c == nullptr) return Result::Success;
   if (!c->alive.load(std::memory_order_acquire)) {
-    CountBadHandle(c);  // start after finalize
+    CountBadHandle(c, shm::BadHandleKind::kStartAfterFinalize);
     return Result::Success;
   }
   uint64_t now = NowNs();
@@ -422,6 +512,8 @@ Result CoreStart(void* context, void** handle, const Descr& d) {
       return StartProxyStep(c, handle, d, now);
     case kEvKernelCh:
       return StartKernelCh(c, handle, d, now);
+    case kEvKernelPhase:
+      return StartKernelPhase(c, handle, d, now);
     case kEvGroupApi:
     case kEvCollApi:
     case kEvP2pApi:
@@ -439,7 +531,6 @@ Result CoreStart(void* context, void** handle, const Descr& d) {
     case kEvCeColl:
     case kEvCeSync:
     case kEvCeBatch:
-    case kEvKernelPhase:
       *handle = MakeHandle(kHIgnored, c->index, c->inc, 0);
       return Result::Success;
     default:
@@ -457,6 +548,7 @@ Result CoreStop(void* handle) {
   Context* c = Resolve(handle, &d);
   if (c == nullptr) return Result::Success;  // not ours (or a long-gone context)
   uint64_t now = NowNs();
+  shm::BadHandleKind bad = shm::BadHandleKind::kOther;
   switch (d.kind) {
     case kHOp: {
       OpRef r;
@@ -465,6 +557,7 @@ Result CoreStop(void* handle) {
         StopOp(r, now);
         return Result::Success;
       }
+      bad = shm::BadHandleKind::kOpEnd;
       break;
     }
     case kHKernelCh: {
@@ -475,6 +568,14 @@ Result CoreStop(void* handle) {
         StopKernelCh(r, ch, now);
         return Result::Success;
       }
+      bad = shm::BadHandleKind::kKernelChStop;
+      break;
+    }
+    case kHKernelPhase: {
+      OpRef r;
+      uint32_t ch, phase;
+      if (KernelPhaseFromHandle(c, d, &r, &ch, &phase)) return Result::Success;  // the stop state carries the time
+      bad = shm::BadHandleKind::kKernelPhase;
       break;
     }
     case kHProxyOp: {
@@ -484,6 +585,7 @@ Result CoreStop(void* handle) {
         StopProxyOp(r, now);
         return Result::Success;
       }
+      bad = shm::BadHandleKind::kProxyOpEnd;
       break;
     }
     case kHProxyStep: {
@@ -496,6 +598,7 @@ Result CoreStop(void* handle) {
           return Result::Success;
         }
       }
+      bad = shm::BadHandleKind::kProxyStepEnd;
       break;
     }
     case kHApi:
@@ -507,7 +610,7 @@ Result CoreStop(void* handle) {
     default:
       break;
   }
-  CountBadHandle(c);
+  CountBadHandle(c, bad);
   return Result::Success;
 }
 
@@ -524,6 +627,7 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
     return Result::Success;
   }
   uint64_t now = NowNs();
+  shm::BadHandleKind bad = shm::BadHandleKind::kOther;
   switch (d.kind) {
     case kHProxyStep: {
       ProxyRef r;
@@ -542,6 +646,7 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
           return Result::Success;
         }
       }
+      bad = shm::BadHandleKind::kProxyStepEnd;
       break;
     }
     case kHKernelCh: {
@@ -549,19 +654,37 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
       uint32_t ch;
       if (state != kStKernelChStop) return Result::Success;
       if (KernelChFromHandle(c, d, &r, &ch)) {
-        if (has_args && arg_ptimer != 0) MaxStore(r.c->live[r.slot].op.kernel_end_ns, arg_ptimer);
+        if (has_args && arg_ptimer != 0) {
+          LiveOp& L = r.c->live[r.slot];
+          MaxStore(L.op.kernel_end_ns, arg_ptimer);
+          if (ch < shm::kMaxKernelChannels) St(L.kch[ch].end_ns, arg_ptimer);
+        }
         return Result::Success;
       }
+      bad = shm::BadHandleKind::kKernelChState;
+      break;
+    }
+    case kHKernelPhase: {
+      OpRef r;
+      uint32_t ch, phase;
+      if (KernelPhaseFromHandle(c, d, &r, &ch, &phase)) {
+        if (state == kStKernelPhaseStop && has_args && arg_ptimer != 0)
+          St(r.c->live[r.slot].kch[ch].phase_end_ns[phase], arg_ptimer);
+        return Result::Success;
+      }
+      bad = shm::BadHandleKind::kKernelPhase;
       break;
     }
     case kHProxyOp: {
       ProxyRef r;
       if (ProxyFromHandle(c, d, false, &r)) return Result::Success;  // ProxyOpInProgress: nothing to count
+      bad = shm::BadHandleKind::kProxyOpEnd;
       break;
     }
     case kHOp: {
       OpRef r;
       if (OpFromHandle(c, d, &r)) return Result::Success;
+      bad = shm::BadHandleKind::kOpEnd;
       break;
     }
     case kHApi:
@@ -573,7 +696,7 @@ Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptime
     default:
       break;
   }
-  CountBadHandle(c);
+  CountBadHandle(c, bad);
   return Result::Success;
 }
 

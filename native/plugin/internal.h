@@ -115,15 +115,18 @@ struct Descr {
   int is_send = 0;
   // ProxyStep
   int step = 0;
-  // KernelCh
+  // KernelCh / KernelPhase
   uint64_t ptimer = 0;
+  uint8_t phase = 0;      // v7 kernelPhase.phaseId
+  // v7 Coll/P2p userTag (0 = untagged or an older ABI)
+  uint64_t user_tag = 0;
 };
 
 // State values as v7 numbers them (v4..v6 use the same numbers for the states they have).
 enum StateId : int {
   kStProxyStepSendGPUWait = 8, kStProxyStepSendWait = 9, kStProxyStepRecvWait = 10,
   kStProxyStepRecvFlushWait = 11, kStProxyStepRecvGPUWait = 12, kStProxyOpInProgress = 19,
-  kStProxyStepSendPeerWait = 20, kStKernelChStop = 22,
+  kStProxyStepSendPeerWait = 20, kStKernelChStop = 22, kStKernelPhaseStop = 31,
 };
 
 // ---- core entry points (core.cc / context.cc); `abi_version` is 4..7 -------------------
@@ -134,6 +137,10 @@ Result CoreStop(void* handle);
 Result CoreRecord(void* handle, int state, uint64_t arg_size, uint64_t arg_ptimer, bool has_args,
                   int max_state);
 Result CoreFinalize(void* context);
+// The activation mask asked of NCCL for an ABI version and NCCL release (mask.cc); false
+// with a message naming MYCROFT_KERNEL_EVENTS when that variable holds a bad value.
+bool RequestedMask(int abi_version, int nccl_version, int* mask, char* err, size_t err_len);
+int NcclVersion();  // ncclGetVersion() of the NCCL that loaded us, 0 if unknown
 
 // Process-wide count of callbacks with a NULL handle (no context to charge them to).
 extern std::atomic<uint64_t> g_null_handles;

@@ -17,7 +17,13 @@ inline void Beat(Context* c, uint64_t now) {
   }
 }
 
-inline void CountBadHandle(Context* c) { Add(c->hdr->dropped_bad_handle, uint64_t{1}); }
+// Every unusable handle is counted twice: in the total and under the callback it came in,
+// so a run that reports bad handles also says which events arrived late.
+inline void CountBadHandle(Context* c, shm::BadHandleKind kind) {
+  Add(c->hdr->dropped_bad_handle, uint64_t{1});
+  uint32_t k = uint32_t(kind);
+  Add(c->hdr->bad_handle_by_kind[k < shm::kBadHandleKinds ? k : uint32_t(shm::BadHandleKind::kOther)], uint64_t{1});
+}
 inline void CountBadDescr(Context* c) { Add(c->hdr->dropped_bad_descr, uint64_t{1}); }
 
 // Word-wise relaxed atomic copy (structs are 8-byte aligned, sizes multiples of 8).
@@ -52,6 +58,21 @@ void Complete(Context* c, uint32_t s, uint64_t now);
 void Release(Context* c, uint32_t s, uint64_t now);
 bool AcquireRef(const OpRef& r, uint64_t now);
 void ReleaseEarlierKernels(Context* c, uint32_t group, uint64_t now);
+
+// KernelCh completion references (SlotCtl::kref): (slot generation << 32) | superseded
+// (bit 31) | channels started and not yet stopped (bits 16..30) | references held (bits
+// 0..15). One word, so a channel's stop and a later launch's release never race apart.
+inline constexpr uint64_t kKrefSuperseded = 1ull << 31;
+inline constexpr uint32_t KrefHeld(uint64_t v) { return uint32_t(v) & 0xffff; }
+inline constexpr uint32_t KrefOpen(uint64_t v) { return (uint32_t(v) >> 16) & 0x7fff; }
+inline constexpr uint64_t KrefWord(uint32_t gen, bool superseded, uint32_t open, uint32_t held) {
+  return (uint64_t(gen) << 32) | (superseded ? kKrefSuperseded : 0) | (uint64_t(open & 0x7fff) << 16) |
+         (held & 0xffff);
+}
+// How long a KernelCh that started but has not stopped keeps its op open after a later
+// launch began (2.27-2.30: the proxy thread reports the stop on its next polling pass,
+// microseconds to a few ms behind on a busy proxy; 2.31+: the profiler thread's next pass).
+inline constexpr uint64_t kLateKernelStopNs = 200ull * 1000000ull;
 
 // proxy.cc
 struct ProxyRef {

@@ -73,7 +73,7 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   }
   OpRef r;
   if (!ParentOp(c, d.parent, &r)) {
-    CountBadHandle(c);
+    CountBadHandle(c, shm::BadHandleKind::kProxyOpStart);
     return Result::Success;
   }
   // Claim a ProxyEntry. The pool holds 16 entries per live slot; the scan starts in the
@@ -97,7 +97,8 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   ProxyEntry& pe = c->proxy[idx];
   if (!AcquireRef(r, now)) {
     pe.busy.store(0, std::memory_order_release);
-    CountBadHandle(c);  // the op already completed (a ProxyOp after all its other children)
+    // The op already completed: a ProxyOp that starts after all its other children.
+    CountBadHandle(c, shm::BadHandleKind::kProxyOpStart);
     return Result::Success;
   }
   uint32_t gen = pe.gen.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -148,11 +149,11 @@ void StopProxyOp(const ProxyRef& r, uint64_t now) {
   OpRef op{r.c, s, pe.slot_gen.load(std::memory_order_relaxed)};
   uint32_t one = 1;
   if (!pe.busy.compare_exchange_strong(one, 0, std::memory_order_acq_rel)) {
-    CountBadHandle(r.c);
+    CountBadHandle(r.c, shm::BadHandleKind::kProxyOpEnd);
     return;
   }
   if (!StillLive(op)) {
-    CountBadHandle(r.c);
+    CountBadHandle(r.c, shm::BadHandleKind::kProxyOpEnd);
     return;
   }
   Add(r.c->live[s].op.proxy_ops_stopped, uint32_t{1});
@@ -289,7 +290,7 @@ Result StartProxyStep(Context* c, void** handle, const Descr& d, uint64_t now) {
   Decoded pd;
   ProxyRef r;
   if (Resolve(d.parent, &pd) != c || !ProxyFromHandle(c, pd, false, &r)) {
-    CountBadHandle(c);
+    CountBadHandle(c, shm::BadHandleKind::kProxyStepStart);
     return Result::Success;
   }
   uint32_t k = uint32_t(d.step) % kSteps;

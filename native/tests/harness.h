@@ -88,7 +88,8 @@ struct TempDir {
 
 // Clears the MYCROFT_* knobs a test may have set.
 inline void ClearKnobs() {
-  for (const char* v : {"MYCROFT_ENABLE", "MYCROFT_LIVE_SLOTS", "MYCROFT_RING_RECORDS", "MYCROFT_JOB_ID"})
+  for (const char* v : {"MYCROFT_ENABLE", "MYCROFT_LIVE_SLOTS", "MYCROFT_RING_RECORDS", "MYCROFT_JOB_ID",
+                        "MYCROFT_KERNEL_EVENTS"})
     unsetenv(v);
 }
 
@@ -106,11 +107,11 @@ template <> struct Types<7> { using P = nabi::v7::Profiler; using D = nabi::v7::
 enum : uint64_t {
   kGroup = 1 << 0, kColl = 1 << 1, kP2p = 1 << 2, kProxyOp = 1 << 3, kProxyStep = 1 << 4, kProxyCtrl = 1 << 5,
   kKernelCh = 1 << 6, kNetPlugin = 1 << 7, kGroupApi = 1 << 8, kCollApi = 1 << 9, kP2pApi = 1 << 10,
-  kKernelLaunch = 1 << 11,
+  kKernelLaunch = 1 << 11, kKernelPhase = 1 << 15,
 };
 enum : int {
   kSendGPUWait = 8, kSendWait = 9, kRecvWait = 10, kRecvFlushWait = 11, kRecvGPUWait = 12, kProxyOpInProgress = 19,
-  kSendPeerWait = 20, kKernelChStop = 22, kGroupStartApiStop = 23, kGroupEndApiStart = 24,
+  kSendPeerWait = 20, kKernelChStop = 22, kGroupStartApiStop = 23, kGroupEndApiStart = 24, kKernelPhaseStop = 31,
 };
 
 struct Prof {
@@ -191,6 +192,8 @@ struct Prof {
     int is_send = 0;
     int step = 0;
     uint64_t ptimer = 0;
+    uint64_t user_tag = 0;  // v7 coll/p2p/collApi/p2pApi.userTag
+    uint8_t phase = 0;      // v7 kernelPhase.phaseId
   };
 
   template <int V>
@@ -205,10 +208,12 @@ struct Prof {
       d.coll.seqNumber = e.seq; d.coll.func = e.func; d.coll.count = e.count; d.coll.root = e.root;
       d.coll.datatype = e.datatype; d.coll.nChannels = e.n_channels; d.coll.algo = e.algo; d.coll.proto = e.proto;
       if constexpr (V >= 5) d.coll.parentGroup = e.parent_group;
+      if constexpr (V == 7) d.coll.userTag = e.user_tag;
     } else if (e.type == kP2p) {
       d.p2p.func = e.func; d.p2p.datatype = e.datatype; d.p2p.count = e.count; d.p2p.peer = e.peer;
       d.p2p.nChannels = e.n_channels;
       if constexpr (V >= 5) d.p2p.parentGroup = e.parent_group;
+      if constexpr (V == 7) d.p2p.userTag = e.user_tag;
     } else if (e.type == kProxyOp) {
       d.proxyOp.pid = e.pid ? e.pid : pid; d.proxyOp.channelId = e.channel; d.proxyOp.peer = e.peer;
       d.proxyOp.nSteps = e.n_steps; d.proxyOp.chunkSize = e.chunk_size; d.proxyOp.isSend = e.is_send;
@@ -216,6 +221,11 @@ struct Prof {
       d.proxyStep.step = e.step;
     } else if (e.type == kKernelCh) {
       d.kernelCh.channelId = e.channel; d.kernelCh.pTimer = e.ptimer;
+    }
+    if constexpr (V == 7) {
+      if (e.type == kKernelPhase) {
+        d.kernelPhase.channelId = e.channel; d.kernelPhase.phaseId = e.phase; d.kernelPhase.pTimer = e.ptimer;
+      }
     }
     return static_cast<typename Types<V>::P*>(p)->startEvent(ctx, h, null_descr ? nullptr : &d);
   }

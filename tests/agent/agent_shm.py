@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = 0x315446524359434D
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 MAX_FLOWS = 64
+MAX_KERNEL_CHANNELS = 32
+BAD_HANDLE_KINDS = 11
 
 FLOW = np.dtype([
     ("version", "<u4"), ("peer", "<i4"), ("channel", "u1"), ("dir", "u1"), ("wait_state", "u1"),
@@ -32,8 +34,11 @@ OP = np.dtype([
     ("abi_version", "u1"), ("root_or_peer", "<i4"), ("flags", "<u4"), ("api_ns", "<u8"), ("start_ns", "<u8"),
     ("launch_ns", "<u8"), ("end_ns", "<u8"), ("kernel_start_ns", "<u8"), ("kernel_end_ns", "<u8"),
     ("proxy_ops_started", "<u4"), ("proxy_ops_stopped", "<u4"), ("kernel_ch_started", "<u4"),
-    ("kernel_ch_stopped", "<u4"), ("last_progress_ns", "<u8"), ("reserved", "<u8", (2,))], align=True)
-assert FLOW.itemsize == 96 and OP.itemsize == 144
+    ("kernel_ch_stopped", "<u4"), ("last_progress_ns", "<u8"), ("user_tag", "<u8"), ("kch_valid", "<u4"),
+    ("reserved", "<u4")], align=True)
+KCH = np.dtype([("start_ns", "<u8"), ("end_ns", "<u8"), ("phase_start_ns", "<u8", (3,)),
+                ("phase_end_ns", "<u8", (3,))], align=True)
+assert FLOW.itemsize == 96 and OP.itemsize == 144 and KCH.itemsize == 64
 
 
 def _pad64(dt: np.dtype) -> np.dtype:
@@ -43,9 +48,9 @@ def _pad64(dt: np.dtype) -> np.dtype:
 
 
 LIVE = _pad64(np.dtype([("generation", "<u4"), ("state", "<u4"), ("reserved", "<u8"), ("op", OP),
-                        ("flows", FLOW, (MAX_FLOWS,))], align=True))
-RECORD = _pad64(np.dtype([("seq", "<u8"), ("reserved", "<u8"), ("op", OP), ("flows", FLOW, (MAX_FLOWS,))],
-                         align=True))
+                        ("flows", FLOW, (MAX_FLOWS,)), ("kch", KCH, (MAX_KERNEL_CHANNELS,))], align=True))
+RECORD = _pad64(np.dtype([("seq", "<u8"), ("reserved", "<u8"), ("op", OP), ("flows", FLOW, (MAX_FLOWS,)),
+                          ("kch", KCH, (MAX_KERNEL_CHANNELS,))], align=True))
 HEADER = _pad64(np.dtype([
     ("magic", "<u8"), ("layout_version", "<u4"), ("header_size", "<u4"), ("live_slots", "<u4"),
     ("ring_capacity", "<u4"), ("live_offset", "<u4"), ("ring_offset", "<u4"), ("file_size", "<u8"),
@@ -56,7 +61,8 @@ HEADER = _pad64(np.dtype([
     ("ring_head", "<u8"), ("heartbeat_ns", "<u8"), ("finalized_ns", "<u8"), ("ops_started", "<u8"),
     ("ops_completed", "<u8"), ("dropped_live_full", "<u8"), ("dropped_bad_handle", "<u8"),
     ("dropped_bad_descr", "<u8"), ("dropped_flows", "<u8"), ("pxn_foreign_ops", "<u8"),
-    ("p2p_send_count_total", "<u8"), ("p2p_recv_count_total", "<u8"), ("reserved", "<u8", (16,))], align=True))
+    ("p2p_send_count_total", "<u8"), ("p2p_recv_count_total", "<u8"), ("bad_handle_by_kind", "<u8", (BAD_HANDLE_KINDS,)),
+    ("late_kernel_stops", "<u8"), ("nccl_version", "<u4"), ("reserved1", "<u4"), ("reserved", "<u8", (3,))], align=True))
 
 KIND_COLL, KIND_SEND, KIND_RECV = 1, 2, 3
 ALLREDUCE, SEND, RECV = 4, 6, 7
@@ -178,6 +184,7 @@ class FakeRing:
         r["seq"] = 0
         r["op"] = rec["op"]
         r["flows"] = rec["flows"]
+        r["kch"] = rec["kch"]
         r["seq"] = head + 1
         self.h["ring_head"] = head + 1
         self.h["ops_completed"] += 1

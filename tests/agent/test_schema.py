@@ -120,6 +120,44 @@ def test_fast_path_equals_generic(tmp_path, otel_env, detail):
     agent.close()
 
 
+def test_fast_path_equals_generic_with_v7_tag_and_phases(tmp_path, otel_env):
+    """v7's user tag (also one with the top bit set) and per-channel KernelPhase times, both paths, same bytes."""
+    from mycroft_otel.agent.spans import FLAG_KERNEL_PHASES
+
+    ring = FakeRing(tmp_path / "r0", rank=1, nranks=4, abi_version=7)
+    recs = []
+    for i in range(4):
+        r = ring.make_op(start_ns=10_000_000_000 + i, end_ns=10_002_000_000 + i, n_channels=2)
+        r["op"]["user_tag"] = [0, 7, 2**63 + 5, 42][i]
+        if i >= 2:
+            r["op"]["kch_valid"] = 0b101
+            r["op"]["flags"] |= FLAG_KERNEL_PHASES
+            k = r["kch"]
+            for ch in (0, 2):
+                k["start_ns"][ch], k["end_ns"][ch] = 1000, 2000 + ch
+                k["phase_start_ns"][ch] = [1000, 1700, 1950]
+                k["phase_end_ns"][ch] = [1700, 1950, 0 if ch else 2000]  # one phase without its end
+        recs.append(r)
+    for r in recs:
+        ring.complete(r)
+    agent = make_agent(tmp_path)
+    agent.poll_once()
+    ctx = next(iter(agent.ctxs.values()))
+    got, _, _ = FakeReader(str(tmp_path / "r0")).read(0, 100)
+    b = ctx.builder
+    fast = b.op_spans(got, b.trace_ids(got["op"]), [None] * len(got))
+    for i in range(len(got)):
+        assert fast[i] == b.op_span_generic(got[i]), i
+    attrs = [dict(b.op_attributes(got[i]["op"], got[i]["flows"], sc.OP_STATE_COMPLETED, kch=got[i]["kch"]))
+             for i in range(len(got))]
+    assert sc.COLL_USER_TAG not in attrs[0] and attrs[1][sc.COLL_USER_TAG] == 7
+    assert attrs[2][sc.COLL_USER_TAG] == 5 - 2**63  # the 64 bits, as OTLP's signed int
+    assert sc.KERNEL_CH_CHANNEL not in attrs[1]
+    assert attrs[3][sc.KERNEL_CH_CHANNEL] == [0, 2]
+    assert attrs[3][sc.KERNEL_INITIAL_SYNC] == [700, 700] and attrs[3][sc.KERNEL_FINAL_SYNC] == [50, -1]
+    agent.close()
+
+
 def test_int_columns_roundtrip():
     vals = np.array([0, 1, 127, 128, 16383, 16384, 2**35, 2**63 - 1, -1, -2**63], dtype=np.int64)
     blob, ends = otlp.int_attr_column("k", vals.view(np.uint64))

@@ -86,12 +86,14 @@ def recv_steps(q: Seq, op_slot: int, ctx: int, rank: int, n_steps: int, chunk: i
 
 
 def api_prologue(q: Seq, ctx: int, rank: int, func: str, count: int, dtype: str, root: int = -1,
-                 p2p: bool = False) -> tuple[int, int, int]:
-    """GroupApi start, GroupStartApiStop, CollApi/P2pApi start/stop, GroupEndApiStart, KernelLaunch, Group start."""
+                 p2p: bool = False, user_tag: int = 0) -> tuple[int, int, int]:
+    """GroupApi start, GroupStartApiStop, CollApi/P2pApi start/stop, GroupEndApiStart, KernelLaunch, Group start.
+
+    ``user_tag``: the v7 userTag NCCL copies into CollApi/P2pApi and Coll/P2p (rows carry it in ``ptimer``)."""
     g_api = q.start(ctx, T.GroupApi, rank=rank, step=1)
     q.record(g_api, State.GroupStartApiStop)
     api = q.start(ctx, T.P2pApi if p2p else T.CollApi, parent=g_api, rank=rank, func=idx(FUNC_NAMES, func),
-                  count=count, datatype=idx(DATATYPE_NAMES, dtype), root_or_peer=root)
+                  count=count, datatype=idx(DATATYPE_NAMES, dtype), root_or_peer=root, ptimer=user_tag)
     q.stop(api)
     q.record(g_api, State.GroupEndApiStart)
     kl = q.start(ctx, T.KernelLaunch, parent=g_api, rank=rank)
@@ -103,14 +105,18 @@ def api_prologue(q: Seq, ctx: int, rank: int, func: str, count: int, dtype: str,
 def ring_allreduce(q: Seq, ctx: int, rank: int, nranks: int, coll_seq: int, count: int = 1 << 20,
                    dtype: str = "ncclFloat32", n_channels: int = 2, steps: int | None = None, chunk: int = 1 << 17,
                    algo: str = "RING", proto: str = "SIMPLE", func: str = "AllReduce",
-                   stall_send_at: int | None = None) -> dict:
-    """One ring collective on RANK; returns the slots. steps defaults to the ring all-reduce 2*(n-1)*chunks."""
+                   stall_send_at: int | None = None, user_tag: int = 0,
+                   phases_ns: tuple[int, int, int] | None = None) -> dict:
+    """One ring collective on RANK; returns the slots. steps defaults to the ring all-reduce 2*(n-1)*chunks.
+
+    ``phases_ns``: (initial sync, compute, final sync) durations: each KernelCh then carries three v7
+    KernelPhase sub-events (start/KernelPhaseStop/stop) tiling the channel's GPU time."""
     if steps is None:
         steps = 2 * (nranks - 1)
-    g_api, api, group = api_prologue(q, ctx, rank, func, count, dtype)
+    g_api, api, group = api_prologue(q, ctx, rank, func, count, dtype, user_tag=user_tag)
     coll = q.start(ctx, T.Coll, parent=api, group=group, rank=rank, seq=coll_seq, func=idx(FUNC_NAMES, func),
                    count=count, datatype=idx(DATATYPE_NAMES, dtype), root_or_peer=-1, n_channels=n_channels,
-                   algo=idx(ALGO_NAMES, algo), proto=idx(PROTO_NAMES, proto))
+                   algo=idx(ALGO_NAMES, algo), proto=idx(PROTO_NAMES, proto), ptimer=user_tag)
     q.stop(coll)
     q.stop(group)
     q.stop(g_api)
@@ -135,6 +141,13 @@ def ring_allreduce(q: Seq, ctx: int, rank: int, nranks: int, coll_seq: int, coun
     for ch in range(n_channels):
         k = q.start(ctx, T.KernelCh, parent=coll, rank=rank, channel=ch, ptimer=1_000_000 + ch)
         kchs.append(k)
+        if phases_ns is not None:
+            t = 1_000_000 + ch
+            for ph, dur in enumerate(phases_ns):
+                p = q.start(ctx, T.KernelPhase, parent=k, rank=rank, channel=ch, step=ph, ptimer=t)
+                t += dur
+                q.record(p, State.KernelPhaseStop, ptimer=t)
+                q.stop(p)
     if stall_send_at is None:
         for ch, k in enumerate(kchs):
             q.record(k, State.KernelChStop, ptimer=2_000_000 + ch)

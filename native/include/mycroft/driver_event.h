@@ -52,7 +52,9 @@ struct alignas(8) Event {
   uint64_t size;         // state arg: ProxyStep transSize / ProxyCtrl appended ops;
                          // Coll/P2p start: slot of its Group + 1 (0 = none), which v5+
                          // descriptors carry as parentGroup
-  uint64_t ptimer;       // KernelCh pTimer (descr at start, state arg at KernelChStop)
+  uint64_t ptimer;       // KernelCh/KernelPhase pTimer (descr at start, state arg at KernelChStop /
+                         // KernelPhaseStop); Coll/P2p/CollApi/P2pApi start: the v7 userTag
+                         // (0 = untagged). KernelPhase start: phaseId rides in `step`.
 };
 static_assert(sizeof(Event) == 96, "driver Event layout changed");
 

@@ -33,12 +33,14 @@
 namespace mycroft::shm {
 
 inline constexpr uint64_t kMagic = 0x315446524359434dULL;  // "MCYCRFT1" little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;  // 2: user tag, per-channel kernel times/phases, bad handles by kind
 
 inline constexpr uint32_t kMaxFlows = 64;          // (channel, direction) pairs per operation
 inline constexpr uint32_t kDefaultLiveSlots = 64;  // operations in flight at once per context
 inline constexpr uint32_t kDefaultRingCapacity = 512;
 inline constexpr uint32_t kNameLen = 64;
+inline constexpr uint32_t kMaxKernelChannels = 32;  // per-channel kernel times kept for channels 0..31
+inline constexpr uint32_t kKernelPhases = 3;        // v7 KernelPhase: initial sync, compute, final sync
 
 enum class OpKind : uint8_t { kNone = 0, kColl = 1, kP2pSend = 2, kP2pRecv = 3 };
 
@@ -89,7 +91,31 @@ enum OpFlags : uint32_t {
   kFlagFlowsTruncated = 1u << 0,  // more flows than kMaxFlows: extra ones not recorded
   kFlagKernelTimes = 1u << 1,     // kernel_start_ns/kernel_end_ns come from GPU timers
   kFlagAborted = 1u << 2,         // context finalized while the op was in flight
+  kFlagKernelPhases = 1u << 3,    // at least one channel reported a v7 KernelPhase
 };
+
+// Callbacks that carried a handle we could not use, by the callback they came in
+// (ShmHeader::bad_handle_by_kind; the total stays in dropped_bad_handle). The usual
+// cause is lateness: the event's operation already completed (its slot moved on) or
+// its communicator was finalized.
+enum class BadHandleKind : uint32_t {
+  kStartAfterFinalize = 0,  // startEvent on a finalized context
+  kKernelChStart = 1,       // KernelCh start whose parent Coll/P2p is gone
+  kKernelChStop = 2,        // KernelCh stopEvent of a completed op, or a second stop of one channel
+  kKernelChState = 3,       // KernelChStop state of a completed op
+  kKernelPhase = 4,         // KernelPhase start/state/stop whose KernelCh's op is gone
+  kProxyOpStart = 5,        // ProxyOp start whose parent Coll/P2p is gone
+  kProxyOpEnd = 6,          // ProxyOp state/stop of a finished ProxyOp
+  kProxyStepStart = 7,      // ProxyStep start whose ProxyOp is gone
+  kProxyStepEnd = 8,        // ProxyStep state/stop of a finished step
+  kOpEnd = 9,               // Coll/P2p state/stop of a completed op
+  kOther = 10,              // API/Group/untracked handles after finalize, unknown handle kinds
+  kCount = 11,
+};
+inline constexpr uint32_t kBadHandleKinds = uint32_t(BadHandleKind::kCount);
+inline constexpr const char* kBadHandleKindNames[kBadHandleKinds] = {
+    "start_after_finalize", "kernel_ch_start", "kernel_ch_stop", "kernel_ch_state", "kernel_phase",
+    "proxy_op_start", "proxy_op_end", "proxy_step_start", "proxy_step_end", "op_end", "other"};
 
 // One (channel, direction) of an operation: Mycroft's chunk counters.
 // Send: posted -> ready (GPU produced the chunk) -> transmitted (posted to the
@@ -147,9 +173,23 @@ struct alignas(8) OpInfo {
   uint32_t kernel_ch_started;
   uint32_t kernel_ch_stopped;
   uint64_t last_progress_ns;  // max over flows and kernel channels
-  uint64_t reserved[2];
+  uint64_t user_tag;       // v7 coll/p2p userTag (ncclCollConfig_t.userProfilerTag), 0 = untagged / older ABI
+  uint32_t kch_valid;      // bit c: kch[c] describes channel c of this op (KernelCh seen)
+  uint32_t reserved;
 };
 static_assert(sizeof(OpInfo) == 144, "OpInfo layout changed: bump kLayoutVersion");
+
+// One channel of an operation's kernel, GPU-timed (%globaltimer ns, not CLOCK_MONOTONIC).
+// KernelCh gives start/end; v7 KernelPhase splits it into initial sync (waiting for the
+// peers' flags before any data moves), compute and final sync. 0 = not reported. Valid
+// only where OpInfo::kch_valid has the channel's bit: entries are not cleared between ops.
+struct alignas(8) KernelChannel {
+  uint64_t start_ns;                      // KernelCh start pTimer
+  uint64_t end_ns;                        // KernelChStop pTimer
+  uint64_t phase_start_ns[kKernelPhases];  // KernelPhase start pTimer, by phaseId
+  uint64_t phase_end_ns[kKernelPhases];    // KernelPhaseStop pTimer, by phaseId
+};
+static_assert(sizeof(KernelChannel) == 64, "KernelChannel layout changed: bump kLayoutVersion");
 
 // A live-table slot: one operation in flight.
 struct alignas(64) LiveOp {
@@ -158,6 +198,7 @@ struct alignas(64) LiveOp {
   uint64_t reserved;
   OpInfo op;
   Flow flows[kMaxFlows];
+  KernelChannel kch[kMaxKernelChannels];  // indexed by channel id
 };
 
 // A completed operation, published in the ring.
@@ -166,6 +207,7 @@ struct alignas(64) RingRecord {
   uint64_t reserved;
   OpInfo op;
   Flow flows[kMaxFlows];
+  KernelChannel kch[kMaxKernelChannels];  // indexed by channel id; valid where op.kch_valid says
 };
 
 struct alignas(64) ShmHeader {
@@ -208,7 +250,11 @@ struct alignas(64) ShmHeader {
   uint64_t pxn_foreign_ops;    // ProxyOps posted by another process (PXN), not attributed
   uint64_t p2p_send_count_total;
   uint64_t p2p_recv_count_total;
-  uint64_t reserved[16];
+  uint64_t bad_handle_by_kind[kBadHandleKinds];  // dropped_bad_handle split by BadHandleKind
+  uint64_t late_kernel_stops;  // KernelCh stops that arrived after a later launch started (kept, not dropped)
+  uint32_t nccl_version;       // ncclGetVersion() at init (X*10000 + Y*100 + Z), 0 = unknown
+  uint32_t reserved1;
+  uint64_t reserved[3];
 };
 
 // Byte offsets of the sections for a given geometry.
