@@ -22,6 +22,8 @@ import tornado.netutil
 import tornado.web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from mycroft_otel.processor.state import DROP_REASONS
+
 _LATENCY_BUCKETS = (0.5, 1, 2, 3, 3.5, 4, 4.5, 5, 6, 8, 10, 15, 20, 30, 60, 120)
 MAX_COMM_LABELS = 512
 METRICS_REQUEST_TIMEOUT_S = 10.0
@@ -50,6 +52,8 @@ class Metrics:
                                "over the budget alone (over_budget) or past the rank cap (rank_cap). Refused "
                                "requests are counted by mycroft_processor_requests_rejected.",
                                ["reason"], registry=r)
+        for reason in DROP_REASONS:  # every series exists from the start: rate() and the panel read 0, not "no data"
+            self.dropped.labels(reason)
         self.rejected = Counter("mycroft_processor_requests_rejected", "OTLP requests answered with an error.",
                                 ["protocol", "reason"], registry=r)
         self.evicted = Gauge("mycroft_processor_traces_evicted", "Traces evicted from memory (cumulative).",

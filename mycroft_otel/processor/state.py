@@ -38,6 +38,7 @@ DROP_EVICTED_BYTES = "evicted_bytes"
 DROP_EVICTED_COUNT = "evicted_count"
 DROP_RANK_CAP = "rank_cap"
 DROP_OVER_BUDGET = "over_budget"
+DROP_REASONS = (DROP_EVICTED_BYTES, DROP_EVICTED_COUNT, DROP_RANK_CAP, DROP_OVER_BUDGET)
 
 
 def span_bytes(ref: SpanRef) -> int:
