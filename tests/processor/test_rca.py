@@ -10,7 +10,7 @@ import pytest
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import Processor
-from mycroft_otel.processor.pipeline import _dense, _Vote
+
 
 from synth import Ring
 
