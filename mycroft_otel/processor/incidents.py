@@ -7,9 +7,9 @@ either emitted as a :class:`Verdict` or attributed to an incident already named:
 - one verdict per trace (its root-cause span id is deterministic: a replayed input makes no second one);
 - a hang whose culprit processes a live hang verdict already named is that incident (a dead host seen from
   each of its communicators);
-- one slowdown incident per culprit process and per host: a slow GPU shows in every communicator of its
-  process, and the host's other ranks wait for it in their intra-node collectives, so what they show next is
-  a symptom; likewise a slow flow into or out of a named culprit (a slow GPU drains the flows into it);
+- one slowdown incident per culprit process: a slow GPU shows in every communicator of its process; and
+  per host for late ranks and idle proxies: the host's other ranks wait for the culprit in their intra-node
+  collectives, so they start late next (a symptom); likewise a slow flow into or out of a named culprit (a slow GPU drains the flows into it);
 - a weak hang reading (a cycle nobody explains) in a communicator a named slowdown is slowing right now.
 Jobs never merge: every key carries the job id.
 """
@@ -163,7 +163,9 @@ class Incidents:
             hit = self.slowdown_of(f.job, st.comm, near, mono)
             if hit is not None:
                 return hit, ()
-            for t, tid, job, hosts in self._slow_hosts:
+            # the host's other ranks wait for a named culprit in their intra-node collectives, so they start
+            # late and their sends read idle: symptoms (direct evidence, a GPU or a flow, is its own fault)
+            for t, tid, job, hosts in self._slow_hosts if f.category in (sc.CAT_LATE_RANK, sc.CAT_SLOW_PROXY) else ():
                 if mono - t <= self.window_s and job == f.job and hosts & set(f.hosts):
                     return tid, ()
             key = (f.kind, f.job, culprit(st.comm, f.global_ranks, f.ranks))
