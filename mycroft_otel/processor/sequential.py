@@ -13,7 +13,7 @@ every *candidate* (a rank, a flow) a score x, the log-ratio of its value to the 
 
 The constants come from a false-alarm budget, not from a test run: :func:`arl` computes the average run
 length of the test (Brook & Evans' Markov chain) for a null distribution and a shift, and
-``tests/processor/test_sequential.py`` holds the chosen design to ARL0 >= 10^6 collectives per candidate
+``tests/processor/test_detector.py`` holds the chosen design to ARL0 >= 10^6 collectives per candidate
 under a Laplace-tailed null (heavier than Gaussian; healthy NCCL waits are heavy-tailed) -- docs/algorithm.md.
 """
 
