@@ -125,7 +125,8 @@ class Processor:
                     window.append(float(duration))
             # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
             # cannot see a slowdown that hides in the job's skew)
-            if (st.anomalous or len(st.op) >= 3) and st.verdict is None and not st.analysed_slow:
+            if (st.anomalous or len(st.op) >= min(3, max(st.nranks, 2))) and st.verdict is None \
+                    and not st.analysed_slow:
                 self._slow_cand.setdefault(st.trace_id, now)
 
     def _add_summary(self, ref) -> None:
