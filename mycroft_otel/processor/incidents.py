@@ -9,7 +9,8 @@ either emitted as a :class:`Verdict` or attributed to an incident already named:
   each of its communicators);
 - one slowdown incident per culprit process: a slow GPU shows in every communicator of its process; and
   per host for late ranks and idle proxies: the host's other ranks wait for the culprit in their intra-node
-  collectives, so they start late next (a symptom); likewise a slow flow into or out of a named culprit (a slow GPU drains the flows into it);
+  collectives, so they start late next (a symptom); likewise a slow flow into or out of a named culprit
+  (a slow GPU drains the flows into it);
 - a weak hang reading (a cycle nobody explains) in a communicator a named slowdown is slowing right now.
 Jobs never merge: every key carries the job id.
 """

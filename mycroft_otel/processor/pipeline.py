@@ -58,6 +58,7 @@ class Processor:
         self.store = TraceStore(ttl_s=s.trace_ttl_s, max_traces=s.max_traces, clock=mono_clock)
         self.mono = mono_clock
         self.baselines = detect.Baselines()
+        self.stall_thresholds = detect.StallThresholds(s.stall_ms)
         self.exporter = exporter
         self.metrics = metrics
         self.clock_ns = clock_ns
@@ -111,6 +112,8 @@ class Processor:
             if st.verdict is None and st.explained_by is None:
                 self._hang_cand[st.trace_id] = None
         else:
+            self.stall_thresholds.completed(detect.baseline_key(ref.comm, ref.func, ref.nbytes),
+                                            ref.end_ns - ref.start_ns)
             if not ref.anomaly:
                 what = (ref.comm, ref.func, ref.nbytes)
                 judged = bases.get(what)
@@ -220,8 +223,9 @@ class Processor:
             settling = st.heard_from() < st.nranks and mono - st.ranks_changed_mono < self.settle_s
             # a picture taken before the stall waits for the next snapshots (for one more stall at most:
             # an agent that stopped sending must not hide a hang)
-            if (not settling and detect.is_hung(st, now_ns, self.stall_ms) and not self.store.queued(st)
-                    and (detect.seen_stalled(st) or detect.is_hung(st, now_ns, 2 * self.stall_ms))):
+            stall_ms = self.stall_thresholds.for_trace(st)
+            if (not settling and detect.is_hung(st, now_ns, stall_ms) and not self.store.queued(st)
+                    and (detect.seen_stalled(st) or detect.is_hung(st, now_ns, 2 * stall_ms))):
                 v = self._analyse_hang(st, now_ns, mono)
                 if v is not None:
                     out.append(v)

@@ -259,8 +259,10 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
 def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:
     """A rank that started so late that every other rank waited >= ``bar_ns`` for it: named from this one
     collective (Mycroft's straggler bar: a wait that long costs the job a second per rank, whatever caused it).
-    Needs >= 3 ranks (in a pair, who waited for whom is all there is to it). Not in a p2p transfer: a Recv posted before its Send waits for the sender's compute (a pipeline stage's
-    upstream work), which is the dependency at work, not a late rank."""
+    Needs >= 3 ranks (a pair has no majority that waited: a late start there is often the pair waiting in
+    turn for a straggler of another communicator). Not in a p2p transfer: a Recv
+    posted before its Send waits for the sender's compute (a pipeline stage's upstream work), which is the
+    dependency at work, not a late rank."""
     if st.func in P2P or len(st.op) < 3 or ev.late_rank < 0 or ev.lateness_ns < bar_ns or ev.others_waited_ns < bar_ns:
         return None
     r = ev.late_rank
