@@ -82,9 +82,9 @@ def seen_stalled(st: TraceState) -> bool:
 
 class StallThresholds:
     """How long an operation of (communicator, function, size bucket) may go without progress before it is a
-    hang: ``factor`` x the median duration of its recent completions (flagged ones included: a pipeline's
-    first stage waits ~7 s in its backward Recv every iteration, and its agent flags each as stalled), never
-    below MYCROFT_STALL_MS nor above ``cap_factor`` x it. The median of completions is an upper bound of how
+    hang: ``factor`` x the median duration of its recent completed collectives (one per trace; flagged ones
+    included: a pipeline's first stage waits ~7 s in its backward Recv every iteration, and its agent flags
+    each as stalled), never below MYCROFT_STALL_MS nor above ``cap_factor`` x it. The median of completions is an upper bound of how
     long they sat without progress, so the threshold errs long; a hang itself never completes and teaches
     nothing. Shorter than MYCROFT_STALL_MS it never gets: the agent reports an operation in flight only after
     MYCROFT_INFLIGHT_AFTER_MS and snapshots it once per MYCROFT_SNAPSHOT_MS (1 s each by default), so a

@@ -112,8 +112,9 @@ class Processor:
             if st.verdict is None and st.explained_by is None:
                 self._hang_cand[st.trace_id] = None
         else:
-            self.stall_thresholds.completed(detect.baseline_key(ref.comm, ref.func, ref.nbytes),
-                                            ref.end_ns - ref.start_ns)
+            if len(st.op) == 1:  # one duration per collective: its first completed rank's
+                self.stall_thresholds.completed(detect.baseline_key(ref.comm, ref.func, ref.nbytes),
+                                                ref.end_ns - ref.start_ns)
             if not ref.anomaly:
                 what = (ref.comm, ref.func, ref.nbytes)
                 judged = bases.get(what)

@@ -230,10 +230,16 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
     if len(m.net):
         s, d, ch = ranks[m.src], ranks[m.dst], m.channel
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
-        for name, side in ((NIC_SEND, m.src), (NIC_RECV, m.dst)):
+        for name, side, other in ((NIC_SEND, m.src, m.dst), (NIC_RECV, m.dst, m.src)):
             order = np.argsort(side, kind="stable")
             keys, first, count = np.unique(side[order], return_index=True, return_counts=True)
             many = count >= 2  # a NIC is all of a rank's flows: one flow alone is the flow measure
+            if name == NIC_RECV:
+                # flows into a rank from one sender only (a ring) read the same whether the sender's NIC or
+                # the receiver's is slow: the sender is named (NIC_SEND), the receive side only when the
+                # rank hears from several senders and all of them are slow
+                peers = np.array([len(np.unique(other[order][a:a + c])) for a, c in zip(first, count)])
+                many &= peers >= 2
             if many.any():
                 least = np.minimum.reduceat(m.net[order], first)
                 vals[name] = ([int(ranks[k]) for k in keys[many]], least[many])
