@@ -220,6 +220,14 @@ class SlowdownDetector:
             pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
         elif by[slowdown.FLOW]:
             pick = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
+            # every flow of its sender half way there too: the NIC, whose least-waiting flow is only slower
+            # to accumulate (it is the minimum of the slowed flows' noise)
+            sender = pick.unit[0]
+            mine = [u for u in ev.values[slowdown.FLOW][0] if u[0] == sender]
+            half = self.s.cusum.h / 2
+            if len(mine) >= 2 and all(self.cusums.get(self._candidate(st.job, st.comm, slowdown.FLOW, u), Cusum()).s
+                                      >= half for u in mine):
+                pick = Alarm(slowdown.NIC_SEND, sender, pick.cusum, pick.z)
         elif by[slowdown.PROXY]:
             others = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)
             if not self._accumulating(st, others):
