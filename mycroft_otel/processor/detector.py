@@ -158,6 +158,12 @@ class SlowdownDetector:
                             continue  # no evidence to keep: a healthy candidate costs nothing
                         c = Cusum()
                         _bounded_put(self.cusums, ck, c)
+                    elif when < c.last_when_ns:
+                        # late news: a collective older than the candidate's latest evidence (flagged ones
+                        # arrive at once, sampled ones of before the fault later); the test runs in the job's
+                        # order, so it only teaches the null
+                        healthy[i] = c.s < d.h / 2
+                        continue
                     elif at - c.updated_at > self.s.evidence_ttl_s:
                         c.reset()  # evidence from long ago says nothing about consecutive collectives
                     s = c.update(float(z[i]), d, when, at)
@@ -173,7 +179,10 @@ class SlowdownDetector:
     def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:
         if name == slowdown.FLOW:
             return (job, name, comm, unit)
-        return (job, name, self.process_of(comm, unit) or (comm, unit))
+        proc = self.process_of(comm, unit)
+        # a GPU is one rank: known by its global rank it is the same in every communicator; a process known
+        # only by its pid may drive several GPUs, so its ranks stay apart (per communicator)
+        return (job, name, proc if proc is not None and proc[1] == "g" else (comm, unit))
 
     def _recovered(self, st: TraceState, f: Finding, at: float) -> Alarm | None:
         """A stall that recovered, naming a slow proxy, GPU or flow: one capped score for its candidate,
@@ -200,7 +209,7 @@ class SlowdownDetector:
     def _accumulating(self, st: TraceState, names: tuple[str, ...]) -> bool:
         """Some candidate of these measures in this communicator is half way to an alarm."""
         half = self.s.cusum.h / 2
-        mine = {self.process_of(st.comm, r) or (st.comm, r) for r in st.op}
+        mine = {self._candidate(st.job, st.comm, slowdown.GPU, r)[2] for r in st.op}
         return any(k[0] == st.job and k[1] in names and c.s >= half and (k[2] in mine or k[2] == st.comm)
                    for k, c in self.cusums.items())
 

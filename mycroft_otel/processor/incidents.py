@@ -10,7 +10,8 @@ either emitted as a :class:`Verdict` or attributed to an incident already named:
 - one slowdown incident per culprit process: a slow GPU shows in every communicator of its process; and
   per host for late ranks and idle proxies: the host's other ranks wait for the culprit in their intra-node
   collectives, so they start late next (a symptom); likewise a slow flow into or out of a named culprit
-  (a slow GPU drains the flows into it);
+  (a slow GPU drains the flows into it), and a slow GPU at the receiving end of a named slow flow (its
+  kernel queues behind the collective the flow delays);
 - a weak hang reading (a cycle nobody explains) in a communicator a named slowdown is slowing right now.
 Jobs never merge: every key carries the job id.
 """
@@ -106,6 +107,7 @@ class Incidents:
         self._hang_culprits: list[tuple[float, bytes, set]] = []      # (mono, trace id, hang_identity)
         self._slow_hosts: list[tuple[float, bytes, str, set]] = []    # (mono, trace id, job, hosts)
         self._slow_comms: dict[tuple, tuple[float, bytes]] = {}       # (job, comm) -> its slowdown verdict
+        self._flow_ends: dict[tuple, tuple[float, bytes]] = {}        # (job, comm, receiver) of a named slow flow
 
     def expire(self, mono: float) -> None:
         for k, (t, _) in list(self._named.items()):
@@ -162,6 +164,11 @@ class Incidents:
             if f.category == sc.CAT_SLOW_PROXY:
                 near = list(st.op)
             hit = self.slowdown_of(f.job, st.comm, near, mono)
+            if hit is None and f.category == sc.CAT_SLOW_GPU:
+                # the receiver of a named slow flow: its kernel queues behind the collective the flow delays,
+                # so its other channels show GPU waits
+                end = self._flow_ends.get((f.job, st.comm, f.ranks[0])) if f.ranks else None
+                hit = end[1] if end is not None and mono - end[0] <= self.window_s else None
             if hit is not None:
                 return hit, ()
             # the host's other ranks wait for a named culprit in their intra-node collectives, so they start
@@ -202,5 +209,8 @@ class Incidents:
                 del self._slow_hosts[:-256]
             self._slow_comms[(f.job, st.comm)] = (mono, st.trace_id)
             _trim(self._slow_comms)
+            if f.category == sc.CAT_SLOW_FLOW and f.peer is not None:
+                self._flow_ends[(f.job, st.comm, f.peer)] = (mono, st.trace_id)
+                _trim(self._flow_ends)
         self.verdicts.append(v)
         return v

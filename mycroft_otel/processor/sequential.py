@@ -122,9 +122,11 @@ class Cusum:
     onset_ns: int = 0         # when the current run of evidence started (first collective with S > 0)
     collectives: int = 0      # collectives in the current run
     last_stall_end_ns: int = 0  # the latest recovered stall counted (a stall counts once however many it held)
+    last_when_ns: int = 0     # start of the latest collective counted: the test runs in the job's order
 
     def update(self, z: float, design: CusumDesign, when_ns: int, at: float) -> float:
         z = min(max(z, -design.cap), design.cap)
+        self.last_when_ns = max(self.last_when_ns, when_ns)
         before = self.s
         self.s = max(0.0, self.s + z - design.k)
         self.updated_at = at
