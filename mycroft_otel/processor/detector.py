@@ -74,14 +74,16 @@ class SlowdownDetector:
             _bounded_put(table, key, n)
         return n
 
-    def _scores(self, key: tuple, name: str, values: np.ndarray) -> tuple[np.ndarray, str] | None:
+    def _scores(self, key: tuple, name: str, values: np.ndarray, p2p: bool) -> tuple[np.ndarray, str] | None:
         """(scores, mode): log-ratios to the collective's median ("x"), or to the measure's recent healthy
-        level when the trace holds too few candidates ("h"); None when there is nothing to compare to yet."""
+        level ("h") when the trace holds too few candidates or is one p2p transfer (a slow transfer slows all
+        its channels alike: it is compared with the communicator's other transfers); None when there is
+        nothing to compare to yet."""
         if name == slowdown.LATE:
             return values, "x"
         lv = np.log(values + self.s.step_floor_ns)
         level = self._null(self.levels, key)
-        if len(values) >= 2:
+        if len(values) >= 2 and not p2p:
             ref = float(np.median(lv))
             mode = "x"
         elif len(level) >= self.s.null_min_values:
@@ -139,7 +141,7 @@ class SlowdownDetector:
         alarms: list[Alarm] = []
         for name, (units, values) in ev.values.items():
             key = (job, comm, func, bucket, name)
-            got = self._scores(key, name, values)
+            got = self._scores(key, name, values, func == "p2p")
             if got is None:
                 self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
                 continue
