@@ -144,18 +144,31 @@ RCA_TRACE_ID = "mycroft.rca.trace_id"
 
 KIND_HANG = "hang"
 KIND_SLOWDOWN = "slowdown"
-#: category -> kind; extend, but keep these names (design §4).
+# Every category the processor emits (design §4: extend, but keep these names).
+CAT_RANK_ABSENT = "rank_absent"                  # a rank never entered the collective, or went silent
+CAT_PROCESS_EXITED = "process_exited"            # a rank's process died
+CAT_GPU_STALLED = "gpu_stalled"                  # data reached the rank, its GPU neither consumes nor produces
+CAT_NET_SEND_STALLED = "net_send_stalled"        # data ready, not transmitted on a flow
+CAT_NET_DELIVERY_STALLED = "net_delivery_stalled"  # transmitted, never completes
+CAT_COLL_MISMATCH = "coll_mismatch"              # ranks called different collectives, sizes or types
+CAT_LATE_RANK = "late_rank"                      # a rank starts late and everybody waits for it
+CAT_SLOW_GPU = "slow_gpu"                        # a rank's GPU consumes received data slowly
+CAT_SLOW_FLOW = "slow_flow"                      # one flow (channel, peer) waits longer per step than its siblings
+CAT_SLOW_NIC = "slow_nic"                        # every flow out of (or into) one rank is slow
+CAT_SLOW_PROXY = "slow_proxy"                    # a rank's proxy thread posts ready chunks late
+#: category -> kind.
 CATEGORIES: dict[str, str] = {
-    "rank_absent": KIND_HANG,
-    "process_exited": KIND_HANG,
-    "gpu_stalled": KIND_HANG,
-    "net_send_stalled": KIND_HANG,
-    "net_delivery_stalled": KIND_HANG,
-    "coll_mismatch": KIND_HANG,
-    "late_rank": KIND_SLOWDOWN,
-    "slow_gpu": KIND_SLOWDOWN,
-    "slow_flow": KIND_SLOWDOWN,
-    "slow_nic": KIND_SLOWDOWN,
+    CAT_RANK_ABSENT: KIND_HANG,
+    CAT_PROCESS_EXITED: KIND_HANG,
+    CAT_GPU_STALLED: KIND_HANG,
+    CAT_NET_SEND_STALLED: KIND_HANG,
+    CAT_NET_DELIVERY_STALLED: KIND_HANG,
+    CAT_COLL_MISMATCH: KIND_HANG,
+    CAT_LATE_RANK: KIND_SLOWDOWN,
+    CAT_SLOW_GPU: KIND_SLOWDOWN,
+    CAT_SLOW_FLOW: KIND_SLOWDOWN,
+    CAT_SLOW_NIC: KIND_SLOWDOWN,
+    CAT_SLOW_PROXY: KIND_SLOWDOWN,
 }
 
 WAIT_STATE_NAMES = ("", "SendGpuWait", "SendPeerWait", "SendWait", "RecvWait", "RecvFlushWait", "RecvGpuWait")

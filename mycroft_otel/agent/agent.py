@@ -32,7 +32,7 @@ from mycroft_otel.agent.discovery import Discovery
 from mycroft_otel.agent.exporter import ExportQueue, OtlpTransport, Transport
 from mycroft_otel.agent.health import Health, RateLimitedLog
 from mycroft_otel.agent.metrics import CollectiveMetrics
-from mycroft_otel.agent.sampling import Baselines, FlowRule, Summary, sample_bound, sampled
+from mycroft_otel.agent.sampling import Baselines, Cadence, FlowRule, Summary, sample_bound, sampled
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.agent.source import PROC_EXITED, PROC_STOPPED, RingSource, default_reader_factory
 from mycroft_otel.agent.state import CursorStore
@@ -73,6 +73,7 @@ class _Ctx:
     slow_marks: deque = field(default_factory=lambda: deque(maxlen=sc.RECENT_WINDOW))  # last collectives flagged slow?
     exit_emits: int = 0
     flow_rule: FlowRule = field(default_factory=FlowRule)  # slow by the flows' own waits (skew-proof)
+    cadence: Cadence = field(default_factory=Cadence)  # a steady few complete traces for the cross-rank test
     exit_next: int = 0
     done: bool = False            # process exited and reported: nothing more to read
     remove: bool = False          # done, and the file is to be deleted once its last hand-over is exported
@@ -310,6 +311,7 @@ class Agent:
             if an is not None and self.s.peer_export:
                 self._flag((ctx.src.comm_hash, traces[i]))
             exported = (an is not None or sampled(traces[i], self.bound)
+                        or (coll and ctx.cadence.keep(seqs[i], end[i]))
                         or (ctx.src.comm_hash, traces[i]) in self.flagged)
             if exported:
                 keep.append(i)

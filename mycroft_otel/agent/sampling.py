@@ -7,12 +7,16 @@
   collective is short, only its late arrival marks it).
 * :func:`sampled`: consistent trace-id ratio sampling, like OpenTelemetry's
   ``TraceIdRatioBased``: every rank keeps the same collectives.
+* :class:`Cadence`: consistent stride sampling per communicator, so that the processor's sequential
+  slowdown test sees a steady few collectives per second with every rank's span in them (a mild fault that
+  no local rule flags is visible only across ranks).
 * :class:`Summary`: per-window aggregate of everything completed, exported as
   ``mycroft.summary``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mycroft_otel import semconv as sc
@@ -134,6 +138,42 @@ class Baselines:
         if result is None and (outlier or shift):
             result = (sc.ANOMALY_SLOW, int(base), None)
         return result
+
+
+class Cadence:
+    """Keep collective ``seq`` of a communicator when ``seq % stride == 0``, with ``stride`` the power of two that
+    keeps about ``per_s`` collectives per second at the communicator's measured completion rate.
+
+    Every rank of a communicator completes its collectives at the same rate, so all pick the same stride and
+    keep the same collectives: the processor gets complete traces to compare ranks and flows in, without
+    any coordination. Near a boundary two ranks may briefly pick neighbouring strides; being powers of two,
+    the larger stride's collectives are kept by both. Cost: ``per_s`` op spans per rank and communicator per
+    second on top of the ratio sampling and the flags (docs/span-schema.md states it in bytes).
+    """
+
+    __slots__ = ("per_s", "window_ns", "stride", "_count", "_since")
+
+    def __init__(self, per_s: float = 4.0, window_ns: int = 2_000_000_000):
+        if per_s <= 0 or window_ns <= 0:
+            raise ValueError(f"Cadence needs per_s > 0 and window_ns > 0 (got {per_s}, {window_ns})")
+        self.per_s = per_s
+        self.window_ns = window_ns
+        self.stride = 0  # nothing kept until a first window measured the rate (the processor's warm-up anyway)
+        self._count = 0
+        self._since = 0
+
+    def keep(self, seq: int, end_ns: int) -> bool:
+        if self._since == 0:
+            self._since = end_ns
+        self._count += 1
+        span = end_ns - self._since
+        if span >= self.window_ns:
+            want = self._count * 1e9 / span / self.per_s
+            # change only when clearly off (3/4 of a doubling): ranks near a boundary keep the same stride
+            if self.stride == 0 or abs(math.log2(max(want, 1.0)) - math.log2(self.stride)) > 0.75:
+                self.stride = 1 << max(0, min(20, round(math.log2(max(want, 1.0)))))
+            self._count, self._since = 0, end_ns
+        return self.stride > 0 and seq >= 0 and seq % self.stride == 0
 
 
 class Summary:

@@ -7,10 +7,15 @@ spans through the modules:
 - ``spans``     OTLP protobuf spans -> light :class:`~mycroft_otel.processor.spans.SpanRef`
                 (key attributes at ingest, the rest decoded lazily when analysed)
 - ``state``     per-trace state (one trace = one collective), bounded by TTL and size
-- ``detect``    hangs (no progress for MYCROFT_STALL_MS) and slowdowns (online baselines)
+- ``settings``  the knobs (MYCROFT_*, read once) and the detector's design constants, one typed object
+- ``detect``    hangs (no progress for a learned threshold, MYCROFT_STALL_MS the floor), slowdown candidates
 - ``rca``       the walk over span links to the root cause of a hang, classification, confidence
-- ``slowdown``  the root cause of a slow completed collective (comparisons across ranks and flows)
-- ``pipeline``  the :class:`Processor` that ties them together on a timer, incidents, dedupe
+- ``propagation`` what other traces say about a hang (its culprit stuck elsewhere, or moved on)
+- ``slowdown``  a completed collective's evidence per measure (GPU, flow, NIC, proxy, lateness)
+- ``sequential`` the learned null and the CUSUM, with its average run length
+- ``detector``  the slowdown detector: per-candidate sequential tests, which alarm names the culprit
+- ``incidents`` findings -> verdicts, one per incident
+- ``pipeline``  the :class:`Processor` that ties them together on a timer
 - ``exporter``  ``mycroft.root_cause`` spans over OTLP (OTEL_*)
 - ``metrics``   Prometheus ``/metrics``
 - ``cli``       ``mycroft-otel processor``

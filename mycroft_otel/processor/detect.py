@@ -5,10 +5,12 @@
   progressed for MYCROFT_STALL_MS, judged on the processor's clock on a timer, so a
   hang is found even when no new span arrives. A ``process_exited`` status shortens
   the wait to a third of the threshold (the evidence is already conclusive).
-- Slowdown: a completed collective whose median rank duration is >= MYCROFT_SLOW_FACTOR
-  x its baseline for (communicator, function, size bucket = bit length of bytes), or
-  whose throughput halved; or spans the agent already flagged (``mycroft.anomaly``)
-  that are confirmed by the same comparison against the agent's ``mycroft.baseline_ns``.
+  The threshold is learned per (communicator, function, size bucket) from the job's own completed
+  operations (:class:`StallThresholds`): a wait the job does every iteration is no hang.
+- Slowdown candidates: a completed collective the agent flagged (``mycroft.anomaly``), one
+  whose rank duration is >= MYCROFT_SLOW_FACTOR x its baseline for (communicator, function,
+  size bucket = bit length of bytes), or one we heard from most ranks of; the sequential test
+  (detector.py) decides.
 
 Baselines are learnt online from healthy spans (sampled op spans and the agent's
 per-window summaries): a median of the last samples after a warm-up, so a slow
@@ -78,6 +80,43 @@ def seen_stalled(st: TraceState) -> bool:
     return all(ref.end_ns >= st.last_progress_ns for ref in st.waiters())
 
 
+class StallThresholds:
+    """How long an operation of (communicator, function, size bucket) may go without progress before it is a
+    hang: ``factor`` x the median duration of its recent completed collectives (one per trace; flagged ones
+    included: a pipeline's first stage waits ~7 s in its backward Recv every iteration, and its agent flags
+    each as stalled), never below MYCROFT_STALL_MS nor above ``cap_factor`` x it. The median of completions is an upper bound of how
+    long they sat without progress, so the threshold errs long; a hang itself never completes and teaches
+    nothing. Shorter than MYCROFT_STALL_MS it never gets: the agent reports an operation in flight only after
+    MYCROFT_INFLIGHT_AFTER_MS and snapshots it once per MYCROFT_SNAPSHOT_MS (1 s each by default), so a
+    shorter bar would judge a picture taken before the stall."""
+
+    def __init__(self, stall_ms: float, factor: float = 2.0, cap_factor: float = 10.0, max_keys: int = 100_000):
+        self.stall_ms = stall_ms
+        self.factor = factor
+        self.cap_ms = cap_factor * stall_ms
+        self.max_keys = max_keys
+        self._done: dict[tuple, deque] = {}
+
+    def completed(self, key: tuple, duration_ns: int) -> None:
+        d = self._done.get(key)
+        if d is None:
+            if len(self._done) >= self.max_keys:
+                self._done.pop(next(iter(self._done)))
+            d = self._done[key] = deque(maxlen=WINDOW)
+        if duration_ns > 0:
+            d.append(duration_ns)
+
+    def for_trace(self, st: TraceState) -> float:
+        """The trace's stall threshold (ms)."""
+        ref = next(iter(st.inflight.values()), None) or next(iter(st.op.values()), None)
+        if ref is None:
+            return self.stall_ms
+        d = self._done.get(baseline_key(st.comm, st.func, ref.nbytes))
+        if d is None or len(d) < WARMUP:
+            return self.stall_ms
+        return min(self.cap_ms, max(self.stall_ms, self.factor * statistics.median(d) / 1e6))
+
+
 def is_hung(st: TraceState, now_ns: int, stall_ms: float) -> bool:
     s = stall_ns(st, now_ns)
     if s <= 0:
@@ -86,35 +125,3 @@ def is_hung(st: TraceState, now_ns: int, stall_ms: float) -> bool:
     if any(v.status == sc.STATUS_PROCESS_EXITED for v in st.status.values()):
         threshold /= 3
     return s >= threshold
-
-
-def trace_baseline(st: TraceState, baselines: Baselines) -> float | None:
-    """The baseline duration for this trace: ours, else the agent's (median of BASELINE_NS)."""
-    refs = list(st.op.values())
-    if not refs:
-        return None
-    nbytes = refs[0].nbytes
-    ours = baselines.get(baseline_key(st.comm, st.func, nbytes))
-    if ours is not None:
-        return ours
-    theirs = [r.baseline_ns for r in refs if r.baseline_ns > 0 and r.anomaly in ("slow", "stalled")]
-    return float(statistics.median(theirs)) if theirs else None
-
-
-def is_slow(st: TraceState, baselines: Baselines, factor: float) -> tuple[bool, float | None]:
-    """(slow?, baseline) for a trace with completed op spans."""
-    refs = list(st.op.values())
-    if not refs:
-        return False, None
-    base = trace_baseline(st, baselines)
-    durs = [r.duration_ns for r in refs]
-    med = statistics.median(durs)
-    if base is not None:
-        return med >= factor * base or max(durs) >= factor * base and _late_flagged(st), base
-    # no baseline: trust the agent's flags when most ranks that reported agree
-    flagged = sum(1 for r in refs if r.anomaly in ("slow", "stalled"))
-    return flagged >= max(2, len(refs) // 2) and _late_flagged(st), None
-
-
-def _late_flagged(st: TraceState) -> bool:
-    return any(r.anomaly == "late" for r in st.op.values())

@@ -439,7 +439,7 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
     views = build_views(st) if views is None else views
     mm = check_mismatch(st) or check_step_mismatch(st)
     if mm is not None:
-        _decorate(st, views, mm)
+        decorate(st, views, mm)
         return mm
     nranks = max(st.nranks, max(views) + 1 if views else 0)
     votes = walk(views, nranks)
@@ -478,7 +478,7 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
     if f.onset_ns == 0:
         f.onset_ns = onset
     f.waiting = sorted(r for r, v in views.items() if v.state == IN_FLIGHT)
-    _decorate(st, views, f)
+    decorate(st, views, f)
     return f
 
 
@@ -543,7 +543,7 @@ def _rank_finding(st: TraceState, views: dict[int, RankView], term: tuple, share
                    reason=why)
 
 
-def _decorate(st: TraceState, views: dict[int, RankView], f: Finding) -> None:
+def decorate(st: TraceState, views: dict[int, RankView], f: Finding) -> None:
     """Culprit/evidence span ids, global ranks and hosts."""
     from mycroft_otel import ids
     tid = int.from_bytes(st.trace_id, "big")

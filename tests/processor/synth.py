@@ -342,3 +342,34 @@ class Ring:
     def request(self, ranks: list[int] | None = None) -> trace_service_pb2.ExportTraceServiceRequest:
         rs = [self.ranks[r] for r in (ranks if ranks is not None else sorted(self.ranks)) if r in self.ranks]
         return request([(r, rank_span(self.tid, self.n, self.comm, self.seq, r)) for r in rs])
+
+
+def jitter(ring: Ring, rng, sigma: float) -> None:
+    """Healthy spread: every flow's GPU and network waits times a log-normal factor of ``sigma`` (log units).
+    sigma 0.15 gives what the H200 capture shows (tests/sim/fixtures/gpu_check.json: the slowest of a
+    collective's flows waits ~1.5x the median flow per step); 0.6 a loaded 2-core host."""
+    for rv in ring.ranks.values():
+        for f in rv.flows:
+            f.gpu_wait = int(f.gpu_wait * float(rng.lognormal(0.0, sigma)))
+            f.net_wait = int(f.net_wait * float(rng.lognormal(0.0, sigma)))
+
+
+def scaled(ring: Ring, fault: str, c: int, factor: float) -> None:
+    """A mild fault at rank ``c``: its GPU waits (slow_gpu), one flow's network waits (slow_flow, channel 1),
+    all its send flows' network waits (slow_nic) times ``factor``; or it starts late by (factor - 1) x the
+    collective's duration (late_rank)."""
+    if fault == "slow_gpu":
+        for f in ring.flows(c, False):
+            f.gpu_wait = int(f.gpu_wait * factor)
+    elif fault == "slow_flow":
+        for f in ring.flows(c, True, 1):
+            f.net_wait = int(f.net_wait * factor)
+    elif fault == "slow_nic":
+        for f in ring.flows(c, True):
+            f.net_wait = int(f.net_wait * factor)
+    elif fault == "late_rank":
+        ring.late(c, int((factor - 1) * ring.dur))
+        for rv in ring.ranks.values():
+            rv.anomaly = ""
+    else:
+        raise ValueError(fault)

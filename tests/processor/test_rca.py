@@ -10,7 +10,7 @@ import pytest
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import Processor
-from mycroft_otel.processor.pipeline import _dense, _Vote
+
 
 from synth import Ring
 
@@ -201,15 +201,15 @@ def test_healthy_completed_no_verdict():
     assert vs == [] and proc.tick(time.time_ns() + 10**10) == []
 
 
-def _twice(make) -> list:
-    """A slowdown must recur before it is named: three slow collectives of one communicator."""
+def _repeat(make, seqs=range(17, 37)) -> list:
+    """A slowdown is named once its evidence accumulated (detector.py): the collectives ``seqs`` of one
+    communicator; none of the first few can be an incident on its own."""
     proc = Processor(env={})
     out = []
-    for seq in (17, 18, 19):
-        ring = make(seq)
-        proc.ingest_request(ring.request())
+    for i, seq in enumerate(seqs):
+        proc.ingest_request(make(seq).request())
         out += proc.tick() or _settle(proc)
-        if seq < 19:
+        if i < 5:
             assert out == [], "one slow collective is not yet an incident"
     return out
 
@@ -219,8 +219,18 @@ def test_late_rank():
         ring = Ring(8, seq=seq)
         ring.late(5, 400_000_000)
         return ring
-    v = _one(_twice(make))
+    v = _one(_repeat(make))
     assert (v.kind, v.category, v.finding.ranks) == ("slowdown", "late_rank", [5])
+
+
+def test_a_straggler_everybody_waited_a_second_for_is_named_at_once():
+    """Mycroft's straggler bar: a rank >= 1 s late with every other rank waiting is named from one
+    collective (an absolute bar: a second lost per rank matters whatever the job's spread)."""
+    ring = Ring(8, seq=30)
+    ring.late(5, 1_200_000_000)
+    proc, vs = _run(ring)
+    v = _one(vs or _settle(proc))
+    assert (v.category, v.finding.ranks) == ("late_rank", [5])
 
 
 def _settle(proc):
@@ -252,48 +262,8 @@ def test_slowdowns(fault, cat, chan):
         else:
             ring.slow_gpu(3)
         return ring
-    v = _one(_twice(make))
+    v = _one(_repeat(make))
     assert (v.kind, v.category, v.finding.ranks, v.finding.channel) == ("slowdown", cat, [3], chan)
-
-
-def _weak_gpu(ring, factor: int = 10) -> None:
-    """Rank 3's GPU waits ``factor`` x the others per step (below the soft bar), and its agent flagged it."""
-    for f in ring.flows(3, False):
-        f.gpu_wait *= factor
-    ring.ranks[3].anomaly = "slow"
-
-
-@pytest.mark.parametrize("pattern,named_at", [("1" * 12, 7), ("110" * 4, None), ("1101111111", 8)])
-def test_a_weak_outlier_is_named_when_it_is_top_in_nearly_every_collective(pattern, named_at):
-    """10x the reference is within a loaded host's jitter for one collective, not for 8 of 10 in a row; a rank
-    top in 2 of 3 (what a descheduled host does now and then) is not named."""
-    proc = Processor(env={}, settle_s=0.05)
-    assert _feed(proc, range(8, 28), lambda ring, seq: None) == []  # the communicator's history
-    vs = _feed(proc, range(28, 28 + len(pattern)),
-               lambda ring, seq: _weak_gpu(ring) if pattern[seq - 28] == "1" else None)
-    assert [(v.category, v.finding.ranks, v.seq - 28) for v in vs] == (
-        [("slow_gpu", [3], named_at)] if named_at is not None else [])
-
-
-@pytest.mark.parametrize("recent,named", [(0, False), (3, False), (4, False), (5, True), (8, True)])
-def test_two_traces_suffice_when_the_culprit_says_it_persists(recent, named):
-    """Behind trace-ID routing a processor sees few slow collectives of the culprit; its span's
-    mycroft.anomaly.recent (its agent flagged it slow in that many of its last 8) stands for further
-    recurrences when it says most of them (a loaded host's healthy rank gets 3 of 8 flagged now and then).
-    The outlier itself must come back once: the flags say the rank's collectives were slow, which every
-    member of a communicator with a slow member, and every rank of a loaded host, sees."""
-    proc = Processor(env={}, settle_s=0.2)
-    vs = []
-    for seq in (40, 41):
-        ring = Ring(8, nch=2, seq=seq)
-        ring.slow_gpu(3)
-        ring.ranks[3].recent = recent
-        _, got = _run(ring, proc=proc)
-        got += _settle(proc)
-        if seq == 40:
-            assert got == [], "one outlier is never enough, whatever the flags"
-        vs += got
-    assert [(v.category, v.finding.ranks) for v in vs] == ([("slow_gpu", [3])] if named else [])
 
 
 def test_a_flow_into_a_named_slow_gpu_is_its_symptom():
@@ -305,28 +275,29 @@ def test_a_flow_into_a_named_slow_gpu_is_its_symptom():
         return ring
     proc = Processor(env={})
     vs = []
-    for seq in (17, 18, 19):
+    for seq in range(10, 30):
         proc.ingest_request(make(seq).request())
         vs += proc.tick() or _settle(proc)
     assert [(v.category, v.finding.ranks) for v in vs] == [("slow_gpu", [3])]
     deduped = proc.counts["deduped"]
-    for seq, sender in ((20, 2), (21, 2), (22, 2), (23, 5), (24, 5), (25, 5)):
+    for seq, sender in [(s, 2) for s in range(30, 40)] + [(s, 5) for s in range(40, 50)]:
         ring = Ring(8, nch=2, seq=seq)
         ring.slow_flow(sender, 1)
         proc.ingest_request(ring.request())
         vs += proc.tick() or _settle(proc)
     assert [(v.category, v.finding.ranks, v.finding.peer) for v in vs[1:]] == [("slow_flow", [5], 6)]
-    assert proc.counts["deduped"] >= deduped + 3
+    assert proc.counts["deduped"] >= deduped + 1
 
 
 def test_a_communicators_first_collectives_name_no_slowdown():
     """NCCL connects peers and registers buffers on first use: a communicator's first collectives are
     slow by construction, so their outliers are no votes (a mismatch there is still named)."""
     proc = Processor(env={})
-    vs = _feed(proc, range(1, 7), lambda ring, seq: ring.slow_gpu(3))
+    vs = _feed(proc, range(1, 8), lambda ring, seq: ring.slow_gpu(3))
     assert vs == []
-    vs += _feed(proc, (8, 9, 10), lambda ring, seq: ring.slow_gpu(3))
-    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 10)]
+    # from collective 8 the measure's null is learned (8 collectives), then 6 collectives of evidence
+    vs += _feed(proc, range(8, 30), lambda ring, seq: ring.slow_gpu(3))
+    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 21)]
 
 
 def test_slow_but_no_clear_culprit_is_silent():
@@ -392,13 +363,14 @@ def test_two_jobs_on_the_same_hosts_are_two_incidents():
                                                      (0.0, 0.1, None)])
 def test_a_stall_that_recovered_names_the_rank_waited_for(late_s, apart_s, category):
     """The others were seen waiting on rank 3 (in-flight snapshots), then the collective completed: rank 3
-    started late (it launched after most of their wait) or its proxy did not move its flows (it launched
-    with them). Three such stalls, each after the last: a slowdown. Three stalls at once are one event (a
-    process descheduled once stalls the collectives in flight together)."""
+    started late (it launched after most of their wait: a straggler everybody waited > 1 s for, named at
+    once) or its proxy did not move its flows (it launched with them: one capped score per stall, so a run
+    of stalls, each after the last, is a slowdown). Stalls at once are one event (a process descheduled
+    once stalls the collectives in flight together)."""
     proc = Processor(env={})
     vs = []
-    base = time.time_ns() - 60_000_000_000
-    for i, seq in enumerate((20, 21, 22)):
+    base = time.time_ns() - 600_000_000_000
+    for i, seq in enumerate(range(20, 28)):
         t0 = base + int(i * apart_s * 1e9)
         seen = Ring(8, nch=2, seq=seq, t0=t0)
         seen.absent(3, "none")  # snapshots 4 s into the collective: everybody else waits, rank 3 sent nothing
@@ -409,40 +381,44 @@ def test_a_stall_that_recovered_names_the_rank_waited_for(late_s, apart_s, categ
         done.ranks[3].start += int(late_s * 1e9)
         proc.ingest_request(seen.request())
         proc.ingest_request(done.request())
-        vs += proc.tick() or _settle(proc)
+        got = proc.tick() or _settle(proc)
+        if category == "slow_proxy" and i < 5:
+            assert got == [], "a few stalls of a proxy are what a loaded host does"
+        vs += got
     assert [(v.category, v.finding.ranks) for v in vs] == ([(category, [3])] if category else [])
     assert all("stalled, then recovered" in v.finding.evidence for v in vs)
 
 
 def test_outliers_spread_over_healthy_collectives_name_nobody():
     """A loaded host's jitter makes a healthy rank the outlier now and then; a fault makes its culprit the
-    outlier of most collectives from its onset on. Three strict outliers of rank 3, each among six healthy
-    collectives, name nobody; three in a row after them name it (the sparse ones before do not dilute them)."""
+    outlier of every collective from its onset on. Sparse outliers of rank 3 (one in seven) name nobody;
+    a run of them after that names it (the sparse ones before neither help nor hinder: the CUSUM drains)."""
     proc = Processor(env={})
     vs = []
-    for seq in range(20, 44):
+    for seq in range(10, 60):
         ring = Ring(8, nch=2, seq=seq)
-        if seq in (22, 29, 36, 41, 42, 43):
+        if seq in (22, 29, 36) or seq >= 45:
             ring.slow_gpu(3)
         proc.ingest_request(ring.request())
         vs += proc.tick()
-        if seq == 40:
+        if seq == 44:
             assert vs == [], [v.summary() for v in vs]
-    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 43)]
+    assert [(v.category, v.finding.ranks) for v in vs] == [("slow_gpu", [3])]
+    assert 45 <= vs[0].seq <= 52
 
 
-def test_a_culprit_inferred_from_a_slow_whole_yields_to_direct_evidence():
-    """slow_proxy is inferred from a collective slow as a whole (the rank whose sends waited least); while
-    rank 3's GPU is the direct outlier of the collectives in between, rank 5's inferred proxy collects no votes
-    and rank 3 is named (conformance slow_gpu: slow_proxy at a healthy rank first, behind a slow GPU)."""
-    vs = _feed(Processor(env={}), range(20, 26),
-               lambda ring, seq: ring.slow_proxy(5) if seq % 2 == 0 else ring.slow_gpu(3))
-    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_gpu", [3], 25)]
+def test_a_proxy_read_idle_yields_to_direct_evidence():
+    """Behind a slow GPU somebody's send steps always wait least; while rank 3's GPU accumulates evidence
+    of its own (slow in 3 of 4 collectives), rank 5's idle-looking proxy is not named."""
+    vs = _feed(Processor(env={}), range(10, 50),
+               lambda ring, seq: ring.slow_proxy(5) if seq % 4 == 0 else ring.slow_gpu(3))
+    assert [(v.category, v.finding.ranks) for v in vs][:1] == [("slow_gpu", [3])]
+    assert ("slow_proxy", [5]) not in [(v.category, v.finding.ranks) for v in vs]
 
 
 def test_slow_proxy_is_named():
-    vs = _feed(Processor(env={}), range(20, 23), lambda ring, seq: ring.slow_proxy(5))
-    assert [(v.category, v.finding.ranks, v.seq) for v in vs] == [("slow_proxy", [5], 22)]
+    vs = _feed(Processor(env={}), range(10, 30), lambda ring, seq: ring.slow_proxy(5))
+    assert [(v.category, v.finding.ranks) for v in vs] == [("slow_proxy", [5])]
 
 
 def test_slow_collectives_during_a_stall_wait_for_its_outcome():
@@ -453,23 +429,8 @@ def test_slow_collectives_during_a_stall_wait_for_its_outcome():
     stuck.gpu_stall(6)
     proc.ingest_request(stuck.request())
     vs = proc.tick()
-    vs += _feed(proc, (20, 21, 22), lambda ring, seq: ring.slow_gpu(3))
+    vs += _feed(proc, range(10, 30), lambda ring, seq: ring.slow_gpu(3))
     assert vs == [], [v.summary() for v in vs]
     proc.ingest_request(Ring(8, nch=2, comm=0x1111, seq=30).request())  # the stalled collective completes
     vs += proc.tick() + _settle(proc)
     assert [(v.category, v.finding.ranks) for v in vs] == [("slow_gpu", [3])]
-
-
-def test_dense_counts_the_culprits_own_p2p_transfers():
-    """A p2p group's transfers share one number, each with two ranks: a rank named in 2 of the 3 groups it took
-    part in is not dense when those groups held 6 of its transfers; a rank named in each of its groups' slow
-    transfer is."""
-    def vote(rank, seq):
-        return _Vote(0.0, bytes([rank, seq]), 0, 1, None, "pp", seq, False, rank)
-
-    ring = [(r, (r + 1) % 8) for r in range(8)]  # every rank sends to the next one in each group
-    analysed = {"pp": deque((seq, pair) for seq in (12, 13, 14) for pair in ring)}
-    assert len(_dense([vote(5, 12), vote(5, 14)], analysed)) == 1
-    assert len(_dense([vote(2, 12), vote(2, 13), vote(2, 14)], analysed)) == 3
-    collectives = {"pp": deque((seq, None) for seq in (12, 13, 14))}
-    assert len(_dense([vote(5, 12), vote(5, 14)], collectives)) == 2

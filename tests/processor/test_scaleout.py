@@ -98,7 +98,7 @@ def _traffic() -> list:
     """Requests of several independent incidents and healthy collectives, each a separate trace.
 
     Hangs hit one collective each; slowdowns recur (they are named when they do), here in
-    three collectives routed to each of the two processors.
+    16 collectives routed to each of the two processors (a null learned from 8, then 6 of evidence).
     """
     reqs = []
     faults = [("gpu_stall", (3,)), ("net_send_stall", (5, None)), ("net_delivery_stall", (1, 0)),
@@ -106,8 +106,8 @@ def _traffic() -> list:
               ("slow_gpu", (0,))]
     for i, (name, args) in enumerate(faults):
         rings = []
-        seq = 10  # past a communicator's warm-up (pipeline.WARMUP_SEQ)
-        want = {0: 3, 1: 3} if name in ("late", "slow_flow", "slow_gpu") else {0: 1, 1: 0}
+        seq = 10  # past a communicator's warm-up (Settings.warmup_seq)
+        want = {0: 16, 1: 16} if name in ("late", "slow_flow", "slow_gpu") else {0: 1, 1: 0}
         while any(want.values()):
             ring = Ring(8, nch=2, comm=0x1000 + i, seq=seq, global_base=100 * i)
             seq += 1

@@ -1,0 +1,282 @@
+"""The slowdown detector: per-candidate sequential tests on the job's own healthy spread.
+
+For every analysed collective and measure (slowdown.py: GPU wait per step, a flow's network wait per step,
+a NIC's least-waiting flow, a proxy's send-step waits, lateness), each candidate's score is the log-ratio of
+its value to the collective's median (to the measure's recent healthy median when the trace holds fewer
+than 3 candidates, e.g. only the flagged rank's span). A collective-wide effect -- a loaded host, a bigger
+message, a slow step of the model -- moves every candidate alike and cancels; a fault moves one.
+
+The scores are standardized by the measure's learned null (sequential.RobustNull, kept per job,
+communicator, function and size bucket) and accumulated per candidate by a CUSUM (sequential.Cusum). A
+candidate whose CUSUM reaches h is named. When several alarm in one collective, the most specific
+explanation wins: a late rank (everybody waited for it) over its own proxy reading idle; a slow GPU over
+slow flows into it (its GPU drains them slowly) unless exactly one flow touching it is slow (its kernel
+queued behind the collective that flow delayed); a NIC over its single flows; a proxy only when nothing
+else accumulates (behind any other fault somebody's sends always wait least).
+
+Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
+stall that recovered naming a rank that had not started (a late rank too); any other recovered stall adds
+one capped score to its candidate, once per distinct stall (collectives in flight together stall together
+when one process is descheduled once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor import rca, slowdown
+from mycroft_otel.processor.rca import Finding
+from mycroft_otel.processor.sequential import Cusum, RobustNull
+from mycroft_otel.processor.settings import Settings
+from mycroft_otel.processor.state import P2P, TraceState
+
+# precedence when several candidates of one collective alarm (see the module docstring)
+_ORDER = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW, slowdown.PROXY)
+_MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
+
+
+@dataclass(slots=True)
+class Alarm:
+    measure: str
+    unit: object      # a rank, or (sender, receiver, channel)
+    cusum: Cusum
+    z: float          # this collective's standardized score
+
+
+def _bounded_put(d: dict, key, value) -> None:
+    if len(d) >= _MAX_KEYS:
+        d.pop(next(iter(d)))
+    d[key] = value
+
+
+class SlowdownDetector:
+    """Judges completed collectives one at a time, in completion order (the tests are sequential)."""
+
+    def __init__(self, settings: Settings, process_of: Callable[[str, int], tuple | None] = lambda c, r: None):
+        self.s = settings
+        # (comm, rank) -> the rank's process (host, "g", global rank) or (host, "p", pid), None when unknown:
+        # a GPU, a NIC, a proxy thread belong to a process, and a slow GPU slows every communicator of its
+        # process, so their evidence accumulates across communicators; a flow is one communicator's
+        self.process_of = process_of
+        self.nulls: dict[tuple, RobustNull] = {}     # (job, comm, func, bucket, measure, mode) -> scores
+        self.levels: dict[tuple, RobustNull] = {}    # (job, comm, func, bucket, measure) -> log(value + floor)
+        self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
+
+    # -- the per-measure scores -------------------------------------------------------------
+    def _null(self, table: dict, key: tuple) -> RobustNull:
+        n = table.get(key)
+        if n is None:
+            n = RobustNull(self.s.null_size, self.s.min_scale)
+            _bounded_put(table, key, n)
+        return n
+
+    def _scores(self, key: tuple, name: str, values: np.ndarray, p2p: bool) -> tuple[np.ndarray, str] | None:
+        """(scores, mode): log-ratios to the collective's median ("x"), or to the measure's recent healthy
+        level ("h") when the trace holds too few candidates or is one p2p transfer (a slow transfer slows all
+        its channels alike: it is compared with the communicator's other transfers); None when there is
+        nothing to compare to yet."""
+        if name == slowdown.LATE:
+            return values, "x"
+        lv = np.log(values + self.s.step_floor_ns)
+        level = self._null(self.levels, key)
+        if len(values) >= 2 and not p2p:
+            ref = float(np.median(lv))
+            mode = "x"
+        elif len(level) >= self.s.null_min_values:
+            ref, mode = level.location_scale()[0], "h"
+        else:
+            ref, mode = 0.0, ""
+        x = (ref - lv) if name == slowdown.PROXY else (lv - ref)
+        return (x, mode) if mode else None
+
+    # -- judging one collective -------------------------------------------------------------
+    def judge(self, st: TraceState, m: slowdown.Measures | None, at: float) -> Finding | None:
+        """The finding this collective completes (a mismatch, a straggler, or a candidate whose evidence
+        crossed h), else None. ``at``: the processor's monotonic clock (seconds)."""
+        if m is None:
+            m = slowdown.measure([st])[0] if st.op else None
+        mm = slowdown.check_mismatch(st, m) if m is not None else rca.check_mismatch(st)
+        if mm is not None:
+            if m is None:
+                rca.decorate(st, rca.build_views(st), mm)
+            return mm
+        if 0 <= st.seq < self.s.warmup_seq:
+            return None
+        job, comm = st.job, st.comm
+        recovered = slowdown.recovered_stall(st)
+        if recovered is not None and recovered.category == sc.CAT_LATE_RANK:
+            waited = max(r.end_ns for r in st.inflight.values()) - min(r.start_ns for r in st.inflight.values())
+            if waited >= self.s.straggler_ns:
+                recovered.reason = "straggler"
+                return recovered
+        if m is None:
+            return None
+        ev = slowdown.evidence(st, m)
+        f = slowdown.straggler(st, ev, self.s.straggler_ns)
+        if f is not None:
+            rca.decorate(st, rca.build_views(st), f)
+            return f
+        alarms = self._update(st, ev, at)
+        if recovered is not None:
+            alarm = self._recovered(st, recovered, at)
+            if alarm is not None:
+                alarms.append(alarm)
+        if not alarms:
+            return None
+        f = self._name(st, m, ev, alarms, recovered)
+        if f is not None:
+            rca.decorate(st, rca.build_views(st), f)
+        return f
+
+    def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> list[Alarm]:
+        d = self.s.cusum
+        job, comm = st.job, st.comm
+        func = "p2p" if st.func in P2P else st.func
+        bucket = (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
+        when = min((r.start_ns for r in st.op.values()), default=0)
+        alarms: list[Alarm] = []
+        for name, (units, values) in ev.values.items():
+            key = (job, comm, func, bucket, name)
+            got = self._scores(key, name, values, func == "p2p")
+            if got is None:
+                self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
+                continue
+            x, mode = got
+            null = self._null(self.nulls, key + (mode,))
+            ready = len(null) >= self.s.null_min_values and null.collectives >= self.s.null_min_collectives
+            healthy = np.ones(len(units), dtype=bool)
+            if ready:
+                loc, scale = null.location_scale()
+                z = (x - loc) / scale
+                for i, u in enumerate(units):
+                    ck = self._candidate(job, comm, name, u)
+                    c = self.cusums.get(ck)
+                    if c is None:
+                        if z[i] <= d.k:
+                            continue  # no evidence to keep: a healthy candidate costs nothing
+                        c = Cusum()
+                        _bounded_put(self.cusums, ck, c)
+                    elif when < c.last_when_ns:
+                        # late news: a collective older than the candidate's latest evidence (flagged ones
+                        # arrive at once, sampled ones of before the fault later); the test runs in the job's
+                        # order, so it only teaches the null
+                        healthy[i] = c.s < d.h / 2
+                        continue
+                    elif at - c.updated_at > self.s.evidence_ttl_s:
+                        c.reset()  # evidence from long ago says nothing about consecutive collectives
+                    s = c.update(float(z[i]), d, when, at)
+                    # a candidate gathering evidence does not teach the null what healthy looks like
+                    healthy[i] = s < d.h / 2
+                    if s >= d.h:
+                        alarms.append(Alarm(name, u, c, float(z[i])))
+            null.add(x[healthy])
+            if name != slowdown.LATE:
+                self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
+        return alarms
+
+    def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:
+        if name == slowdown.FLOW:
+            return (job, name, comm, unit)
+        proc = self.process_of(comm, unit)
+        # a GPU is one rank: known by its global rank it is the same in every communicator; a process known
+        # only by its pid may drive several GPUs, so its ranks stay apart (per communicator)
+        return (job, name, proc if proc is not None and proc[1] == "g" else (comm, unit))
+
+    def _recovered(self, st: TraceState, f: Finding, at: float) -> Alarm | None:
+        """A stall that recovered, naming a slow proxy, GPU or flow: one capped score for its candidate,
+        once per distinct stall."""
+        name = slowdown.MEASURE_OF.get(f.category)
+        if name is None or not f.ranks:
+            return None
+        unit = (f.ranks[0], f.peer, f.channel) if name == slowdown.FLOW and f.peer is not None else f.ranks[0]
+        if name == slowdown.FLOW and not isinstance(unit, tuple):
+            name = slowdown.NIC_SEND
+        ck = self._candidate(st.job, st.comm, name, unit)
+        c = self.cusums.get(ck)
+        if c is None:
+            c = Cusum()
+            _bounded_put(self.cusums, ck, c)
+        start = min(r.start_ns for r in st.inflight.values())
+        end = max(r.end_ns for r in st.inflight.values())
+        if start < c.last_stall_end_ns:
+            return None  # the same descheduling, seen in another collective in flight with this one
+        c.last_stall_end_ns = end
+        s = c.update(self.s.cusum.cap, self.s.cusum, start, at)
+        return Alarm(name, unit, c, self.s.cusum.cap) if s >= self.s.cusum.h else None
+
+    def _accumulating(self, st: TraceState, names: tuple[str, ...]) -> bool:
+        """Some candidate of these measures in this communicator is half way to an alarm."""
+        half = self.s.cusum.h / 2
+        mine = {self._candidate(st.job, st.comm, slowdown.GPU, r)[2] for r in st.op}
+        return any(k[0] == st.job and k[1] in names and c.s >= half and (k[2] in mine or k[2] == st.comm)
+                   for k, c in self.cusums.items())
+
+    def _name(self, st: TraceState, m: slowdown.Measures, ev: slowdown.Evidence, alarms: list[Alarm],
+              recovered: Finding | None) -> Finding | None:
+        by = {name: [a for a in alarms if a.measure == name] for name in _ORDER}
+        pick: Alarm | None = None
+        late = by[slowdown.LATE]
+        if late:
+            pick = max(late, key=lambda a: a.cusum.s)
+        elif by[slowdown.GPU]:
+            g = max(by[slowdown.GPU], key=lambda a: a.cusum.s)
+            touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
+            pick = touching[0] if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV] \
+                else g
+        elif by[slowdown.NIC_SEND] or by[slowdown.NIC_RECV]:
+            pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
+        elif by[slowdown.FLOW]:
+            pick = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
+            # every flow of its sender half way there too: the NIC, whose least-waiting flow is only slower
+            # to accumulate (it is the minimum of the slowed flows' noise)
+            sender = pick.unit[0]
+            mine = [u for u in ev.values[slowdown.FLOW][0] if u[0] == sender]
+            half = self.s.cusum.h / 2
+            if len(mine) >= 2 and all(self.cusums.get(self._candidate(st.job, st.comm, slowdown.FLOW, u), Cusum()).s
+                                      >= half for u in mine):
+                pick = Alarm(slowdown.NIC_SEND, sender, pick.cusum, pick.z)
+        elif by[slowdown.PROXY]:
+            others = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)
+            if not self._accumulating(st, others):
+                pick = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
+                # a rank that launched late waits least too (everybody was ready for it): late, not its proxy
+                if pick.unit == ev.late_rank and ev.lateness_ns > 0 and \
+                        self.cusums.get(self._candidate(st.job, st.comm, slowdown.LATE, pick.unit), Cusum()).s >= \
+                        self.s.cusum.h / 2:
+                    pick = Alarm(slowdown.LATE, pick.unit, pick.cusum, pick.z)
+        if pick is None:
+            return None
+        return self._finding(st, pick, recovered)
+
+    def _finding(self, st: TraceState, a: Alarm, recovered: Finding | None) -> Finding:
+        c = a.cusum
+        n = c.collectives
+        cat = slowdown.CATEGORY_OF[a.measure]
+        seen = f"(sustained over {n} collectives: CUSUM {c.s:.1f} >= {self.s.cusum.h:g})"
+        chan = peer = None
+        if a.measure == slowdown.FLOW:
+            s, d, chan = a.unit
+            who, peer = s, d
+            what = f"flow rank {s} -> rank {d} on channel {chan} waits longer per step on the network than its siblings"
+        else:
+            who = a.unit
+            what = {
+                slowdown.GPU: f"rank {who}'s GPU takes longer per step to consume received data than the other ranks'",
+                slowdown.NIC_SEND: f"every flow sent by rank {who} waits longer per step on the network",
+                slowdown.NIC_RECV: f"every flow into rank {who} waits longer per step on the network",
+                slowdown.PROXY: (f"rank {who}'s send steps wait least on GPU and network while the others wait: its "
+                                 f"proxy posts ready chunks late"),
+                slowdown.LATE: f"rank {who} starts its collectives late and the others wait for it",
+            }[a.measure]
+        if recovered is not None and recovered.ranks == [who] and recovered.category == cat:
+            what = recovered.evidence
+        onset = c.onset_ns
+        c.reset()  # named: the incident window dedupes what follows; a fault that persists accumulates again
+        return Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
+                       confidence=round(min(0.95, 0.6 + 0.02 * n), 3),
+                       evidence=f"{what} in {st.func} {st.seq} {seen}", onset_ns=onset,
+                       reason=a.measure, recovered=recovered is not None)

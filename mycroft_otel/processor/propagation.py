@@ -1,0 +1,118 @@
+"""What other traces say about a hang: its culprit is stuck elsewhere (propagation), or already moved on.
+
+- A hang whose walk ends at a rank that is silent or not entered, while that rank's process is in flight in
+  another hung trace (another communicator, or an earlier collective of this one), is a consequence of that
+  trace: TP peers wait for a rank stuck in its DP all-reduce. It waits for that trace's verdict and is then
+  attributed to it. While the other collective still moves, the culprit is slow there, not absent here, so
+  this one waits too; once that one is hung as well it waits up to 2 x the stall threshold (a cycle of waits
+  must not block forever), and a cycle where every trace waits for this one names this one at once.
+- The ranks a hang waits for have evidence in a *later* collective of the communicator: they completed this
+  one, and the waiting ranks expect data nobody sends -- the ranks disagree on the collective's size.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor import detect, rca
+from mycroft_otel.processor.rca import Finding
+from mycroft_otel.processor.state import TraceState, TraceStore, proc_key
+
+_KEPT = 4096
+
+
+class Propagation:
+    def __init__(self, store: TraceStore, stall_ms: float, clock_ns: Callable[[], int]):
+        self.store = store
+        self.stall_ms = stall_ms
+        self.clock_ns = clock_ns
+        self._deferred: dict[bytes, float] = {}   # hang trace -> when it started waiting for another's verdict
+        self._waits_on: dict[bytes, set] = {}     # hang trace -> the hung traces it waits for
+        self.propagated = 0
+
+    def moved_on(self, st: TraceState, f: Finding) -> Finding:
+        """``f``, or a mismatch when every silent rank it names has evidence in a later collective."""
+        if not (f.category == sc.CAT_RANK_ABSENT and f.reason == "silent" and f.waiting):
+            return f
+        moved = [r for r in f.ranks if self.store.seq_of.get((st.comm, r), -1) > st.seq]
+        if not moved or len(moved) != len(f.ranks):
+            return f
+        stuck = f.waiting
+        nxt = min(self.store.seq_of[(st.comm, r)] for r in moved)
+        detail = ""
+        ref = st.inflight.get(stuck[0])
+        if ref is not None:
+            try:
+                flows = rca.flows_of(ref)
+                if flows:
+                    detail = f" ({flows[0].done} of {flows[0].steps} steps done, expecting more)"
+            except Exception:  # noqa: BLE001 -- hostile flow arrays only lose the detail
+                pass
+        nf = Finding(
+            kind=sc.KIND_HANG, category=sc.CAT_COLL_MISMATCH, ranks=list(stuck),
+            confidence=round(0.7 if len(stuck) < len(moved) + len(stuck) else 0.5, 3),
+            evidence=(f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck[:8]))} still wait in "
+                      f"{st.func} {st.seq}{detail} while rank{'s' if len(moved) > 1 else ''} "
+                      f"{', '.join(map(str, moved[:8]))} completed it and moved on to collective {nxt}: "
+                      f"they disagree on the collective's size"),
+            onset_ns=f.onset_ns, reason="moved_on", waiting=list(stuck))
+        rca.decorate(st, rca.build_views(st), nf)
+        return nf
+
+    def _elsewhere(self, st: TraceState, f: Finding) -> list[TraceState]:
+        """The hung traces the culprit ranks' processes are busy in."""
+        others = []
+        for r in f.ranks:
+            prev = self.store.seq_of.get((st.comm, r), -1)
+            if 0 <= prev < st.seq:  # still in an earlier collective of this communicator
+                tid = self.store.trace_at.get((st.comm, prev))
+                o = self.store.get(tid) if tid else None
+                if o is not None and o.has_hang_evidence():
+                    others.append(o)
+            ref = st.status.get(r) or st.inflight.get(r)
+            key = (proc_key(ref) if ref is not None else None) or self.store.proc_of.get((st.comm, r))
+            if key is None:
+                continue
+            if key[1] == "p" and any(proc_key(x) == key for x in st.inflight.values()):
+                # known only by its process, which holds another rank waiting right here: that process is
+                # not stuck elsewhere, this rank of it is missing (several GPUs per process)
+                continue
+            others += [o for o in self.store.busy_elsewhere(key, st.trace_id)
+                       if (o.comm != st.comm or o.seq < st.seq) and o.has_hang_evidence()]
+        return others
+
+    def waits(self, st: TraceState, f: Finding, mono: float) -> bool:
+        """True while this hang is (or will be) explained by another trace's verdict: ``st.explained_by`` is
+        set once that verdict exists."""
+        if not (f.category == sc.CAT_RANK_ABSENT and f.reason in ("silent", "not_entered")):
+            return False
+        others = self._elsewhere(st, f)
+        if not others:
+            return False
+        for o in others:
+            root, hops = o, 0
+            while root.explained_by is not None and hops < 8:
+                nxt = self.store.get(root.explained_by)
+                if nxt is None:
+                    break
+                root, hops = nxt, hops + 1
+            if root.verdict is not None:
+                st.explained_by = root.trace_id
+                self._deferred.pop(st.trace_id, None)
+                self.propagated += 1
+                return True
+        now_ns = self.clock_ns()
+        if any(not detect.is_hung(o, now_ns, self.stall_ms) for o in others):
+            self._deferred.pop(st.trace_id, None)
+            return True
+        self._waits_on[st.trace_id] = {o.trace_id for o in others}
+        if len(self._waits_on) > _KEPT:
+            self._waits_on.pop(next(iter(self._waits_on)))
+        if all(st.trace_id in self._waits_on.get(o.trace_id, ()) for o in others):
+            self._deferred.pop(st.trace_id, None)
+            return False  # a cycle: waiting breaks no tie; the others find this verdict
+        first = self._deferred.setdefault(st.trace_id, mono)
+        if len(self._deferred) > _KEPT:
+            self._deferred.pop(next(iter(self._deferred)))
+        return mono - first < max(2.0 * self.stall_ms / 1000.0, 1.0)

@@ -1,0 +1,142 @@
+"""The sequential change test behind every slowdown verdict: a learned null per measure, CUSUM per candidate.
+
+A *measure* is one kind of per-collective evidence (a rank's GPU wait per step, a flow's network wait per
+step, ...) kept apart per (job, communicator, function, size bucket): per-step waits grow with NCCL's chunk
+size, so a communicator's 4 MiB and 64 MiB all-reduces have different healthy spreads. Each collective gives
+every *candidate* (a rank, a flow) a score x, the log-ratio of its value to the collective's typical one.
+
+- :class:`RobustNull` learns what x looks like in this job: median and MAD of the recent healthy scores.
+  A quiet H200 ring gets a narrow null, a loaded 2-core CI host a wide one; nothing is tuned per machine.
+- :class:`Cusum` accumulates z = (x - median) / scale, winsorized to ±``cap``, less the reference drift
+  ``k``: S = max(0, S + min(max(z, -cap), cap) - k). A candidate alarms at S >= ``h``. Winsorizing bounds
+  what one collective can add (cap - k), so one GC pause or one descheduled proxy thread never alarms alone.
+
+The constants come from a false-alarm budget, not from a test run: :func:`arl` computes the average run
+length of the test (Brook & Evans' Markov chain) for a null distribution and a shift, and
+``tests/processor/test_detector.py`` holds the chosen design to ARL0 >= 10^6 collectives per candidate
+under a Laplace-tailed null (heavier than Gaussian; healthy NCCL waits are heavy-tailed) -- docs/algorithm.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class CusumDesign:
+    """One-sided CUSUM on winsorized standardized scores."""
+
+    k: float = 1.0    # reference drift, half the shift (in null scales) the test is tuned for: 2 scales
+    h: float = 6.0    # alarm threshold: ARL0 5e7 (Gaussian null) / 1.1e6 (Laplace) collectives per candidate
+    cap: float = 2.0  # winsorizing bound: one collective adds at most cap - k = 1, so >= 6 collectives alarm
+
+    def __post_init__(self) -> None:
+        if not (0 < self.k < self.cap and self.h > self.cap - self.k):
+            raise ValueError(f"CUSUM needs 0 < k < cap and h > cap - k (one collective never alarms): {self}")
+
+
+def arl(design: CusumDesign, shift: float = 0.0, null: str = "normal", cells: int = 300) -> float:
+    """Average number of collectives until the test alarms, starting from S = 0, when every score is
+    ``null`` noise (unit robust scale: MAD x 1.4826 = 1) plus ``shift`` scales. ``null``: "normal" or
+    "laplace" (same median and MAD, exponential tails)."""
+    k, h, cap = design.k, design.h, design.cap
+    if null == "normal":
+        erf = np.vectorize(math.erf)
+
+        def cdf(x):
+            return 0.5 * (1.0 + erf(np.asarray(x) / math.sqrt(2.0)))
+    elif null == "laplace":
+        b = 1.0 / (1.4826 * math.log(2.0))  # the Laplace scale whose MAD x 1.4826 is 1
+
+        def cdf(x):
+            x = np.asarray(x, dtype=np.float64)
+            return np.where(x < 0, 0.5 * np.exp(np.minimum(x, 0) / b), 1.0 - 0.5 * np.exp(-np.maximum(x, 0) / b))
+    else:
+        raise ValueError(f"unknown null distribution {null!r}")
+    w = h / cells
+    edges = np.arange(cells + 1) * w
+
+    def step_cdf(y):  # P(clip(X + shift, -cap, cap) - k <= y)
+        z = np.asarray(y, dtype=np.float64) + k
+        p = cdf(z - shift)
+        return np.where(z >= cap, 1.0, np.where(z < -cap, 0.0, p))
+
+    p = np.empty((cells, cells))
+    for i in range(cells):
+        c = (i + 0.5) * w
+        f = step_cdf(edges - c)
+        p[i, 0] = f[1]              # back to (or near) zero
+        p[i, 1:] = f[2:] - f[1:-1]  # what is left leaves through h: the alarm
+    n = np.linalg.solve(np.eye(cells) - p, np.ones(cells))
+    return float(n[0])
+
+
+class RobustNull:
+    """The recent healthy scores of one measure (a ring of ``size``): median and scaled MAD."""
+
+    __slots__ = ("_buf", "_n", "_at", "collectives", "min_scale", "_cache")
+
+    def __init__(self, size: int = 512, min_scale: float = 0.05):
+        self._buf = np.empty(size, dtype=np.float64)
+        self._n = 0
+        self._at = 0
+        self.collectives = 0
+        self.min_scale = min_scale  # log units: a noiseless measure still needs a 5% change per scale
+        self._cache: tuple[float, float] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, values: np.ndarray) -> None:
+        size = len(self._buf)
+        values = np.asarray(values, dtype=np.float64)[-size:]
+        k = len(values)
+        if k == 0:
+            return
+        first = min(k, size - self._at)
+        self._buf[self._at:self._at + first] = values[:first]
+        self._buf[:k - first] = values[first:]
+        self._at = (self._at + k) % size
+        self._n = min(size, self._n + k)
+        self.collectives += 1
+        self._cache = None
+
+    def location_scale(self) -> tuple[float, float]:
+        if self._cache is None:
+            v = self._buf[:self._n]
+            med = float(np.median(v))
+            mad = float(np.median(np.abs(v - med)))
+            self._cache = (med, max(1.4826 * mad, self.min_scale))
+        return self._cache
+
+
+@dataclass(slots=True)
+class Cusum:
+    """One candidate's accumulated evidence."""
+
+    s: float = 0.0
+    updated_at: float = 0.0   # processor monotonic seconds
+    onset_ns: int = 0         # when the current run of evidence started (first collective with S > 0)
+    collectives: int = 0      # collectives in the current run
+    last_stall_end_ns: int = 0  # the latest recovered stall counted (a stall counts once however many it held)
+    last_when_ns: int = 0     # start of the latest collective counted: the test runs in the job's order
+
+    def update(self, z: float, design: CusumDesign, when_ns: int, at: float) -> float:
+        z = min(max(z, -design.cap), design.cap)
+        self.last_when_ns = max(self.last_when_ns, when_ns)
+        before = self.s
+        self.s = max(0.0, self.s + z - design.k)
+        self.updated_at = at
+        if self.s == 0.0:
+            self.collectives, self.onset_ns = 0, 0
+        else:
+            if before == 0.0:
+                self.onset_ns = when_ns
+            self.collectives += 1
+        return self.s
+
+    def reset(self) -> None:
+        self.s, self.collectives, self.onset_ns = 0.0, 0, 0

@@ -1,0 +1,48 @@
+"""The processor's settings: one typed object, read and checked once from the environment (MYCROFT_*).
+
+Knobs a user sets are environment variables (mycroft_otel/config.py documents and validates each); the
+constants below them are the detector's design, each with the reason for its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mycroft_otel import config
+from mycroft_otel.processor.sequential import CusumDesign
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # -- knobs (environment) --------------------------------------------------------------------
+    stall_ms: float = 3000.0        # MYCROFT_STALL_MS, >= 1: no progress this long is a hang
+    slow_factor: float = 2.0        # MYCROFT_SLOW_FACTOR, >= 1: a collective this many times its baseline
+                                    #   duration is analysed for a slowdown even when no agent flagged it
+    trace_ttl_s: float = 120.0      # MYCROFT_TRACE_TTL_S, > 0
+    max_traces: int = 20000         # MYCROFT_MAX_TRACES, >= 1
+    max_trace_bytes: int = 512 << 20  # MYCROFT_MAX_TRACE_BYTES, >= 1 MiB: span evidence held, all traces together
+    # -- detector design ------------------------------------------------------------------------
+    cusum: CusumDesign = field(default_factory=CusumDesign)
+    null_size: int = 512            # healthy scores kept per measure (a few dozen collectives of 8-16 ranks)
+    null_min_values: int = 32       # scores, and ...
+    null_min_collectives: int = 8   # ... collectives, before a measure's null is trusted
+    min_scale: float = 0.05         # log units: below a 5% spread the measure is treated as 5% noisy
+    evidence_ttl_s: float = 60.0    # a candidate's evidence older than this is forgotten (consecutive collectives)
+    straggler_ns: int = 1_000_000_000  # a rank everybody waited >= 1 s for is named from one collective
+    warmup_seq: int = 8             # a communicator's first collectives name no slowdown: NCCL connects peers
+                                    #   and registers buffers on first use, so they are slow by construction
+    step_floor_ns: float = 1000.0   # per-step waits are compared as (wait + floor): sub-us waits are noise
+    # -- incidents ------------------------------------------------------------------------------
+    incident_window_s: float = 120.0  # a culprit named this recently is the same incident
+    measure_batch: int = 256        # completed collectives measured in one pass over their flows
+
+    @classmethod
+    def from_env(cls, env=None, stall_ms: float | None = None) -> "Settings":
+        """The knobs from ``env`` (os.environ when None); a bad value raises naming the variable."""
+        return cls(
+            stall_ms=float(stall_ms if stall_ms is not None else config.get_int("MYCROFT_STALL_MS", env, lo=1)),
+            slow_factor=config.get_float("MYCROFT_SLOW_FACTOR", env, lo=1.0),
+            trace_ttl_s=config.get_float("MYCROFT_TRACE_TTL_S", env, lo=0.001),
+            max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1),
+            max_trace_bytes=config.get_int("MYCROFT_MAX_TRACE_BYTES", env, lo=1 << 20),
+        )

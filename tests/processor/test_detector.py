@@ -1,0 +1,83 @@
+"""The sequential slowdown test (processor/detector.py, sequential.py): its false-alarm budget, and what it
+names on synthetic collectives with a healthy spread like real NCCL's (H200 capture) and like a loaded host's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synth import Ring, jitter, scaled
+
+from mycroft_otel.processor import Processor
+from mycroft_otel.processor.sequential import CusumDesign, arl
+from mycroft_otel.processor.settings import Settings
+
+CAPTURE, LOADED = 0.15, 0.6  # healthy spread of per-step waits, log units (synth.jitter)
+
+
+def test_the_design_meets_its_false_alarm_budget():
+    """>= 10^6 collectives per candidate between false alarms even when healthy scores have exponential
+    tails (Laplace with the same MAD); a shift of 3 null scales is found in under 10 collectives; one
+    collective, however extreme, never alarms (winsorized: it adds at most cap - k < h)."""
+    d = Settings().cusum
+    assert arl(d, null="laplace") >= 1e6
+    assert arl(d, null="normal") >= 1e7
+    assert arl(d, shift=3.0) <= 10
+    assert d.cap - d.k < d.h
+    with pytest.raises(ValueError):
+        CusumDesign(k=1.0, h=0.5, cap=2.0)
+
+
+def _run(fault: str | None, factor: float, sigma: float, seed: int, onset: int = 40, total: int = 120,
+         n: int = 8) -> list:
+    """Collectives 1..total of an 8-rank ring, healthy spread ``sigma``, the fault from ``onset``; the
+    verdicts as (category, ranks, channel, collectives after the onset)."""
+    rng = np.random.default_rng(seed)
+    proc = Processor(env={}, settle_s=0.0)
+    out = []
+    for seq in range(1, total + 1):
+        ring = Ring(n, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+        jitter(ring, rng, sigma)
+        if fault is not None and seq >= onset:
+            scaled(ring, fault, 3, factor)
+        proc.ingest_request(ring.request())
+        out += [(v.category, v.finding.ranks, v.finding.channel, seq - onset) for v in proc.tick()]
+    return out
+
+
+@pytest.mark.parametrize("sigma", [CAPTURE, LOADED])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_healthy_job_is_silent(sigma, seed):
+    assert _run(None, 1.0, sigma, seed, total=300) == []
+
+
+@pytest.mark.parametrize("fault,category,channel", [("slow_gpu", "slow_gpu", None), ("slow_flow", "slow_flow", 1),
+                                                    ("slow_nic", "slow_nic", None), ("late_rank", "late_rank", None)])
+@pytest.mark.parametrize("factor", [1.5, 2.0, 3.0])
+def test_a_mild_sustained_fault_is_named_within_a_few_collectives(fault, category, channel, factor):
+    vs = _run(fault, factor, CAPTURE, seed=7)
+    assert vs, "not named"
+    cat, ranks, chan, after = vs[0]
+    assert (cat, ranks, chan) == (category, [3], channel)
+    assert 0 <= after <= 15, after
+
+
+@pytest.mark.parametrize("fault", ["slow_gpu", "slow_flow", "slow_nic"])
+def test_a_noisy_host_gets_a_wider_bar(fault):
+    """On a loaded host (4x the spread) a 3x fault is still named, later; nothing before it."""
+    vs = _run(fault, 3.0, LOADED, seed=3, total=160)
+    assert vs and vs[0][:2] == (fault, [3]) and 0 <= vs[0][3] <= 40, vs
+
+
+def test_one_outlier_alone_never_alarms():
+    """A descheduled proxy thread holds one flow 1000x for one collective, now and then: no verdict."""
+    rng = np.random.default_rng(5)
+    proc = Processor(env={}, settle_s=0.0)
+    vs = []
+    for seq in range(1, 200):
+        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+        jitter(ring, rng, CAPTURE)
+        if seq % 9 == 0:
+            ring.slow_flow(int(rng.integers(8)), 1, factor=1000)
+        proc.ingest_request(ring.request())
+        vs += proc.tick()
+    assert vs == [], [v.summary() for v in vs]
