@@ -225,8 +225,27 @@ class SlowdownDetector:
         elif by[slowdown.GPU]:
             g = max(by[slowdown.GPU], key=lambda a: a.cusum.s)
             touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
-            pick = touching[0] if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV] \
-                else g
+            sent = [a for a in touching if a.unit[0] == g.unit]
+            receivers = {a.unit[1] for a in sent}
+            if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
+                pick = touching[0]
+            elif sent:
+                # its flows out are slow too: the network holds the GPU back, not the other way round. A slow
+                # GPU posts its sends late, but once posted they move at the network's speed; here the kernel's
+                # send primitive blocks until a FIFO slot frees, which waits on the transmissions, so data
+                # received meanwhile waits for the GPU. Which end: flows to several receivers are this rank's
+                # NIC; flows to one receiver are that receiver's NIC when its other senders' flows read slow too
+                # (congestion into it), else this rank's (a ring's one peer cannot tell the ends apart)
+                into = None
+                if len(receivers) == 1:
+                    r = next(iter(receivers))
+                    into = self.cusums.get(self._candidate(st.job, st.comm, slowdown.NIC_RECV, r))
+                if into is not None and into.s >= self.s.cusum.h / 2:
+                    pick = Alarm(slowdown.NIC_RECV, r, into, g.z)
+                else:
+                    pick = Alarm(slowdown.NIC_SEND, g.unit, max(sent, key=lambda a: a.cusum.s).cusum, g.z)
+            else:
+                pick = g
         elif by[slowdown.NIC_SEND] or by[slowdown.NIC_RECV]:
             pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
         elif by[slowdown.FLOW]:
