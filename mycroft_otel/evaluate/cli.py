@@ -35,9 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "accuracy, false verdicts per 10^6 healthy collectives, latency in collectives")
     p.add_argument("--jobs", type=int, default=1, help="--corpus: scenarios run in parallel (processes; default 1)")
     p.add_argument("--plot", default=None, metavar="FILE.svg", help="--corpus: draw the detection curve here")
-    p.add_argument("--estimate-from", default=None, metavar="RUN.json",
-                   help="--corpus: print how long SPEC would take on one core, from another corpus's --json "
-                        "output, instead of running it")
+    p.add_argument("--estimate-from", nargs="+", default=None, metavar="RUN.json",
+                   help="--corpus: print how long SPEC would take on one core and its healthy collectives, "
+                        "extrapolated from other corpora's --json output, instead of running it")
 
 
 def table(rows: list[dict], summary: dict, virtual: bool = False) -> str:

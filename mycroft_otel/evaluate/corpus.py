@@ -98,7 +98,8 @@ class CorpusSpec:
                 raise ValueError(f"corpus {self.name}: unknown noise model {n!r}; known: {', '.join(NOISE_MODELS)}")
         for f in self.slowdowns:
             if f not in SLOWDOWN_PARAM:
-                raise ValueError(f"corpus {self.name}: {f!r} is not a slowdown fault; known: {', '.join(SLOWDOWN_PARAM)}")
+                raise ValueError(f"corpus {self.name}: {f!r} is not a slowdown fault; known: "
+                                 f"{', '.join(SLOWDOWN_PARAM)}")
         for f in self.hangs:
             if CATALOGUE.get(f, ("", ""))[1] != "hang" or CATALOGUE[f][3]:
                 raise ValueError(f"corpus {self.name}: {f!r} is not a hang that runs on virtual time; known: "
@@ -119,7 +120,7 @@ SIZES: dict[str, CorpusSpec] = {
                         healthy_seeds=(11,), healthy_topologies=("tpdp8", "ring8", "tree8", "tpdppp16"),
                         healthy_noises=("nccl", "jittery", "stragglers", "warmup", "mixed", "bubbles")),
     "full": CorpusSpec("full", topologies=tuple(TOPOLOGIES), noises=tuple(NOISE_MODELS), seeds=(1, 2, 3),
-                       healthy_seeds=tuple(range(11, 31))),
+                       healthy_seeds=tuple(range(11, 41))),
 }
 
 
@@ -367,7 +368,8 @@ def report(rows: list[dict]) -> dict:
 
 def text(rep: dict, spec_name: str) -> str:
     mags = sorted({float(m) for c in rep["curve"].values() for m in c}, key=float)
-    lines = [f"corpus {spec_name}: {rep['runs']} runs ({rep['fault_runs']} with a fault, {rep['healthy_runs']} healthy), "
+    lines = [f"corpus {spec_name}: {rep['runs']} runs ({rep['fault_runs']} with a fault, "
+             f"{rep['healthy_runs']} healthy), "
              f"{rep['sim_s']} s simulated in {rep['wall_s']} s of wall time (summed over runs)",
              "", "named right (first verdict after the onset: true culprit and category) / any verdict, "
              "by magnitude (x of the collective's time):"]
@@ -407,15 +409,15 @@ def text(rep: dict, spec_name: str) -> str:
 def estimate(spec: CorpusSpec, measured: list[dict], stall_ms: int = 3000) -> dict:
     """Wall time of ``spec`` on one core from measured rows (another corpus's ``--json`` runs): wall seconds
     per simulated second of the nearest measured (healthy or not, world size), scaled linearly in world size
-    beyond the largest measured one (the agent's polls of every ring dominate there); healthy collectives
-    likewise from the measured healthy runs' collectives per simulated second."""
+    beyond it (the agent's polls of every ring dominate big jobs); healthy collectives from the measured
+    healthy runs' collectives per simulated second and communicator, times the shape's communicators."""
     wall: dict[tuple[bool, int], list[float]] = {}
     coll: dict[int, list[float]] = {}
     for r in measured:
         if r["sim_s"]:
             wall.setdefault((r["fault"] == HEALTHY, r["world"]), []).append(r["wall_s"] / r["sim_s"])
             if r["fault"] == HEALTHY:
-                coll.setdefault(r["world"], []).append(r["collectives"] / r["sim_s"])
+                coll.setdefault(r["world"], []).append(r["collectives"] / r["sim_s"] / _n_comms(r["topology"]))
     if not wall:
         raise ValueError("no measured runs to extrapolate from")
 
@@ -433,7 +435,7 @@ def estimate(spec: CorpusSpec, measured: list[dict], stall_ms: int = 3000) -> di
         total_s += mean(wall[near]) * sim_s * max(1.0, world / near[1])
         if healthy and coll:
             wn = min(coll, key=lambda w: abs(w - world))
-            healthy_coll += mean(coll[wn]) * sim_s * max(1.0, world / wn)
+            healthy_coll += mean(coll[wn]) * sim_s * _n_comms(c.topology)
     return {"runs": len(todo), "wall_s_one_core": round(total_s), "healthy_run_collectives": int(healthy_coll)}
 
 
@@ -441,6 +443,13 @@ def _world(spec: str) -> int:
     from mycroft_otel.sim.topology import parse_topology
 
     return parse_topology(spec).world
+
+
+def _n_comms(topology: str) -> int:
+    """Communicators of a corpus shape (TP, DP and PP groups): each issues its own collectives."""
+    from mycroft_otel.sim.topology import build_comms, parse_topology
+
+    return sum(len(v) for v in build_comms(parse_topology(TOPOLOGIES[topology].spec)).values())
 
 
 # --- the picture -----------------------------------------------------------------------------------
@@ -471,7 +480,7 @@ def curve_svg(rep: dict, title: str, key: str = "named_right") -> str:
         out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0%}</text>')
     for m in mags:
         out.append(f'<line x1="{x(m):.1f}" y1="{top}" x2="{x(m):.1f}" y2="{top + ph}" stroke="#eee"/>')
-        out.append(f'<text x="{x(m):.1f}" y="{top + ph + 16}" text-anchor="middle">{m:g}x</text>')
+        out.append(f'<text x="{x(m):.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="10">{m:g}x</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
     out.append(f'<text x="{left + pw / 2}" y="{h - 10}" text-anchor="middle">slowdown of the faulty collective '
                '(x of its own time)</text>')
@@ -498,12 +507,17 @@ def _esc(s: str) -> str:
 
 
 def main_corpus(spec_name: str, stall_ms: int, jobs: int, as_json: bool, plot: str | None,
-                estimate_from: str | None, list_only: bool, log: Callable[[str], None]) -> tuple[int, str]:
+                estimate_from: list[str] | None, list_only: bool, log: Callable[[str], None]) -> tuple[int, str]:
     """The CLI's body (cli.py parses): returns (exit code, what to print on stdout)."""
     spec = load_spec(spec_name)
     if estimate_from:
-        data = json.loads(Path(estimate_from).read_text())
-        est = estimate(spec, data["runs"] if isinstance(data, dict) else data, stall_ms)
+        rows = []
+        for path in estimate_from:
+            data = json.loads(Path(path).read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+                raise ValueError(f"{path}: not the --json output of eval --corpus (no 'runs' list)")
+            rows += data["runs"]
+        est = estimate(spec, rows, stall_ms)
         return 0, json.dumps(dict(est, corpus=spec.name), indent=2) if as_json else (
             f"corpus {spec.name}: {est['runs']} runs, about {est['wall_s_one_core']} s "
             f"({est['wall_s_one_core'] / 3600:.1f} h) on one core (divide by --jobs), "
