@@ -88,6 +88,9 @@ class CorpusSpec:
     healthy_seeds: tuple[int, ...] = (11,)
     healthy_topologies: tuple[str, ...] = ()   # default: the same as topologies
     healthy_noises: tuple[str, ...] = ()       # default: the same as noises
+    # one-off late calls of a fixed lateness besides the sweep: Mycroft's straggler bar is everybody waiting
+    # >= 1 s, which the sweep's "x of the collective's time" does not reach on short collectives
+    late_once_ms: tuple[float, ...] = (1000.0,)
 
     def validate(self) -> None:
         for t in self.topologies + self.healthy_topologies:
@@ -104,6 +107,9 @@ class CorpusSpec:
             if CATALOGUE.get(f, ("", ""))[1] != "hang" or CATALOGUE[f][3]:
                 raise ValueError(f"corpus {self.name}: {f!r} is not a hang that runs on virtual time; known: "
                                  f"{', '.join(HANGS)}")
+        for ms in self.late_once_ms:
+            if not ms > 0:
+                raise ValueError(f"corpus {self.name}: late_once_ms {ms} must be > 0")
         for m in self.magnitudes:
             if not m > 1.0:
                 raise ValueError(f"corpus {self.name}: magnitude {m} must be > 1 (x of the collective's time)")
@@ -209,6 +215,11 @@ def cases(spec: CorpusSpec, factors: FactorCache | None = None) -> list[Case]:
                         sc = Scenario(f"{fault}-x{m:g}-{topo}-{noise}-s{seed}", _slow_spec(fault, param),
                                       topology=spec_t, seed=_job_seed(seed, fi, mi), duration_s=SLOW_DURATION_S)
                         out.append(Case(sc, fault, topo, noise, m, param))
+                for di, ms in enumerate(spec.late_once_ms):
+                    sc = Scenario(f"late_once-{ms:g}ms-{topo}-{noise}-s{seed}",
+                                  f"late_once:at={SLOW_AT_S:g},delay_ms={ms:g}", topology=spec_t,
+                                  seed=_job_seed(seed, 40, di), duration_s=SLOW_DURATION_S)
+                    out.append(Case(sc, "late_once", topo, noise, None, ms))
                 for fi, fault in enumerate(spec.hangs):
                     sc = Scenario(f"{fault}-{topo}-{noise}-s{seed}", f"{fault}:at={HANG_AT_S:g}", topology=spec_t,
                                   seed=_job_seed(seed, 50 + fi, 0),
@@ -318,8 +329,11 @@ def report(rows: list[dict]) -> dict:
     for f in faults:
         if f not in SLOWDOWN_PARAM:
             continue
+        mags = sorted({r["magnitude"] for r in faulty if r["fault"] == f and r["magnitude"] is not None})
+        if not mags:
+            continue
         by_m: dict[str, dict] = {}
-        for m in sorted({r["magnitude"] for r in faulty if r["fault"] == f}):
+        for m in mags:
             rs = [r for r in faulty if r["fault"] == f and r["magnitude"] == m]
             by_m[f"{m:g}"] = {"runs": len(rs), "named_right": _rate(rs, "named_right"),
                               "detected": _rate(rs, "detected")}
@@ -337,7 +351,8 @@ def report(rows: list[dict]) -> dict:
     fv_healthy = sum(r["false_verdicts"] for r in healthy)
     fv_all = sum(r["false_verdicts"] for r in rows)
     lat_all = [r["right_latency_collectives"] for r in faulty if r["right_latency_collectives"] is not None]
-    sustained = [r for r in faulty if r["fault"] in SLOWDOWN_PARAM and r["fault"] != "late_once"]
+    sustained = [r for r in faulty if r["fault"] in SLOWDOWN_PARAM and r["fault"] != "late_once"
+                 and r["magnitude"] is not None]
 
     def per_m(rs: list[dict], lo: float) -> float | None:
         return _rate([r for r in rs if r["magnitude"] >= lo], "named_right")
@@ -345,6 +360,9 @@ def report(rows: list[dict]) -> dict:
     return {
         "runs": len(rows), "fault_runs": len(faulty), "healthy_runs": len(healthy),
         "hangs_named_right": _rate([r for r in faulty if r["fault"] in HANGS], "named_right"),
+        # a one-off late call everybody waits >= 1 s for (Mycroft's straggler bar): the fixed late_once_ms cases
+        "late_once_ge_1s_named_right": _rate([r for r in faulty if r["fault"] == "late_once" and r["magnitude"] is None
+                                              and (r["param"] or 0) >= 1000.0], "named_right"),
         "sustained_named_right_ge_1_5x": per_m(sustained, 1.5),
         "sustained_named_right_ge_1_25x": per_m(sustained, 1.25),
         "sustained_named_right_ge_3x": per_m(sustained, 3.0),
@@ -392,7 +410,8 @@ def text(rep: dict, spec_name: str) -> str:
                      f"{fmt(p['category_accuracy']):>4s}  latency {p['latency_collectives_median']} / "
                      f"{p['latency_collectives_p90']} collectives")
     lines += ["",
-              f"hangs named right: {rep['hangs_named_right']}; sustained slowdowns named right at >= 1.25x: "
+              f"hangs named right: {rep['hangs_named_right']}; one-off late call >= 1 s named right: "
+              f"{rep['late_once_ge_1s_named_right']}; sustained slowdowns named right at >= 1.25x: "
               f"{rep['sustained_named_right_ge_1_25x']}, >= 1.5x: {rep['sustained_named_right_ge_1_5x']}, >= 3x: "
               f"{rep['sustained_named_right_ge_3x']}",
               f"onset to right verdict: median {rep['latency_collectives_median']}, p90 "
