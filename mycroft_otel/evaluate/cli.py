@@ -29,6 +29,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process on virtual time: deterministic, independent of the machine's load, faster "
                         "than real time (process faults need real processes and are left out)")
     p.add_argument("--topology", default=None, help="run every scenario on this topology instead of its own")
+    p.add_argument("--corpus", nargs="?", const="small", default=None, metavar="SPEC",
+                   help="the accuracy corpus on virtual time (implies --virtual): ci, small (the bare flag), full, "
+                        "or a JSON file of evaluate.corpus.CorpusSpec fields; prints the detection curve, "
+                        "accuracy, false verdicts per 10^6 healthy collectives, latency in collectives")
+    p.add_argument("--jobs", type=int, default=1, help="--corpus: scenarios run in parallel (processes; default 1)")
+    p.add_argument("--plot", default=None, metavar="FILE.svg", help="--corpus: draw the detection curve here")
+    p.add_argument("--estimate-from", nargs="+", default=None, metavar="RUN.json",
+                   help="--corpus: print how long SPEC would take on one core and its healthy collectives, "
+                        "extrapolated from other corpora's --json output, instead of running it")
 
 
 def table(rows: list[dict], summary: dict, virtual: bool = False) -> str:
@@ -75,6 +84,8 @@ def table(rows: list[dict], summary: dict, virtual: bool = False) -> str:
 
 def run(args: argparse.Namespace) -> int:
     stall_ms = config.get_int("MYCROFT_STALL_MS", lo=1)
+    if args.corpus is not None:
+        return _run_corpus(args, stall_ms)
     try:
         todo = scenarios.load(args.scenarios, stall_ms)
     except (OSError, ValueError) as exc:
@@ -151,3 +162,23 @@ def _run_virtual(args: argparse.Namespace, todo: list, stall_ms: int) -> int:
     else:
         print(table(rows, summary, virtual=True))
     return 0
+
+
+def _run_corpus(args: argparse.Namespace, stall_ms: int) -> int:
+    from mycroft_otel.evaluate import corpus
+
+    if args.only or args.topology or args.scenarios != "builtin" or args.keep:
+        print("mycroft-otel eval --corpus: --only, --topology, --scenarios and --keep do not apply (the corpus "
+              "names its own scenarios: write a corpus JSON file to choose them)", file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"mycroft-otel eval --corpus: --jobs must be >= 1 (got {args.jobs})", file=sys.stderr)
+        return 2
+    try:
+        rc, out = corpus.main_corpus(args.corpus, stall_ms, args.jobs, args.json, args.plot, args.estimate_from,
+                                     args.list, log=lambda m: print(m, file=sys.stderr))
+    except (OSError, ValueError) as exc:  # FaultError, TopologyError and a bad JSON file are ValueErrors
+        print(f"mycroft-otel eval --corpus: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return rc

@@ -30,7 +30,7 @@ from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.evaluate.sink import Verdict
 from mycroft_otel.processor.pipeline import Processor
 from mycroft_otel.sim.faults import parse_fault
-from mycroft_otel.sim.model import eval_model
+from mycroft_otel.sim.model import TimingModel, eval_model
 from mycroft_otel.sim.runner import RunConfig
 from mycroft_otel.sim.simulation import Simulation
 from mycroft_otel.sim.topology import parse_topology
@@ -77,6 +77,9 @@ class VirtualOutcome(Outcome):
     collectives: dict = field(default_factory=dict)  # verdict trace id -> collectives of the faulty comm since onset
     agent_requests: int = 0
     agent_bytes: int = 0
+    n_collectives: int = 0        # NCCL operations (collectives and p2p groups) the job issued, per communicator
+    collectives_before_onset: int = 0  # of them, issued before the fault's onset (all of them on a healthy run)
+    noise_events: list = field(default_factory=list)  # healthy stragglers (Simulation.noise_events)
 
 
 def scenario_env(sc: Scenario, stall_ms: int) -> dict:
@@ -104,7 +107,10 @@ def collectives_since(sim: Simulation, truth: dict, t0_ns: float, t1_ns: float) 
     return n
 
 
-def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None) -> VirtualOutcome:
+def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None,
+                 model: TimingModel | None = None) -> VirtualOutcome:
+    """``model``: the job's timing model (default the eval model under NCCL's noise; the corpus varies the
+    noise and the DP algorithm)."""
     if needs_real_processes(sc):
         raise ValueError(f"scenario {sc.name}: {sc.fault_name} needs real processes (run it without --virtual)")
     out = VirtualOutcome(sc)
@@ -113,7 +119,7 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
     env = scenario_env(sc, stall_ms)
     faults = [] if sc.fault_name == "healthy" else [parse_fault(sc.fault)]
     topo = parse_topology(sc.topology)
-    sim = Simulation(topo, eval_model(), faults, seed=sc.seed, duration_s=sc.duration_s,
+    sim = Simulation(topo, model or eval_model(), faults, seed=sc.seed, duration_s=sc.duration_s,
                      predict=topo.world <= 256)
     cfg = RunConfig(ring_dir=f"{work}/rings", job_id=f"eval-{sc.name}", plugin=plugin,
                     realtime_epoch_ns=REALTIME_EPOCH_NS)
@@ -152,6 +158,11 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
                 t1 = v.received_ns - job.epoch_realtime_ns
                 out.collectives[v.trace_id] = collectives_since(sim, out.truth, out.truth["onset_sim_ns"], t1)
         out.sim_stats = dict(job.stats)
+        onset_sim = out.truth.get("onset_sim_ns") if faults else None
+        out.n_collectives = len(sim.log)
+        out.collectives_before_onset = (len(sim.log) if onset_sim is None else
+                                        sum(1 for e in sim.log if min(e["issue"]) < onset_sim))
+        out.noise_events = list(sim.noise_events)
         out.events = int(sim.n_rows)
         out.world = topo.world
         out.sim_s = end_ns / 1e9

@@ -1,0 +1,167 @@
+"""mycroft-otel eval --virtual --corpus: the accuracy corpus and its report, on virtual time.
+
+The CI subset (``--corpus ci``) runs end to end once per module and its figures are checked against one
+table of expectations (``CI_EXPECTATIONS``): what the processor on main names today. A better detector
+tightens the table (raise a rate, lower a count); a worse one fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+import pytest
+
+from mycroft_otel.evaluate import corpus
+
+@dataclass(frozen=True)
+class Expect:
+    """The least shares of a (fault, magnitude)'s ci runs whose first verdict after the onset names the true
+    culprit with the true category (``named_right``), and the true culprit whatever the category (``culprit``)."""
+
+    named_right: float
+    culprit: float
+
+
+#: (fault, magnitude or None) -> Expect. Every case of --corpus ci is listed (checked below), so a new case
+#: needs its expectation here. Measured on the processor of main before the sequential slowdown detector.
+CI_EXPECTATIONS: dict[tuple[str, float | None], Expect] = {
+    **{(h, None): Expect(1.0, 1.0) for h in corpus.HANGS},        # every hang named right
+    ("slow_flow", 3.0): Expect(1.0, 1.0), ("slow_flow", 10.0): Expect(1.0, 1.0),  # sustained >= 3x
+    ("slow_nic", 3.0): Expect(1.0, 1.0),
+    # today the right rank, named slow_gpu (tighten to 1.0)
+    ("slow_nic", 10.0): Expect(0.0, 1.0),
+    ("congestion", 3.0): Expect(1.0, 1.0), ("congestion", 10.0): Expect(1.0, 1.0),
+    ("slow_gpu", 3.0): Expect(1.0, 1.0), ("slow_gpu", 10.0): Expect(1.0, 1.0),
+    ("late_rank", 3.0): Expect(1.0, 1.0), ("late_rank", 10.0): Expect(1.0, 1.0),
+    # a one-off call 1 s late (Mycroft's straggler bar; the issue asks >= 95 %): today never named (tighten)
+    ("late_once", None): Expect(0.0, 0.0),
+}
+CI_FALSE_ON_HEALTHY_RUNS = 0          # verdicts on the healthy runs (the issue: 0 in CI's subset)
+CI_FALSE_IN_FAULT_RUNS_MAX = 3        # before the onset, or naming a non-culprit (a hang's victims elsewhere)
+CI_LATENCY_MEDIAN_MAX = 10            # collectives from the onset to the first right verdict (the issue's bar)
+# The subset's size, so it stays a CI job (< 3 min on one core measured; docs/simulator.md "The corpus"):
+# simulated seconds and ranks, which fix the work whatever the machine's speed.
+CI_MAX_RUNS, CI_MAX_SIM_S, CI_MAX_WORLD = 25, 300.0, 8
+
+
+@pytest.fixture(scope="module")
+def plugin() -> str:
+    try:
+        from mycroft_otel.sim.runner import find_plugin
+
+        return find_plugin()
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"native build missing: {exc}")
+
+
+def _eval(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mycroft_otel", "eval", "--virtual", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ci(plugin, tmp_path_factory) -> dict:
+    svg = tmp_path_factory.mktemp("corpus") / "curve.svg"
+    r = _eval("--corpus", "ci", "--json", "--plot", str(svg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    out["svg"] = svg.read_text()
+    return out
+
+
+def test_every_ci_case_has_an_expectation():
+    listed = {(c.fault, c.magnitude) for c in corpus.cases(corpus.SIZES["ci"]) if c.fault != corpus.HEALTHY}
+    assert listed == set(CI_EXPECTATIONS)
+
+
+def test_ci_subset_stays_small():
+    todo = corpus.cases(corpus.SIZES["ci"])
+    assert len(todo) <= CI_MAX_RUNS
+    assert max(corpus._world(corpus.TOPOLOGIES[c.topology].spec) for c in todo) <= CI_MAX_WORLD
+
+
+@pytest.mark.parametrize("key", sorted(CI_EXPECTATIONS, key=str), ids=lambda k: f"{k[0]}-x{k[1]}")
+def test_ci_named_right_as_expected(ci, key):
+    fault, m = key
+    rows = [r for r in ci["runs"] if r["fault"] == fault and r["magnitude"] == m]
+    assert rows
+    seen = [(r["scenario"], r["top"] or "no verdict") for r in rows]
+    assert sum(r["named_right"] for r in rows) / len(rows) >= CI_EXPECTATIONS[key].named_right, seen
+    assert sum(bool(r["detected"] and r["culprit_ok"]) for r in rows) / len(rows) >= CI_EXPECTATIONS[key].culprit, seen
+
+
+def test_ci_false_verdicts_and_latency(ci):
+    rep = ci["report"]
+    assert ci["report"]["sim_s"] <= CI_MAX_SIM_S
+    assert rep["healthy_runs"] >= 2 and rep["healthy_run_collectives"] > 0
+    assert rep["false_verdicts_on_healthy_runs"] == CI_FALSE_ON_HEALTHY_RUNS
+    assert rep["false_verdicts_before_onset_or_wrong_culprit"] <= CI_FALSE_IN_FAULT_RUNS_MAX
+    per_1e6 = round(rep["false_verdicts"] * 1e6 / rep["healthy_collectives"], 1)
+    assert rep["false_per_1e6_healthy_collectives"] == per_1e6
+    assert rep["latency_collectives_median"] is not None and rep["latency_collectives_median"] <= CI_LATENCY_MEDIAN_MAX
+    # the counts come from the job: every fault run issued collectives before and after its onset
+    for r in ci["runs"]:
+        assert 0 < r["healthy_collectives"] <= r["collectives"]
+        assert (r["healthy_collectives"] == r["collectives"]) == (r["fault"] == corpus.HEALTHY)
+
+
+def test_ci_curve_report_and_picture(ci):
+    curve = ci["report"]["curve"]
+    assert set(curve) == set(corpus.SIZES["ci"].slowdowns)
+    for by_m in curve.values():
+        assert set(by_m) == {"3", "10"} and all(v["runs"] == 1 for v in by_m.values())
+    root = ET.fromstring(ci["svg"])
+    lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == len(curve)
+    legend = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert set(curve) <= legend
+
+
+def test_same_corpus_same_rows_with_a_process_pool(plugin, tmp_path):
+    spec = tmp_path / "two.json"
+    spec.write_text(json.dumps({"slowdowns": ["slow_flow"], "magnitudes": [10], "hangs": [], "late_once_ms": [],
+                                "healthy_seeds": [11]}))
+    a, b = _eval("--corpus", str(spec), "--json"), _eval("--corpus", str(spec), "--json", "--jobs", "2")
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-1000:], b.stderr[-1000:])
+    strip = lambda out: [{k: v for k, v in r.items() if k != "wall_s"} for r in json.loads(out)["runs"]]  # noqa: E731
+    assert strip(a.stdout) == strip(b.stdout) and len(strip(a.stdout)) == 2
+
+
+def test_factors_are_computed_once_per_fault_shape_and_magnitude(monkeypatch):
+    calls = []
+
+    def fake(name, target, topology, model=None, **kw):
+        calls.append((name, target, topology, model.nccl.dp_algo))
+        return 2.0
+
+    monkeypatch.setattr(corpus, "factor_for_slowdown", fake)
+    spec = corpus.CorpusSpec("t", slowdowns=("slow_flow",), magnitudes=(2.0,), hangs=(), topologies=("ring8", "tree8"),
+                             noises=("nccl", "jittery"), seeds=(1, 2))
+    todo = corpus.cases(spec)
+    assert len([c for c in todo if c.fault == "slow_flow"]) == 8
+    assert sorted(calls) == [("slow_flow", 2.0, corpus.TOPOLOGIES["ring8"].spec, "Ring"),
+                             ("slow_flow", 2.0, corpus.TOPOLOGIES["tree8"].spec, "Tree")]
+    assert len({c.scenario.name for c in todo}) == len(todo)
+    assert len({(c.scenario.seed, c.topology, c.noise) for c in todo}) == len(todo)
+
+
+def test_full_corpus_has_a_million_healthy_collectives(ci):
+    est = corpus.estimate(corpus.SIZES["full"], ci["runs"])
+    assert est["runs"] == len(corpus.cases(corpus.SIZES["full"]))
+    assert est["healthy_run_collectives"] >= 1_000_000
+
+
+@pytest.mark.parametrize("spec,msg", [("huge", "not a named size"), ('{"noises": ["loud"]}', "unknown noise model"),
+                                      ('{"colour": 1}', "unknown keys"), ('{"magnitudes": [0.5]}', "must be > 1"),
+                                      ('{"hangs": ["sigstop"]}', "not a hang that runs on virtual time")])
+def test_bad_corpus_spec_is_named(tmp_path, spec, msg):
+    arg = spec
+    if spec.startswith("{"):
+        (tmp_path / "c.json").write_text(spec)
+        arg = str(tmp_path / "c.json")
+    r = _eval("--corpus", arg, "--list", timeout=120)
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
