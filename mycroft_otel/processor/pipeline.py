@@ -191,6 +191,10 @@ class Processor:
                     self._slow_cand.pop(tid, None)
                     st.analysed_slow = True
                     ready.append(st)
+            # in the job's order, whatever order the spans came in (the agent reads its rings in directory
+            # order): the sequential test counts a collective that started before its latest evidence as late
+            # news, so the order within one tick decides what counts
+            ready.sort(key=lambda st: (min((r.start_ns for r in st.op.values()), default=0), st.seq))
             for st, m in zip(ready, self._measure(ready)):
                 v = self._analyse_slow(st, m, now_ns, mono)
                 if v is not None:
