@@ -16,7 +16,7 @@ import pytest
 _native = pytest.importorskip("mycroft_otel._native")
 
 from agent_helpers import make_agent  # noqa: E402
-from agent_shm import HEADER, LIVE, RECORD, FakeRing  # noqa: E402
+from agent_shm import HEADER, LAYOUT_VERSION, LIVE, RECORD, FakeRing  # noqa: E402
 from mycroft_otel.agent.source import default_reader_factory  # noqa: E402
 from native_support import run_isolated  # noqa: E402
 
@@ -78,12 +78,13 @@ def test_sparse_huge_fifo_and_symlinked_files_are_refused_quickly(tmp_path, otel
     ring_dir.mkdir(mode=0o700)
     good = FakeRing(ring_dir / "good.mycroft", rank=0, nranks=2)
     good.op_done()
-    # sparse-huge: a consistent header for 600,000 live slots on a sparse 3.8 GB file (one live() took 11 s)
+    # sparse-huge: a consistent header for 200,000 live slots (50x the plugin's bound; the offsets are u32) on a
+    # sparse file of gigabytes
     h = np.zeros((), HEADER)
-    h["magic"], h["layout_version"], h["header_size"] = 0x315446524359434D, 1, HEADER.itemsize
+    h["magic"], h["layout_version"], h["header_size"] = 0x315446524359434D, LAYOUT_VERSION, HEADER.itemsize
     live_off = (HEADER.itemsize + 63) & ~63
-    h["live_slots"], h["ring_capacity"] = 600000, 16
-    h["live_offset"], h["ring_offset"] = live_off, live_off + 600000 * LIVE.itemsize
+    h["live_slots"], h["ring_capacity"] = 200000, 16
+    h["live_offset"], h["ring_offset"] = live_off, live_off + 200000 * LIVE.itemsize
     h["file_size"] = int(h["ring_offset"]) + 16 * RECORD.itemsize
     with open(ring_dir / "huge.mycroft", "wb") as f:
         f.write(h.tobytes())
