@@ -224,40 +224,16 @@ class SlowdownDetector:
             pick = max(late, key=lambda a: a.cusum.s)
         elif by[slowdown.GPU]:
             g = max(by[slowdown.GPU], key=lambda a: a.cusum.s)
-            touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
-            sent = [a for a in touching if a.unit[0] == g.unit]
-            receivers = {a.unit[1] for a in sent}
-            if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
-                pick = touching[0]
-            elif sent:
-                # its flows out are slow too: the network holds the GPU back, not the other way round. A slow
-                # GPU posts its sends late, but once posted they move at the network's speed; here the kernel's
-                # send primitive blocks until a FIFO slot frees, which waits on the transmissions, so data
-                # received meanwhile waits for the GPU. Which end: flows to several receivers are this rank's
-                # NIC; flows to one receiver are that receiver's NIC when its other senders' flows read slow too
-                # (congestion into it), else this rank's (a ring's one peer cannot tell the ends apart)
-                into = None
-                if len(receivers) == 1:
-                    r = next(iter(receivers))
-                    into = self.cusums.get(self._candidate(st.job, st.comm, slowdown.NIC_RECV, r))
-                if into is not None and into.s >= self.s.cusum.h / 2:
-                    pick = Alarm(slowdown.NIC_RECV, r, into, g.z)
-                else:
-                    pick = Alarm(slowdown.NIC_SEND, g.unit, max(sent, key=lambda a: a.cusum.s).cusum, g.z)
-            else:
-                pick = g
+            pick = self._path(st, ev, g.unit, g)
+            if pick is g:
+                touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
+                if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
+                    pick = touching[0]  # its kernel queued behind the collective that one flow delayed
         elif by[slowdown.NIC_SEND] or by[slowdown.NIC_RECV]:
             pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
         elif by[slowdown.FLOW]:
-            pick = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
-            # every flow of its sender half way there too: the NIC, whose least-waiting flow is only slower
-            # to accumulate (it is the minimum of the slowed flows' noise)
-            sender = pick.unit[0]
-            mine = [u for u in ev.values[slowdown.FLOW][0] if u[0] == sender]
-            half = self.s.cusum.h / 2
-            if len(mine) >= 2 and all(self.cusums.get(self._candidate(st.job, st.comm, slowdown.FLOW, u), Cusum()).s
-                                      >= half for u in mine):
-                pick = Alarm(slowdown.NIC_SEND, sender, pick.cusum, pick.z)
+            f = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
+            pick = self._path(st, ev, f.unit[0], f)
         elif by[slowdown.PROXY]:
             others = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)
             if not self._accumulating(st, others):
@@ -270,6 +246,38 @@ class SlowdownDetector:
         if pick is None:
             return None
         return self._finding(st, pick, recovered)
+
+    def _path(self, st: TraceState, ev: slowdown.Evidence, sender: int, alarm: Alarm) -> Alarm:
+        """Who holds whom back, once a rank's GPU or one of its flows out alarms: the network path its
+        evidence points at, else ``alarm`` itself.
+
+        A slow GPU posts its sends late, but once posted they move at the network's speed: slow flows *out* of
+        a rank are the network's doing. They also hold its GPU back (the kernel's send primitive blocks until
+        a FIFO slot frees, so data received meanwhile waits for the GPU), and with two similar effects the one
+        that crosses h first is a matter of noise, so the decision reads each flow's accumulated evidence
+        (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
+        one receiver whose other senders' flows read slow too are that receiver's NIC (congestion into it);
+        else some of the sender's flows slow and others not are those flows (a link, a route, a QP), all of
+        them its NIC (a ring's one peer cannot tell the two ends apart: the sender is named), and a rank with
+        one flow out names that flow."""
+        half = self.s.cusum.h / 2
+        out = [u for u in ev.values.get(slowdown.FLOW, ([], None))[0] if u[0] == sender]
+        slow = [(u, c) for u in out
+                if (c := self.cusums.get(self._candidate(st.job, st.comm, slowdown.FLOW, u))) is not None
+                and c.s >= half]
+        if not slow:
+            return alarm
+        u, c = max(slow, key=lambda x: x[1].s)
+        into = self.cusums.get(self._candidate(st.job, st.comm, slowdown.NIC_RECV, u[1]))
+        if len({v[1] for v, _ in slow}) == 1 and into is not None and into.s >= half:
+            path = Alarm(slowdown.NIC_RECV, u[1], into, alarm.z)
+        elif len(slow) < len(out) or len(out) == 1:
+            path = Alarm(slowdown.FLOW, u, c, alarm.z)
+        else:
+            path = Alarm(slowdown.NIC_SEND, sender, c, alarm.z)
+        if path.cusum is not alarm.cusum:
+            alarm.cusum.reset()  # what it measured was the path's doing: named once, as the path
+        return path
 
     def _finding(self, st: TraceState, a: Alarm, recovered: Finding | None) -> Finding:
         c = a.cusum
