@@ -20,23 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_common, also when this file is loaded by path
 
-NRANKS = 4
+import gpu_common  # noqa: E402  (the four-hosts job: rank_env, launching and reading the ranks)
+from gpu_common import NRANKS, ROOT  # noqa: E402
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
 
 
@@ -47,10 +42,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    rank, world, dev = gpu_common.join_job()
     results: dict[str, dict[str, float]] = {}
     nxt, prv = (rank + 1) % world, (rank - 1) % world
 
@@ -75,21 +67,11 @@ def worker(args: argparse.Namespace) -> int:
     for mib in args.sizes_mib:
         n = int(mib * (1 << 20)) // 4
         for op in OPS:
-            fn = run(op, n)
-            for _ in range(3):  # warm-up (and communicator creation)
-                fn()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(args.iters):
-                t0 = time.perf_counter()
-                fn()
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
+            times = gpu_common.time_calls(run(op, n), args.iters)
             results[f"{op}/{mib}MiB"] = {"median_s": statistics.median(times), "min_s": min(times)}
     dist.barrier()
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "?"
-    print("RESULT " + json.dumps({"rank": rank, "results": results, "nccl": nccl, "torch": torch.__version__,
-                                  "gpu": torch.cuda.get_device_name(0)}), flush=True)
+    gpu_common.report({"rank": rank, "results": results, "nccl": gpu_common.nccl_version() or "?",
+                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)})
     dist.destroy_process_group()
     return 0
 
@@ -97,74 +79,16 @@ def worker(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------
 # orchestration
 # ------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def nccl_version_tuple() -> tuple[int, ...]:
-    try:
-        import torch
-
-        return tuple(torch.cuda.nccl.version())
-    except Exception:  # noqa: BLE001 - torch absent or without NCCL
-        return ()
-
-
-def rank_env(rank: int, port: int, plugin: str | None, ring_dir: Path, log_dir: Path, tag: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for k in ("NCCL_PROFILER_PLUGIN",):
-        env.pop(k, None)
-    env.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(NRANKS), "RANK": str(rank),
-        "LOCAL_RANK": str(rank), "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
-        # four "hosts" on one GPU: NCCL then uses the network transport and its proxy thread
-        "NCCL_HOSTID": f"mycroft-gpucheck-{rank}", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo",
-        "NCCL_MULTI_RANK_GPU_ENABLE": "1",
-        "NCCL_DEBUG": env.get("NCCL_DEBUG", "INFO"), "NCCL_DEBUG_SUBSYS": env.get("NCCL_DEBUG_SUBSYS", "INIT,ENV"),
-        "NCCL_DEBUG_FILE": str(log_dir / f"nccl-{tag}-r{rank}.%h.%p.log"),
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        "MYCROFT_JOB_ID": "gpu-check",
-    })
-    if plugin:
-        env.update({"NCCL_PROFILER_PLUGIN": plugin, "MYCROFT_RING_DIR": str(ring_dir),
-                    "MYCROFT_RING_RECORDS": "8192"})
-    else:
-        env["NCCL_PROFILER_PLUGIN"] = "none"
-    return env
-
-
-def run_ranks(args, plugin: str | None, ring_dir: Path, log_dir: Path, tag: str) -> dict:
-    port = free_port()
+def run_ranks(args: argparse.Namespace, plugin: str | None, ring_dir: Path, log_dir: Path, tag: str) -> dict:
+    """One 4-rank job of worker(), bounded to --timeout-s; which ranks failed and what each reported."""
+    port = gpu_common.free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--iters", str(args.iters),
            "--sizes-mib", ",".join(map(str, args.sizes_mib))]
-    procs = []
     t0 = time.monotonic()
-    for r in range(NRANKS):
-        out = open(log_dir / f"{tag}-r{r}.out", "w")
-        procs.append((subprocess.Popen(cmd, env=rank_env(r, port, plugin, ring_dir, log_dir, tag), stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True), out))
-    deadline = t0 + args.timeout_s
-    failed = []
-    for r, (p, out) in enumerate(procs):
-        try:
-            rc = p.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if rc != 0:
-            failed.append((r, rc))
-    for p, out in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        out.close()
-    results = {}
-    for r in range(NRANKS):
-        for line in (log_dir / f"{tag}-r{r}.out").read_text(errors="replace").splitlines():
-            if line.startswith("RESULT "):
-                results[r] = json.loads(line[len("RESULT "):])
-    return {"tag": tag, "wall_s": time.monotonic() - t0, "failed": failed, "ranks": results}
+    envs = [gpu_common.rank_env(r, port, plugin, ring_dir, log_dir, tag) for r in range(NRANKS)]
+    ranks = gpu_common.launch(cmd, envs, [log_dir / f"{tag}-r{r}.out" for r in range(NRANKS)])
+    failed = gpu_common.wait(ranks, t0 + args.timeout_s)
+    return {"tag": tag, "wall_s": time.monotonic() - t0, "failed": failed, "ranks": gpu_common.results(ranks)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -307,7 +231,7 @@ def dry_run_capture(plugin: str, ring_dir: Path) -> None:
     q = Seq()
     for rank in range(NRANKS):
         env = {"MYCROFT_RING_DIR": str(ring_dir), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "NCCL_HOSTID": f"mycroft-gpucheck-{rank}", "MYCROFT_JOB_ID": "gpu-check-dry"}
+               "NCCL_HOSTID": gpu_common.host_id(rank), "MYCROFT_JOB_ID": "gpu-check-dry"}
         ctx = d.init(None, 0x6D7963726F667421, NRANKS, NRANKS, rank, env=env)
         for s in range(8):
             ring_allreduce(q, ctx, rank, NRANKS, s, n_channels=2, steps=2 * (NRANKS - 1))
@@ -318,7 +242,7 @@ def dry_run_capture(plugin: str, ring_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "runs" / f"gpu_check-{int(time.time())}"),
+    ap.add_argument("--out", default=gpu_common.default_out("gpu_check"),
                     help="output directory (default: $OUT, else runs/gpu_check-<time>)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--sizes-mib", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 16.0])
@@ -332,9 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
 
-    from mycroft_otel.paths import plugin_path
-
-    plugin = args.plugin or str(plugin_path())
+    plugin = gpu_common.plugin_or_default(args.plugin)
     out = Path(args.out)
     ring_dir, log_dir = out / "rings", out / "logs"
     if ring_dir.exists():
@@ -343,24 +265,20 @@ def main(argv: list[str] | None = None) -> int:
     capture: dict = {"kind": "mycroft-otel gpu_check", "version": 1, "dry_run": args.dry_run, "plugin": plugin,
                      "host": platform.node(), "nranks": NRANKS, "time_ns": time.time_ns(),
                      "settings": {"iters": args.iters, "sizes_mib": args.sizes_mib,
-                                  "env": {"NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo",
-                                          "NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_HOSTID": "mycroft-gpucheck-<rank>"}}}
+                                  "env": {**gpu_common.FOUR_HOSTS_ENV, "NCCL_HOSTID": gpu_common.host_id("<rank>")}}}
     timing = None
     t0 = time.monotonic()
     if args.dry_run:
         dry_run_capture(plugin, ring_dir)
     else:
-        try:
-            import torch
-        except ImportError:
-            print("gpu_check: PyTorch is not installed (pip install torch); use --dry-run without a GPU",
-                  file=sys.stderr)
+        missing = gpu_common.cuda_missing("gpu_check")
+        if missing:
+            print(missing, file=sys.stderr)
             return 2
-        if not torch.cuda.is_available():
-            print("gpu_check: no CUDA device visible; use --dry-run", file=sys.stderr)
-            return 2
+        import torch
+
         capture["torch"] = torch.__version__
-        capture["nccl"] = ".".join(map(str, nccl_version_tuple()))
+        capture["nccl"] = gpu_common.nccl_version()
         capture["gpu"] = torch.cuda.get_device_name(0)
         runs = []
         if not args.skip_baseline:

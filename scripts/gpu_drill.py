@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fault drill on real NCCL (issue 15): inject each fault into a fresh 4-rank job and score the verdict.
 
-On one GPU, four ranks pretend to be four hosts (gpu_check's NCCL_HOSTID / Socket-over-lo setup), run a
+On one GPU, four ranks pretend to be four hosts (gpu_common's NCCL_HOSTID / Socket-over-lo setup), run a
 training-like loop (compute, then an all-reduce of the gradient bucket) with the plugin, while the agent and
 the processor run as in production (eval's harness: real subprocesses, OTLP/gRPC into a sink here). Faults,
 one fresh job each:
@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,18 +42,15 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_common, also when this file is loaded by path
 
-import gpu_check  # noqa: E402  (rank_env: the four-hosts-on-one-GPU setup)
+import gpu_common  # noqa: E402  (the four-hosts job: rank_env, launching and reading the ranks)
+from gpu_common import NRANKS  # noqa: E402
 
 from mycroft_otel.evaluate import harness  # noqa: E402
 from mycroft_otel.evaluate.scenarios import Scenario  # noqa: E402
 from mycroft_otel.evaluate.sink import Sink  # noqa: E402
 
-NRANKS = gpu_check.NRANKS
 TOPOLOGY = "nodes=4,gpus=1,tp=1,dp=4"  # the simulator's picture of the same job
 STALL_MS = 3000
 HANG_ONSET_S, SLOW_ONSET_S = 3.0, 4.0   # simulated job: seconds after the start
@@ -95,13 +91,10 @@ def train_worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     fault, culprit = os.environ.get("DRILL_FAULT", "healthy"), int(os.environ.get("DRILL_CULPRIT", "-1"))
     onset = int(os.environ["DRILL_ONSET_NS"])
     end = int(os.environ["DRILL_END_NS"])
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    rank, _, dev = gpu_common.join_job()
     w = torch.randn(1024, 1024, device=dev)
     grad = torch.ones(1 << 20, device=dev)  # 4 MiB bucket
     me = rank == culprit
@@ -150,25 +143,12 @@ def overhead_worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    rank, _, dev = gpu_common.join_job()
     out: dict[str, float] = {}
     for mib in (1, 16):
         x = torch.ones(mib << 18, device=dev)
-        for _ in range(3):
-            dist.all_reduce(x)
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(args.iters):
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t0)
-        out[f"{mib}MiB"] = statistics.median(ts)
-    nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    print("RESULT " + json.dumps({"rank": rank, "nccl": nccl, "medians_s": out}), flush=True)
+        out[f"{mib}MiB"] = statistics.median(gpu_common.time_calls(lambda: dist.all_reduce(x), args.iters))
+    gpu_common.report({"rank": rank, "nccl": gpu_common.nccl_version(), "medians_s": out})
     dist.destroy_process_group()
     return 0
 
@@ -204,29 +184,21 @@ def run_gpu_fault(f: Fault, sink: Sink, out: Path, plugin: str, log) -> harness.
     t0 = time.time_ns()
     onset = t0 + int(GPU_ONSET_S * 1e9)
     end = onset + int(((STALL_MS / 1000 + 6.0) if f.hang else 12.0) * 1e9)
-    port = gpu_check.free_port()
-    procs = []
+    port = gpu_common.free_port()
+    envs = []
     for r in range(NRANKS):
-        env = gpu_check.rank_env(r, port, plugin, ring_dir, log_dir, f.name)
+        env = gpu_common.rank_env(r, port, plugin, ring_dir, log_dir, f.name)
         env.update({"DRILL_FAULT": f.name, "DRILL_CULPRIT": str(-1 if f.culprit is None else f.culprit),
                     "DRILL_ONSET_NS": str(onset), "DRILL_END_NS": str(end), "MYCROFT_JOB_ID": f"drill-{f.name}"})
-        fh = open(log_dir / f"r{r}.out", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, "--train-worker"], env=env, stdout=fh,
-                                       stderr=subprocess.STDOUT, start_new_session=True), fh))
+        envs.append(env)
+    ranks = gpu_common.launch([sys.executable, __file__, "--train-worker"], envs,
+                              [log_dir / f"r{r}.out" for r in range(NRANKS)])
     if f.name in ("sigstop", "sigkill"):
         time.sleep(max(0.0, (onset - time.time_ns()) / 1e9))
-        os.kill(procs[f.culprit][0].pid, signal.SIGSTOP if f.name == "sigstop" else signal.SIGKILL)
-        log(f"  {f.name} rank {f.culprit} (pid {procs[f.culprit][0].pid})")
+        os.kill(ranks[f.culprit].proc.pid, signal.SIGSTOP if f.name == "sigstop" else signal.SIGKILL)
+        log(f"  {f.name} rank {f.culprit} (pid {ranks[f.culprit].proc.pid})")
     time.sleep(max(0.0, (end - time.time_ns()) / 1e9) + 2.0)
-    for p, fh in procs:  # a hung job never ends on its own: that is the point
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGCONT)
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        p.wait()
-        fh.close()
+    gpu_common.end(ranks)  # a hung job never ends on its own: that is the point
     time.sleep(1.5)
     for comp in (agent, processor):
         comp.stop()
@@ -305,30 +277,18 @@ def nccl_libraries(wheels: Path, versions: list[str], cuda_major: str, out: Path
 
 def _overhead_job(args, plugin: str | None, lib: str, log_dir: Path, ring_dir: Path, tag: str) -> dict:
     """One 4-rank job; {rank: medians} of the ranks that finished."""
-    port = gpu_check.free_port()
-    procs = []
+    port = gpu_common.free_port()
+    envs = []
     for r in range(NRANKS):
-        env = gpu_check.rank_env(r, port, plugin, ring_dir, log_dir, tag)
+        env = gpu_common.rank_env(r, port, plugin, ring_dir, log_dir, tag)
         env.update({"NCCL_DEBUG": "WARN", "MYCROFT_RING_RECORDS": "512"})
         if lib:
             env["LD_PRELOAD"] = lib
-        fh = open(log_dir / f"{tag}-r{r}.out", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, "--overhead-worker", "--iters", str(args.iters)],
-                                       env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True), fh))
-    deadline = time.monotonic() + args.job_timeout_s
-    for p, fh in procs:
-        try:
-            p.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        fh.close()
-    res = {}
-    for r in range(NRANKS):
-        for line in (log_dir / f"{tag}-r{r}.out").read_text(errors="replace").splitlines():
-            if line.startswith("RESULT "):
-                res[r] = json.loads(line[7:])
-    return res
+        envs.append(env)
+    ranks = gpu_common.launch([sys.executable, __file__, "--overhead-worker", "--iters", str(args.iters)], envs,
+                              [log_dir / f"{tag}-r{r}.out" for r in range(NRANKS)])
+    gpu_common.wait(ranks, time.monotonic() + args.job_timeout_s)
+    return gpu_common.results(ranks)
 
 
 def run_overhead(args, plugin: str, out: Path, deadline: float, log, save) -> list[dict]:
@@ -337,7 +297,7 @@ def run_overhead(args, plugin: str, out: Path, deadline: float, log, save) -> li
 
     rows: list[dict] = []
     cuda_major = (torch.version.cuda or "12").split(".")[0]
-    torch_nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    torch_nccl = gpu_common.nccl_version()
     versions = [v for v in args.nccl_versions.split(",") if v]
     libs = nccl_libraries(Path(args.wheels), versions, cuda_major, out)
     # torch's own NCCL is measured too, unless a wheel of the same release already is
@@ -400,7 +360,7 @@ def gpu_check_abi(path: Path) -> int:
 # ------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "runs" / f"gpu_drill-{int(time.time())}"))
+    ap.add_argument("--out", default=gpu_common.default_out("gpu_drill"))
     ap.add_argument("--dry-run", action="store_true", help="no GPU: the same faults and scoring on the simulator")
     ap.add_argument("--only", nargs="+", metavar="FAULT", choices=[f.name for f in FAULTS])
     ap.add_argument("--plugin", default=None, help="the plugin .so (default: mycroft-otel plugin-path)")
@@ -426,23 +386,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--pairs must be at least 10 (medians and spread need them)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from mycroft_otel import paths
-
-    plugin = args.plugin or str(paths.plugin_path())
+    plugin = gpu_common.plugin_or_default(args.plugin)
     t_start = time.monotonic()
 
     def log(msg: str) -> None:
         print(f"[gpu_drill {time.monotonic() - t_start:5.0f}s] {msg}", file=sys.stderr, flush=True)
 
-    if not args.dry_run:
-        try:
-            import torch
-        except ImportError:
-            print("gpu_drill: PyTorch is not installed; use --dry-run without a GPU", file=sys.stderr)
-            return 2
-        if not torch.cuda.is_available():
-            print("gpu_drill: no CUDA device visible; use --dry-run", file=sys.stderr)
-            return 2
+    missing = None if args.dry_run else gpu_common.cuda_missing("gpu_drill")
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     faults = [] if args.skip_faults else [f for f in FAULTS if not args.only or f.name in args.only]
     deadline = t_start + args.budget_s
     doc = {"kind": "mycroft-otel gpu_drill", "dry_run": args.dry_run, "topology": TOPOLOGY, "stall_ms": STALL_MS,

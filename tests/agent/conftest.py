@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from agent_helpers import export_to  # noqa: E402
 from agent_sink import SinkServer  # noqa: E402
 
 
@@ -22,13 +22,6 @@ def sink_server():
 
 @pytest.fixture
 def otel_env(sink_server, monkeypatch):
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink_server.endpoint)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
-    monkeypatch.setenv("OTEL_SERVICE_NAME", "agent-test")
+    export_to(sink_server, "agent-test", monkeypatch)
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
-    for k in list(os.environ):
-        if k.startswith("MYCROFT_"):
-            monkeypatch.delenv(k)
     return sink_server

@@ -43,6 +43,16 @@ def _pipeline(cm: am.CollectiveMetrics):
     return provider, cap
 
 
+def _poll(tmp_path, cm: am.CollectiveMetrics) -> None:
+    """One poll of an agent over the rings in tmp_path that feeds cm; no span is sampled (metrics count all)."""
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+    finally:
+        agent.close()
+
+
 def _metrics(cap: Capture) -> dict:
     provider_out = {}
     for rm in cap.batches[-1].resource_metrics:
@@ -62,14 +72,11 @@ def test_every_completion_is_counted_not_only_sampled(tmp_path, otel_env):
     rings[0].begin(live)
     cm = am.CollectiveMetrics()
     provider, cap = _pipeline(cm)
-    agent = make_agent(tmp_path, sample_ratio=0.0)
-    agent.metrics = cm
     try:
-        agent.poll_once()
+        _poll(tmp_path, cm)
         provider.force_flush()
         got = _metrics(cap)
     finally:
-        agent.close()
         provider.shutdown()
     dur = got[am.DURATION]
     assert dur.unit == "s" and dur.data.aggregation_temporality == AggregationTemporality.CUMULATIVE
@@ -107,12 +114,7 @@ def test_cardinality_caps_go_to_one_overflow_series(tmp_path, otel_env):
         ring.op_done(count=1 << 10)
         ring.op_done(count=1 << 20, func=BROADCAST)  # a second series on each communicator
     cm = am.CollectiveMetrics(max_comms=2, max_ranks=2, max_peers=1)
-    agent = make_agent(tmp_path, sample_ratio=0.0)
-    agent.metrics = cm
-    try:
-        agent.poll_once()
-    finally:
-        agent.close()
+    _poll(tmp_path, cm)
     dur = cm.histograms()[0]
     attrs = [dict(p.attributes) for p in dur.data.data_points]
     assert len(attrs) == 5
@@ -127,12 +129,7 @@ def test_allgather_busbw_is_per_rank_bytes_times_n_minus_1(tmp_path, otel_env):
     ring = FakeRing(tmp_path / "r0", rank=0, nranks=8)
     ring.op_done(func=ALLGATHER, dur_ns=2_000_000, count=1 << 20)
     cm = am.CollectiveMetrics()
-    agent = make_agent(tmp_path, sample_ratio=0.0)
-    agent.metrics = cm
-    try:
-        agent.poll_once()
-    finally:
-        agent.close()
+    _poll(tmp_path, cm)
     bw = cm.histograms()[1].data.data_points[0]
     # the record's bytes are one rank's send buffer: busBw = (n-1) × that / time (nccl-tests' (n-1)/n of the total)
     assert bw.sum == pytest.approx(7 * (4 << 20) / (2e-3 - 1e-6))
@@ -187,12 +184,7 @@ def test_hostile_records_stay_bounded(tmp_path, otel_env):
     bad = ring.make_op(start_ns=5000, end_ns=10)  # ends before it starts: not a duration
     ring.complete(bad)
     cm = am.CollectiveMetrics(max_peers=8)
-    agent = make_agent(tmp_path, sample_ratio=0.0)
-    agent.metrics = cm
-    try:
-        agent.poll_once()
-    finally:
-        agent.close()
+    _poll(tmp_path, cm)
     dur = cm.histograms()[0]
     assert sum(p.count for p in dur.data.data_points) == 100
     assert len(dur.data.data_points) == 1  # 50 unknown function codes: one series, not 50 with one label set

@@ -6,7 +6,6 @@ builders and isolated runs; tests/agent: the OTLP sink, the layout writer, make_
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 for sub in ("native", "agent"):
     sys.path.insert(0, str(HERE.parent / sub))
 
+from agent_helpers import export_to  # noqa: E402
 from agent_sink import SinkServer  # noqa: E402
 from native_support import built_plugin  # noqa: E402
 
@@ -33,14 +33,7 @@ def plugin_so() -> str:
 def otel_env(monkeypatch):
     """A real OTLP gRPC receiver and an agent environment pointing at it (no MYCROFT_* from outside)."""
     srv = SinkServer()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.endpoint)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
-    monkeypatch.setenv("OTEL_SERVICE_NAME", "reliability-test")
-    for k in list(os.environ):
-        if k.startswith("MYCROFT_"):
-            monkeypatch.delenv(k)
+    export_to(srv, "reliability-test", monkeypatch)
     yield srv
     srv.stop()
 

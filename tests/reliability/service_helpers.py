@@ -9,6 +9,7 @@ import ssl
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Iterator, TypeVar
 
 import trustme
 
@@ -66,19 +67,50 @@ def post(port: int, body: bytes, headers: dict | None = None, tls: ssl.SSLContex
         c.close()
 
 
+_D = TypeVar("_D", bound="_Dripping")
+
+
 @dataclass
-class Drippers:
+class _Dripping:
+    """Connections that a thread feeds a byte a second until stop(): clients slow enough to pin a server's
+    workers. A subclass opens them (_open, each with its first bytes sent) and says what one drip sends (_drip)."""
+
+    port: int
+    socks: list[socket.socket] = field(default_factory=list, kw_only=True)
+    _stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
+    _thread: threading.Thread | None = field(default=None, kw_only=True)
+
+    def start(self: _D) -> _D:
+        for s in self._open():
+            s.setblocking(False)  # the drip thread checks each socket for an answer, it never waits on one
+            self.socks.append(s)
+        self._thread = threading.Thread(target=self._drip, daemon=True)
+        self._thread.start()
+        return self
+
+    def _open(self) -> Iterator[socket.socket]:
+        raise NotImplementedError
+
+    def _drip(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        for s in self.socks:
+            s.close()
+
+
+@dataclass
+class Drippers(_Dripping):
     """Clients that send one byte per second, a slowloris: half still in a header's value, half in a declared
     body."""
 
-    port: int
     n: int
-    socks: list[socket.socket] = field(default_factory=list)
     closed_by_server: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
-    def start(self) -> "Drippers":
+    def _open(self) -> Iterator[socket.socket]:
         for i in range(self.n):
             s = socket.create_connection(("127.0.0.1", self.port))
             if i % 2:  # complete headers, a body it never finishes
@@ -86,11 +118,7 @@ class Drippers:
                           b"Content-Length: 100000\r\n\r\n")
             else:  # valid headers so far, one of them never ending
                 s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nX-Padding: ")
-            s.setblocking(False)
-            self.socks.append(s)
-        self._thread = threading.Thread(target=self._drip, daemon=True)
-        self._thread.start()
-        return self
+            yield s
 
     def _drip(self) -> None:
         live = list(self.socks)
@@ -114,13 +142,6 @@ class Drippers:
                     live.remove(s)
                     self.closed_by_server += 1
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        for s in self.socks:
-            s.close()
-
 
 def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
@@ -131,18 +152,14 @@ def _hpack_literal(name: bytes, value: bytes) -> bytes:  # literal header field,
 
 
 @dataclass
-class GrpcDrippers:
+class GrpcDrippers(_Dripping):
     """HTTP/2 connections whose gRPC Export calls announce a 100 kB message and then send it a byte a second
     (raw frames: a real gRPC client would not let us drip)."""
 
-    port: int
     connections: int
     streams: int
-    socks: list[socket.socket] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
-    def start(self) -> "GrpcDrippers":
+    def _open(self) -> Iterator[socket.socket]:
         headers = b"".join(_hpack_literal(k, v) for k, v in (
             (b":method", b"POST"), (b":scheme", b"http"),
             (b":path", b"/opentelemetry.proto.collector.trace.v1.TraceService/Export"),
@@ -155,11 +172,7 @@ class GrpcDrippers:
                 sid = 2 * i + 1
                 s.sendall(_h2_frame(1, 4, sid, headers)  # HEADERS, END_HEADERS
                           + _h2_frame(0, 0, sid, b"\x00" + (100_000).to_bytes(4, "big")))  # gRPC message prefix
-            s.setblocking(False)
-            self.socks.append(s)
-        self._thread = threading.Thread(target=self._drip, daemon=True)
-        self._thread.start()
-        return self
+            yield s
 
     def _drip(self) -> None:
         while not self._stop.wait(1.0):
@@ -174,10 +187,3 @@ class GrpcDrippers:
                         s.send(_h2_frame(0, 0, 2 * i + 1, b"x"))
                     except OSError:
                         pass
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        for s in self.socks:
-            s.close()
