@@ -74,13 +74,13 @@ class SlowdownDetector:
             _bounded_put(table, key, n)
         return n
 
-    def _scores(self, key: tuple, name: str, values: np.ndarray, p2p: bool) -> tuple[np.ndarray, str] | None:
-        """(scores, mode): log-ratios to the collective's median ("x"), or to the measure's recent healthy
-        level ("h") when the trace holds too few candidates or is one p2p transfer (a slow transfer slows all
-        its channels alike: it is compared with the communicator's other transfers); None when there is
-        nothing to compare to yet."""
+    def _scores(self, key: tuple, name: str, values: np.ndarray, sel, p2p: bool) -> tuple[np.ndarray, str] | None:
+        """(scores of the candidates ``sel``, mode): log-ratios to the collective's median of all its
+        candidates ("x"), or to this place's recent healthy level ("h") when the trace holds too few
+        candidates or is one p2p transfer (a slow transfer slows all its channels alike: it is compared with
+        the communicator's other transfers); None when there is nothing to compare to yet."""
         if name == slowdown.LATE:
-            return values, "x"
+            return values[sel], "x"
         lv = np.log(values + self.s.step_floor_ns)
         level = self._null(self.levels, key)
         if len(values) >= 2 and not p2p:
@@ -90,7 +90,7 @@ class SlowdownDetector:
             ref, mode = level.location_scale()[0], "h"
         else:
             ref, mode = 0.0, ""
-        x = (ref - lv) if name == slowdown.PROXY else (lv - ref)
+        x = (ref - lv[sel]) if name == slowdown.PROXY else (lv[sel] - ref)
         return (x, mode) if mode else None
 
     # -- judging one collective -------------------------------------------------------------
@@ -133,49 +133,65 @@ class SlowdownDetector:
         return f
 
     def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> list[Alarm]:
-        d = self.s.cusum
         job, comm = st.job, st.comm
         func = "p2p" if st.func in P2P else st.func
         bucket = (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
         when = min((r.start_ns for r in st.op.values()), default=0)
         alarms: list[Alarm] = []
-        for name, (units, values) in ev.values.items():
-            key = (job, comm, func, bucket, name)
-            got = self._scores(key, name, values, func == "p2p")
-            if got is None:
-                self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
-                continue
-            x, mode = got
-            null = self._null(self.nulls, key + (mode,))
-            ready = len(null) >= self.s.null_min_values and null.collectives >= self.s.null_min_collectives
-            healthy = np.ones(len(units), dtype=bool)
-            if ready:
-                loc, scale = null.location_scale()
-                z = (x - loc) / scale
-                for i, u in enumerate(units):
-                    ck = self._candidate(job, comm, name, u)
-                    c = self.cusums.get(ck)
-                    if c is None:
-                        if z[i] <= d.k:
-                            continue  # no evidence to keep: a healthy candidate costs nothing
-                        c = Cusum()
-                        _bounded_put(self.cusums, ck, c)
-                    elif when < c.last_when_ns:
-                        # late news: a collective older than the candidate's latest evidence (flagged ones
-                        # arrive at once, sampled ones of before the fault later); the test runs in the job's
-                        # order, so it only teaches the null
-                        healthy[i] = c.s < d.h / 2
-                        continue
-                    elif at - c.updated_at > self.s.evidence_ttl_s:
-                        c.reset()  # evidence from long ago says nothing about consecutive collectives
-                    s = c.update(float(z[i]), d, when, at)
-                    # a candidate gathering evidence does not teach the null what healthy looks like
-                    healthy[i] = s < d.h / 2
-                    if s >= d.h:
-                        alarms.append(Alarm(name, u, c, float(z[i])))
-            null.add(x[healthy])
-            if name != slowdown.LATE:
-                self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
+        for name, (all_units, all_values) in ev.values.items():
+            places = ev.places.get(name)
+            # candidates that differ by construction (their place in a tree) are each compared with the
+            # collective's median but judged against their own place's null
+            groups = [(None, slice(None))] if places is None else \
+                [(p, np.flatnonzero(places == p)) for p in np.unique(places).tolist()]
+            for place, sel in groups:
+                key = (job, comm, func, bucket, name) + (() if place is None else (place,))
+                units = all_units if place is None else [all_units[i] for i in sel]
+                values = all_values[sel]
+                got = self._scores(key, name, all_values, sel, func == "p2p")
+                if got is None:
+                    self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
+                    continue
+                alarms += self._test(key, name, units, values, got, when, at, comm, job)
+        return alarms
+
+    def _test(self, key: tuple, name: str, units: list, values: np.ndarray, got: tuple[np.ndarray, str], when: int,
+              at: float, comm: str, job: str) -> list[Alarm]:
+        """One group of candidates through the test: their CUSUMs updated, the null and level taught with
+        the healthy ones; the candidates that alarm."""
+        d = self.s.cusum
+        x, mode = got
+        alarms: list[Alarm] = []
+        null = self._null(self.nulls, key + (mode,))
+        ready = len(null) >= self.s.null_min_values and null.collectives >= self.s.null_min_collectives
+        healthy = np.ones(len(units), dtype=bool)
+        if ready:
+            loc, scale = null.location_scale()
+            z = (x - loc) / scale
+            for i, u in enumerate(units):
+                ck = self._candidate(job, comm, name, u)
+                c = self.cusums.get(ck)
+                if c is None:
+                    if z[i] <= d.k:
+                        continue  # no evidence to keep: a healthy candidate costs nothing
+                    c = Cusum()
+                    _bounded_put(self.cusums, ck, c)
+                elif when < c.last_when_ns:
+                    # late news: a collective older than the candidate's latest evidence (flagged ones
+                    # arrive at once, sampled ones of before the fault later); the test runs in the job's
+                    # order, so it only teaches the null
+                    healthy[i] = c.s < d.h / 2
+                    continue
+                elif at - c.updated_at > self.s.evidence_ttl_s:
+                    c.reset()  # evidence from long ago says nothing about consecutive collectives
+                s = c.update(float(z[i]), d, when, at)
+                # a candidate gathering evidence does not teach the null what healthy looks like
+                healthy[i] = s < d.h / 2
+                if s >= d.h:
+                    alarms.append(Alarm(name, u, c, float(z[i])))
+        null.add(x[healthy])
+        if name != slowdown.LATE:
+            self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
         return alarms
 
     def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:

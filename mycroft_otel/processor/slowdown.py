@@ -60,6 +60,7 @@ class Measures:
     sent_wait: np.ndarray  # ... and their send steps' GPU + network wait per step (the proxy's share is the rest)
     steps: np.ndarray      # per send flow into a completed rank: the steps it announced ...
     expected: np.ndarray   # ... and those its receiver's flow from it announced (-1: not known)
+    place: np.ndarray      # ... and its place in the channel's graph (flow_place)
 
 
 # The flow counters the comparisons read (the rest of each span is not decoded for them).
@@ -114,6 +115,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     rx = np.flatnonzero(recv)
     expected = rca.receiver_steps(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
                                   table[rx, F_PEER], table[rx, F_STEPS])
+    place = flow_place(row, table[:, F_CHANNEL], table[:, F_SEND] == 1, table[:, F_PEER], out_rows, src, dst)
     # proxy: the send steps' GPU + network wait per step
     sent = send & (table[:, F_STEPS] > 0)
     sent_of = np.flatnonzero(np.bincount(row[sent], minlength=len(refs)))
@@ -137,8 +139,35 @@ def measure(traces: list[TraceState]) -> list[Measures]:
             gpu_of=gpu_at[g[t]:g[t + 1]], gpu=gpu[g[t]:g[t + 1]],
             src=src_at[f[t]:f[t + 1]], dst=dst_at[f[t]:f[t + 1]], channel=channel[f[t]:f[t + 1]],
             net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], sent_wait=sent_wait[p[t]:p[t + 1]],
-            steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]]))
+            steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]],
+            place=place[f[t]:f[t + 1]]))
     return out
+
+
+_DEG_MAX = 15  # peers per rank, channel and direction told apart (NCCL's trees have <= 3, rings 1)
+
+
+def flow_place(row: np.ndarray, channel: np.ndarray, send: np.ndarray, peer: np.ndarray, out_rows: np.ndarray,
+               src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Per send flow (``out_rows``, from rank ``src`` to rank ``dst``): its place in its channel's graph,
+    (the sender's peers sent to on that channel) x 16 + (the receiver's peers received from on it).
+
+    In a ring every flow has one place (1, 1). In NCCL's trees a leaf sends to its parent only, an inner
+    rank to its parent and its children: a leaf's flow up feeds a rank that reduces several children and
+    waits on their slowest, a flow down to a leaf feeds a rank that only copies. Such flows differ by
+    construction, every collective alike, so each place keeps its own null (detector.py) rather than
+    reading its structural difference as a fault. Each end's degrees come from that rank's own flows."""
+    ch = np.clip(channel, 0, 255).astype(np.int64)
+    key = ((row.astype(np.int64) << 9) | (ch << 1) | send.astype(np.int64))
+    pairs = np.unique((key << 21) | (np.clip(peer, -1, (1 << 20) - 2) + 1))  # distinct (rank, channel, dir, peer)
+    keys, deg = np.unique(pairs >> 21, return_counts=True)
+    out_ch = ch[out_rows]
+
+    def degree(rank_rows: np.ndarray, is_send: int) -> np.ndarray:
+        at = rca.lookup(keys, (rank_rows.astype(np.int64) << 9) | (out_ch << 1) | is_send)
+        return np.where(at >= 0, np.minimum(deg[np.maximum(at, 0)], _DEG_MAX), 0)
+
+    return degree(src, 1) * 16 + degree(dst, 0)
 
 
 def _median(values: np.ndarray) -> float:
@@ -216,6 +245,7 @@ class Evidence:
     the makespan); the others per-step waits in ns (larger = slower, ``proxy`` inverted by the detector)."""
 
     values: dict[str, tuple[list, np.ndarray]]
+    places: dict[str, np.ndarray]  # per measure whose candidates differ by construction: each one's place
     lateness_ns: int        # the last rank's start after the others' median start
     late_rank: int          # that rank (-1: fewer than 2 ranks)
     others_waited_ns: int   # the shortest time any other rank spent in the collective
@@ -225,11 +255,13 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
     ranks = m.ranks
     n = len(ranks)
     vals: dict[str, tuple[list, np.ndarray]] = {}
+    places: dict[str, np.ndarray] = {}
     if len(m.gpu):
         vals[GPU] = ([int(ranks[i]) for i in m.gpu_of], m.gpu)
     if len(m.net):
         s, d, ch = ranks[m.src], ranks[m.dst], m.channel
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
+        places[FLOW] = m.place
         for name, side, other in ((NIC_SEND, m.src, m.dst), (NIC_RECV, m.dst, m.src)):
             order = np.argsort(side, kind="stable")
             keys, first, count = np.unique(side[order], return_index=True, return_counts=True)
@@ -259,7 +291,7 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
             med = np.array([_median(np.delete(m.arrival, i)) for i in range(n)]) if n <= 64 else \
                 np.full(n, _median(m.arrival))
             vals[LATE] = ([int(r) for r in ranks], np.maximum(0.0, m.arrival - med) / makespan)
-    return Evidence(vals, lateness, late_rank, waited)
+    return Evidence(vals, places, lateness, late_rank, waited)
 
 
 def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:
