@@ -65,6 +65,7 @@ class SlowdownDetector:
         self.nulls: dict[tuple, RobustNull] = {}     # (job, comm, func, bucket, measure, mode) -> scores
         self.levels: dict[tuple, RobustNull] = {}    # (job, comm, func, bucket, measure) -> log(value + floor)
         self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
+        self.named: dict[tuple, Cusum] = {}          # (job, comm) -> the evidence of the slowdown named last
 
     # -- the per-measure scores -------------------------------------------------------------
     def _null(self, table: dict, key: tuple) -> RobustNull:
@@ -127,10 +128,22 @@ class SlowdownDetector:
                 alarms.append(alarm)
         if not alarms:
             return None
+        if self._explained(st):
+            for a in alarms:
+                a.cusum.reset()  # consequences (or the named fault itself, which its incident holds): spent
+            return None
         f = self._name(st, m, ev, alarms, recovered)
         if f is not None:
             rca.decorate(st, rca.build_views(st), f)
         return f
+
+    def _explained(self, st: TraceState) -> bool:
+        """The slowdown named last in this communicator persists: its culprit still reads slow (this
+        collective's score beyond the drift k) or keeps evidence. A ring or tree is a pipeline, so one slow
+        GPU, flow or NIC slows its neighbours' steps too (they wait for it, and the ones before it block on
+        its credits); alarms on them while it persists are its consequences, not new faults."""
+        c = self.named.get((st.job, st.comm))
+        return c is not None and (c.s > 0 or c.z > self.s.cusum.k)
 
     def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> list[Alarm]:
         job, comm = st.job, st.comm
@@ -239,7 +252,7 @@ class SlowdownDetector:
         if late:
             pick = max(late, key=lambda a: a.cusum.s)
         elif by[slowdown.GPU]:
-            g = max(by[slowdown.GPU], key=lambda a: a.cusum.s)
+            g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
             pick = self._path(st, ev, g.unit, g)
             if pick is g:
                 touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
@@ -262,6 +275,22 @@ class SlowdownDetector:
         if pick is None:
             return None
         return self._finding(st, pick, recovered)
+
+    def _source_gpu(self, st: TraceState, ev: slowdown.Evidence, g: Alarm) -> Alarm:
+        """Of the GPUs gathering evidence in this collective, the one whose data waits longest: a slow GPU
+        holds its ring neighbours back (the one before it blocks in its send primitive until a FIFO slot
+        frees, so the data it received waits for its GPU too), and which of them crosses h first is a matter
+        of noise; the held-back wait is the source's, less the slack of NCCL_STEPS slots."""
+        half = self.s.cusum.h / 2
+        best = g
+        for u in ev.values[slowdown.GPU][0]:
+            c = self.cusums.get(self._candidate(st.job, st.comm, slowdown.GPU, u))
+            if c is not None and c is not g.cusum and c.s >= half and c.last_when_ns == g.cusum.last_when_ns \
+                    and c.z > best.z:
+                best = Alarm(slowdown.GPU, u, c, c.z)
+        if best is not g:
+            g.cusum.reset()  # its evidence was the source's doing: named once, as the source
+        return best
 
     def _path(self, st: TraceState, ev: slowdown.Evidence, sender: int, alarm: Alarm) -> Alarm:
         """Who holds whom back, once a rank's GPU or one of its flows out alarms: the network path its
@@ -318,6 +347,7 @@ class SlowdownDetector:
         if recovered is not None and recovered.ranks == [who] and recovered.category == cat:
             what = recovered.evidence
         onset = c.onset_ns
+        _bounded_put(self.named, (st.job, st.comm), c)
         c.reset()  # named: the incident window dedupes what follows; a fault that persists accumulates again
         return Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
                        confidence=round(min(0.95, 0.6 + 0.02 * n), 3),

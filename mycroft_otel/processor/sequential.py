@@ -123,8 +123,10 @@ class Cusum:
     collectives: int = 0      # collectives in the current run
     last_stall_end_ns: int = 0  # the latest recovered stall counted (a stall counts once however many it held)
     last_when_ns: int = 0     # start of the latest collective counted: the test runs in the job's order
+    z: float = 0.0            # the latest collective's standardized score (before winsorizing)
 
     def update(self, z: float, design: CusumDesign, when_ns: int, at: float) -> float:
+        self.z = z
         z = min(max(z, -design.cap), design.cap)
         self.last_when_ns = max(self.last_when_ns, when_ns)
         before = self.s
