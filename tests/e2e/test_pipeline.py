@@ -67,12 +67,8 @@ for _name, _rank in _ORDER:
 #   (one rank's send steps wait much less than everybody's) shows in every other collective only, and 3 are needed.
 # - coll_mismatch: with 2 processors the mismatched collective and the ones queued behind it land on different
 #   processors (trace-ID routing); the one holding only a queued collective may name gpu_stalled first.
-# - slow_nic: with 2 processors each sees half of the collectives; the culprit's GPU (held back by its own slow
-#   sends: the kernel's send primitive waits for FIFO slots) can cross the sequential test's bar before any of
-#   its flows out does, and the rank is then named slow_gpu (right rank, wrong category).
 KNOWN_MISSES = {"slow_proxy": "the processor names no verdict for it (eval too)",
-                "coll_mismatch": "cross-trace analysis split over processors",
-                "slow_nic": "named slow_gpu at the right rank when its GPU's evidence crosses first"}
+                "coll_mismatch": "cross-trace analysis split over processors"}
 
 
 def _param(sc):
