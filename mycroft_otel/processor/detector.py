@@ -253,7 +253,13 @@ class SlowdownDetector:
             pick = max(late, key=lambda a: a.cusum.s)
         elif by[slowdown.GPU]:
             g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
-            pick = self._path(st, ev, g.unit, g)
+            proxy = self.cusums.get(self._candidate(st.job, st.comm, slowdown.PROXY, g.unit))
+            if proxy is not None and proxy.s >= self.s.cusum.h / 2:
+                # its own sends wait least while its received data waits: its proxy hands completed receives
+                # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
+                g.cusum.reset()
+                g = Alarm(slowdown.PROXY, g.unit, proxy, g.z)
+            pick = self._path(st, ev, g.unit, g) if g.measure == slowdown.GPU else g
             if pick is g:
                 touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
                 if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
