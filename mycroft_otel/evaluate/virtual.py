@@ -108,9 +108,10 @@ def collectives_since(sim: Simulation, truth: dict, t0_ns: float, t1_ns: float) 
 
 
 def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None,
-                 model: TimingModel | None = None) -> VirtualOutcome:
+                 model: TimingModel | None = None, ring_records: int | None = None) -> VirtualOutcome:
     """``model``: the job's timing model (default the eval model under NCCL's noise; the corpus varies the
-    noise and the DP algorithm)."""
+    noise and the DP algorithm). ``ring_records``: completions per ring (default the plugin's; a job of
+    thousands of contexts needs fewer to fit /dev/shm)."""
     if needs_real_processes(sc):
         raise ValueError(f"scenario {sc.name}: {sc.fault_name} needs real processes (run it without --virtual)")
     out = VirtualOutcome(sc)
@@ -122,7 +123,8 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
     sim = Simulation(topo, model or eval_model(), faults, seed=sc.seed, duration_s=sc.duration_s,
                      predict=topo.world <= 256)
     cfg = RunConfig(ring_dir=f"{work}/rings", job_id=f"eval-{sc.name}", plugin=plugin,
-                    realtime_epoch_ns=REALTIME_EPOCH_NS)
+                    realtime_epoch_ns=REALTIME_EPOCH_NS,
+                    **({} if ring_records is None else {"ring_records": ring_records}))
     job = VirtualJob(sim, cfg)
     transport = MemoryTransport()
     agent = None
