@@ -311,7 +311,7 @@ class Agent:
             if an is not None and self.s.peer_export:
                 self._flag((ctx.src.comm_hash, traces[i]))
             exported = (an is not None or sampled(traces[i], self.bound)
-                        or (coll and ctx.cadence.keep(seqs[i], end[i]))
+                        or ctx.cadence.keep(seqs[i], end[i])
                         or (ctx.src.comm_hash, traces[i]) in self.flagged)
             if exported:
                 keep.append(i)

@@ -516,7 +516,7 @@ def user_loop(job: Job, rank: int, rcs: list[RankComm], done: threading.Event) -
                 job.mark_onset("mismatch")
             items.append({"func": func, "count": 1 << (20 + m), "steps": steps})
         outstanding += world.launch(items, it)
-        if len(rcs) > 1 and cfg.get("pp_every", 3) and it % cfg.get("pp_every", 3) == 1:
+        if len(rcs) > 1 and cfg.get("pp_every", 3) and it % cfg.get("pp_every", 3) == 1 % cfg.get("pp_every", 3):
             pp = rcs[1]
             pn = pp.nch
             items = [{"func": "Send", "peer": (rank + 1) % R, "count": 1 << 18, "steps": 3, "nch": pn},

@@ -52,8 +52,10 @@ SCENARIOS = [
     Scenario("gpu_stall_v5_16ch", version=5, nch=16, step_numbering="growing",
              fault={"kind": "gpu_stall", "rank": 6, "at_iter": AT},
              expect={"category": "gpu_stalled", "ranks": [6]}),
-    # pipeline-parallel: the Send of rank 2 to rank 3 on the "pp" communicator is slow (both channels)
-    Scenario("pp_slow_transfer", kind="slowdown", iters=AT_SLOW + 24,
+    # pipeline-parallel: the Send of rank 2 to rank 3 on the "pp" communicator is slow (both channels). A
+    # transfer every iteration, as a pipeline moves one per micro-batch: the sequential test learns the pair's
+    # healthy transfers first (its first 8 are NCCL's connection warm-up, then 8 to trust the null)
+    Scenario("pp_slow_transfer", kind="slowdown", iters=AT_SLOW + 24, pp_every=1,
              fault={"kind": "slow_p2p", "rank": 2, "at_iter": AT_SLOW, "factor": 2000},
              expect={"category": ["slow_flow", "slow_nic"], "ranks": [2, 3]}),
 ]
