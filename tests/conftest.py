@@ -7,11 +7,24 @@ They stay in the run as non-strict xfail, so a fix shows up as XPASS and the lis
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 _LIST = Path(__file__).with_name("known_failures.txt")
+_REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def stack_load():
+    """benchmarks/stack_load/run.py as a module: the 1,024-rank load job (its topology, model and runner)."""
+    spec = importlib.util.spec_from_file_location("stack_load_run", _REPO / "benchmarks" / "stack_load" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _known() -> dict[str, str]:

@@ -17,31 +17,19 @@ peer launched it) and a verdict would measure the machine, not the detector.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 DURATION_S = float(os.environ.get("MYCROFT_LOAD_SECONDS", "120"))
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("stack_load_run", REPO / "benchmarks" / "stack_load" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def load(e2e_bin_dir, tmp_path_factory):
-    res = _bench().run_job(tmp_path_factory.mktemp("stack-load"), duration_s=DURATION_S, bin_dir=e2e_bin_dir,
+def load(e2e_bin_dir, tmp_path_factory, stack_load):
+    res = stack_load.run_job(tmp_path_factory.mktemp("stack-load"), duration_s=DURATION_S, bin_dir=e2e_bin_dir,
                            record=False, log=print)  # fmt: skip
     print(json.dumps(res, indent=1))
     return res

@@ -15,10 +15,6 @@ whatever the machine's load, so a verdict here is the detector's.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from mycroft_otel.evaluate import virtual
@@ -27,22 +23,12 @@ from mycroft_otel.processor.settings import Settings
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 SIM_S = 30.0
 
 
-def _stack_load():
-    spec = importlib.util.spec_from_file_location("stack_load_run", REPO / "benchmarks" / "stack_load" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_healthy_1024_rank_job_gets_no_verdict_on_virtual_time():
-    load = _stack_load()
-    sc = Scenario("healthy-1024", "healthy", topology=load.TOPOLOGY, seed=5, duration_s=SIM_S)
-    out = virtual.run_scenario(sc, int(Settings().stall_ms), model=load.load_model(), ring_records=64)
+def test_healthy_1024_rank_job_gets_no_verdict_on_virtual_time(stack_load):
+    sc = Scenario("healthy-1024", "healthy", topology=stack_load.TOPOLOGY, seed=5, duration_s=SIM_S)
+    out = virtual.run_scenario(sc, int(Settings().stall_ms), model=stack_load.load_model(), ring_records=64)
     assert out.world == 1024 and out.events > 1_000_000, (out.world, out.events)
     assert out.agent_requests > 0
     seen = [(v.category, v.attrs.get("mycroft.rca.evidence")) for v in out.verdicts]
