@@ -334,7 +334,10 @@ class SlowdownDetector:
         c = a.cusum
         n = c.collectives
         cat = slowdown.CATEGORY_OF[a.measure]
-        seen = f"(sustained over {n} collectives: CUSUM {c.s:.1f} >= {self.s.cusum.h:g})"
+        h = self.s.cusum.h
+        # a path or source named for the evidence it explains may itself be only half way to h
+        seen = (f"(sustained over {n} collectives: CUSUM {c.s:.1f} >= {h:g})" if c.s >= h else
+                f"(sustained over {n} collectives: CUSUM {c.s:.1f}, and {h:g} reached by what it holds back)")
         chan = peer = None
         if a.measure == slowdown.FLOW:
             s, d, chan = a.unit
