@@ -253,8 +253,8 @@ class SlowdownDetector:
             pick = max(late, key=lambda a: a.cusum.s)
         elif by[slowdown.GPU]:
             g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
-            proxy = self.cusums.get(self._candidate(st.job, st.comm, slowdown.PROXY, g.unit))
-            if proxy is not None and proxy.s >= self.s.cusum.h / 2:
+            proxy = self._gathering(st, slowdown.PROXY, g.unit)
+            if proxy is not None:
                 # its own sends wait least while its received data waits: its proxy hands completed receives
                 # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
                 g.cusum.reset()
@@ -275,24 +275,26 @@ class SlowdownDetector:
                 pick = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
                 # a rank that launched late waits least too (everybody was ready for it): late, not its proxy
                 if pick.unit == ev.late_rank and ev.lateness_ns > 0 and \
-                        self.cusums.get(self._candidate(st.job, st.comm, slowdown.LATE, pick.unit), Cusum()).s >= \
-                        self.s.cusum.h / 2:
+                        self._gathering(st, slowdown.LATE, pick.unit) is not None:
                     pick = Alarm(slowdown.LATE, pick.unit, pick.cusum, pick.z)
         if pick is None:
             return None
         return self._finding(st, pick, recovered)
+
+    def _gathering(self, st: TraceState, measure: str, unit) -> Cusum | None:
+        """The candidate's evidence when it is half way to an alarm (S >= h/2), else None."""
+        c = self.cusums.get(self._candidate(st.job, st.comm, measure, unit))
+        return c if c is not None and c.s >= self.s.cusum.h / 2 else None
 
     def _source_gpu(self, st: TraceState, ev: slowdown.Evidence, g: Alarm) -> Alarm:
         """Of the GPUs gathering evidence in this collective, the one whose data waits longest: a slow GPU
         holds its ring neighbours back (the one before it blocks in its send primitive until a FIFO slot
         frees, so the data it received waits for its GPU too), and which of them crosses h first is a matter
         of noise; the held-back wait is the source's, less the slack of NCCL_STEPS slots."""
-        half = self.s.cusum.h / 2
         best = g
         for u in ev.values[slowdown.GPU][0]:
-            c = self.cusums.get(self._candidate(st.job, st.comm, slowdown.GPU, u))
-            if c is not None and c is not g.cusum and c.s >= half and c.last_when_ns == g.cusum.last_when_ns \
-                    and c.z > best.z:
+            c = self._gathering(st, slowdown.GPU, u)
+            if c is not None and c is not g.cusum and c.last_when_ns == g.cusum.last_when_ns and c.z > best.z:
                 best = Alarm(slowdown.GPU, u, c, c.z)
         if best is not g:
             g.cusum.reset()  # its evidence was the source's doing: named once, as the source
@@ -311,16 +313,13 @@ class SlowdownDetector:
         else some of the sender's flows slow and others not are those flows (a link, a route, a QP), all of
         them its NIC (a ring's one peer cannot tell the two ends apart: the sender is named), and a rank with
         one flow out names that flow."""
-        half = self.s.cusum.h / 2
         out = [u for u in ev.values.get(slowdown.FLOW, ([], None))[0] if u[0] == sender]
-        slow = [(u, c) for u in out
-                if (c := self.cusums.get(self._candidate(st.job, st.comm, slowdown.FLOW, u))) is not None
-                and c.s >= half]
+        slow = [(u, c) for u in out if (c := self._gathering(st, slowdown.FLOW, u)) is not None]
         if not slow:
             return alarm
         u, c = max(slow, key=lambda x: x[1].s)
-        into = self.cusums.get(self._candidate(st.job, st.comm, slowdown.NIC_RECV, u[1]))
-        if len({v[1] for v, _ in slow}) == 1 and into is not None and into.s >= half:
+        into = self._gathering(st, slowdown.NIC_RECV, u[1])
+        if len({v[1] for v, _ in slow}) == 1 and into is not None:
             path = Alarm(slowdown.NIC_RECV, u[1], into, alarm.z)
         elif len(slow) < len(out) or len(out) == 1:
             path = Alarm(slowdown.FLOW, u, c, alarm.z)
