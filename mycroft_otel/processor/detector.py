@@ -36,6 +36,7 @@ from mycroft_otel.processor.state import P2P, TraceState
 
 # precedence when several candidates of one collective alarm (see the module docstring)
 _ORDER = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW, slowdown.PROXY)
+_NAMED_KEPT = 8  # slowdowns named per communicator whose persistence explains later alarms there
 _MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
 
 
@@ -65,13 +66,21 @@ class SlowdownDetector:
         self.nulls: dict[tuple, RobustNull] = {}     # (job, comm, func, bucket, measure, mode) -> scores
         self.levels: dict[tuple, RobustNull] = {}    # (job, comm, func, bucket, measure) -> log(value + floor)
         self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
-        self.named: dict[tuple, Cusum] = {}          # (job, comm) -> the evidence of the slowdown named last
+        self.named: dict[str, list[Cusum]] = {}      # job -> the evidence of the slowdowns named in it
+        self.own: dict[tuple, RobustNull] = {}       # null key + candidate -> its own recent healthy scores
 
     # -- the per-measure scores -------------------------------------------------------------
     def _null(self, table: dict, key: tuple) -> RobustNull:
         n = table.get(key)
         if n is None:
             n = RobustNull(self.s.null_size, self.s.min_scale)
+            _bounded_put(table, key, n)
+        return n
+
+    def _null_sized(self, table: dict, key: tuple, size: int) -> RobustNull:
+        n = table.get(key)
+        if n is None:
+            n = RobustNull(size, 0.0)
             _bounded_put(table, key, n)
         return n
 
@@ -138,12 +147,13 @@ class SlowdownDetector:
         return f
 
     def _explained(self, st: TraceState) -> bool:
-        """The slowdown named last in this communicator persists: its culprit still reads slow (this
-        collective's score beyond the drift k) or keeps evidence. A ring or tree is a pipeline, so one slow
-        GPU, flow or NIC slows its neighbours' steps too (they wait for it, and the ones before it block on
-        its credits); alarms on them while it persists are its consequences, not new faults."""
-        c = self.named.get((st.job, st.comm))
-        return c is not None and (c.s > 0 or c.z > self.s.cusum.k)
+        """A slowdown named in this communicator persists: its culprit still reads slow (this collective's
+        score beyond the drift k) or keeps evidence. A ring or tree is a pipeline, so one slow GPU, flow or
+        NIC slows its neighbours' steps too (they wait for it, and the ones before it block on its credits);
+        alarms on them while it persists are its consequences, not new faults. Every named one counts, not
+        only the latest: a consequence named once must not hide the fault that still holds it back."""
+        k = self.s.cusum.k
+        return any(c.s > 0 or c.z > k for c in self.named.get(st.job, ()))
 
     def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> list[Alarm]:
         job, comm = st.job, st.comm
@@ -178,9 +188,12 @@ class SlowdownDetector:
         null = self._null(self.nulls, key + (mode,))
         ready = len(null) >= self.s.null_min_values and null.collectives >= self.s.null_min_collectives
         healthy = np.ones(len(units), dtype=bool)
+        own = [self._null_sized(self.own, key + (mode, u), self.s.own_size) for u in units]
+        ls = np.array([o.location_scale() if len(o) >= self.s.own_min_values else (0.0, 0.0) for o in own])
+        off = np.zeros(len(own))
         if ready:
             loc, scale = null.location_scale()
-            z = (x - loc) / scale
+            z = (x - loc) / np.maximum(scale, ls[:, 1] if len(own) else scale)
             for i, u in enumerate(units):
                 ck = self._candidate(job, comm, name, u)
                 c = self.cusums.get(ck)
@@ -198,11 +211,14 @@ class SlowdownDetector:
                 elif at - c.updated_at > self.s.evidence_ttl_s:
                     c.reset()  # evidence from long ago says nothing about consecutive collectives
                 s = c.update(float(z[i]), d, when, at)
+                c.x = float(x[i])
                 # a candidate gathering evidence does not teach the null what healthy looks like
                 healthy[i] = s < d.h / 2
                 if s >= d.h:
                     alarms.append(Alarm(name, u, c, float(z[i])))
         null.add(x[healthy])
+        for i in np.flatnonzero(healthy).tolist():
+            own[i].add(x[i:i + 1] + off[i])
         if name != slowdown.LATE:
             self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
         return alarms
@@ -294,7 +310,7 @@ class SlowdownDetector:
         best = g
         for u in ev.values[slowdown.GPU][0]:
             c = self._gathering(st, slowdown.GPU, u)
-            if c is not None and c is not g.cusum and c.last_when_ns == g.cusum.last_when_ns and c.z > best.z:
+            if c is not None and c is not g.cusum and c.last_when_ns == g.cusum.last_when_ns and c.x > best.cusum.x:
                 best = Alarm(slowdown.GPU, u, c, c.z)
         if best is not g:
             g.cusum.reset()  # its evidence was the source's doing: named once, as the source
@@ -355,7 +371,13 @@ class SlowdownDetector:
         if recovered is not None and recovered.ranks == [who] and recovered.category == cat:
             what = recovered.evidence
         onset = c.onset_ns
-        _bounded_put(self.named, (st.job, st.comm), c)
+        named = self.named.get(st.job)
+        if named is None:
+            named = []
+            _bounded_put(self.named, st.job, named)
+        if not any(n is c for n in named):
+            named.append(c)
+            del named[:-_NAMED_KEPT]
         c.reset()  # named: the incident window dedupes what follows; a fault that persists accumulates again
         return Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
                        confidence=round(min(0.95, 0.6 + 0.02 * n), 3),

@@ -124,6 +124,8 @@ class Cusum:
     last_stall_end_ns: int = 0  # the latest recovered stall counted (a stall counts once however many it held)
     last_when_ns: int = 0     # start of the latest collective counted: the test runs in the job's order
     z: float = 0.0            # the latest collective's standardized score (before winsorizing)
+    x: float = 0.0            # ... and its raw score (log-ratio to the collective's median): candidates of one
+                              # collective compare on it, each z having its own scale
 
     def update(self, z: float, design: CusumDesign, when_ns: int, at: float) -> float:
         self.z = z

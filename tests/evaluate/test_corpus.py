@@ -44,9 +44,9 @@ CI_EXPECTATIONS: dict[tuple[str, float | None], Expect] = {
     ("late_once", None): Expect(1.0, 1.0),
 }
 CI_FALSE_ON_HEALTHY_RUNS = 0          # verdicts on the healthy runs (the issue: 0 in CI's subset)
-# before the onset, or naming a non-culprit: measured 8, all second verdicts after the first one (a hang's
-# victims in other communicators; a slowdown's neighbours in another communicator of the culprit's process)
-CI_FALSE_IN_FAULT_RUNS_MAX = 8
+# before the onset, or naming a non-culprit: measured 4: the mismatch's victims in other communicators (3)
+# and slow_flow 3x named as its receiver's NIC (the table's known miss)
+CI_FALSE_IN_FAULT_RUNS_MAX = 4
 CI_LATENCY_MEDIAN_MAX = 10            # collectives from the onset to the first right verdict (the issue's bar)
 # The subset's size, so it stays a CI job (< 3 min on one core measured; docs/simulator.md "The corpus"):
 # simulated seconds and ranks, which fix the work whatever the machine's speed.
