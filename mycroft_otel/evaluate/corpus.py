@@ -90,7 +90,7 @@ class CorpusSpec:
     healthy_noises: tuple[str, ...] = ()       # default: the same as noises
     # one-off late calls of a fixed lateness besides the sweep: Mycroft's straggler bar is everybody waiting
     # >= 1 s, which the sweep's "x of the collective's time" does not reach on short collectives
-    late_once_ms: tuple[float, ...] = (1000.0,)
+    late_once_ms: tuple[float, ...] = (1000.0, 1500.0, 3000.0)
 
     def validate(self) -> None:
         for t in self.topologies + self.healthy_topologies:

@@ -295,13 +295,17 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
 
 
 def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:
-    """A rank that started so late that every other rank waited >= ``bar_ns`` for it: named from this one
-    collective (Mycroft's straggler bar: a wait that long costs the job a second per rank, whatever caused it).
+    """A rank that started so late that every other rank waited >= ``bar_ns`` in the collective, most of it
+    for that rank (it started after at least half of their wait), named from this one collective (Mycroft's
+    straggler bar: a wait that long costs the job a second per rank, whatever caused it). The bar is on what
+    the others spent, not on the lateness alone: a rank 1 s late behind peers that started a moment after its
+    usual time is still everybody's 1 s wait; a long wait mostly after its arrival is a slow collective.
     Needs >= 3 ranks (a pair has no majority that waited: a late start there is often the pair waiting in
     turn for a straggler of another communicator). Not in a p2p transfer: a Recv
     posted before its Send waits for the sender's compute (a pipeline stage's upstream work), which is the
     dependency at work, not a late rank."""
-    if st.func in P2P or len(st.op) < 3 or ev.late_rank < 0 or ev.lateness_ns < bar_ns or ev.others_waited_ns < bar_ns:
+    if st.func in P2P or len(st.op) < 3 or ev.late_rank < 0 or ev.others_waited_ns < bar_ns or \
+            2 * ev.lateness_ns < ev.others_waited_ns:
         return None
     r = ev.late_rank
     return Finding(kind=sc.KIND_SLOWDOWN, category=sc.CAT_LATE_RANK, ranks=[r], confidence=0.9,
