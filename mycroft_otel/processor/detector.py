@@ -66,7 +66,11 @@ class SlowdownDetector:
         self.nulls: dict[tuple, RobustNull] = {}     # (job, comm, func, bucket, measure, mode) -> scores
         self.levels: dict[tuple, RobustNull] = {}    # (job, comm, func, bucket, measure) -> log(value + floor)
         self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
-        self.named: dict[str, list[Cusum]] = {}      # job -> the evidence of the slowdowns named in it
+        self.named: dict[str, list[tuple]] = {}      # job -> (communicator, evidence) of the slowdowns named
+        # communicators and the processes in them, as one graph: communicators that share a process, or are
+        # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
+        self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
+        self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
         self.own: dict[tuple, RobustNull] = {}       # null key + candidate -> its own recent healthy scores
 
     # -- the per-measure scores -------------------------------------------------------------
@@ -125,11 +129,12 @@ class SlowdownDetector:
                 return recovered
         if m is None:
             return None
-        ev = slowdown.evidence(st, m)
+        ev = slowdown.evidence(st, m, self.s.step_floor_ns)
         f = slowdown.straggler(st, ev, self.s.straggler_ns)
         if f is not None:
             rca.decorate(st, rca.build_views(st), f)
             return f
+        self._link(st)
         alarms = self._update(st, ev, at)
         if recovered is not None:
             alarm = self._recovered(st, recovered, at)
@@ -146,14 +151,40 @@ class SlowdownDetector:
             rca.decorate(st, rca.build_views(st), f)
         return f
 
+    def _root(self, node: tuple) -> tuple:
+        up = self._joined.setdefault(node, node)
+        while up != node:
+            self._joined[node] = self._joined.setdefault(up, up)  # path halving
+            node, up = up, self._joined[up]
+        return node
+
+    def _link(self, st: TraceState) -> None:
+        """Join this communicator with the processes of the ranks it reports (once per rank count seen)."""
+        key = (st.job, st.comm)
+        if self._linked.get(key, 0) >= len(st.op):
+            return
+        _bounded_put(self._linked, key, len(st.op))
+        a = self._root(("c",) + key)
+        for r in st.op:
+            proc = self.process_of(st.comm, r)
+            b = self._root(("p", st.job, proc if proc is not None else (st.comm, r)))
+            if a != b:
+                self._joined[b] = a
+        if len(self._joined) > _MAX_KEYS:
+            self._joined.clear()  # bounded: forgetting only makes later consequences name, never hides one
+            self._linked.clear()
+
     def _explained(self, st: TraceState) -> bool:
-        """A slowdown named in this communicator persists: its culprit still reads slow (this collective's
-        score beyond the drift k) or keeps evidence. A ring or tree is a pipeline, so one slow GPU, flow or
-        NIC slows its neighbours' steps too (they wait for it, and the ones before it block on its credits);
-        alarms on them while it persists are its consequences, not new faults. Every named one counts, not
-        only the latest: a consequence named once must not hide the fault that still holds it back."""
+        """A slowdown named in a communicator joined to this one persists: its culprit still reads slow
+        (this collective's score beyond the drift k) or keeps evidence. A ring or tree is a pipeline, so
+        one slow GPU, flow or NIC slows its neighbours' steps too (they wait for it, and the ones before it
+        block on its credits), and a TP group passes the wait on to its ranks' other rings; alarms there
+        while it persists are its consequences, not new faults. Every named one counts, not only the
+        latest: a consequence named once must not hide the fault that still holds it back."""
         k = self.s.cusum.k
-        return any(c.s > 0 or c.z > k for c in self.named.get(st.job, ()))
+        here = self._root(("c", st.job, st.comm))
+        return any((c.s > 0 or c.z > k) and self._root(("c", st.job, comm)) == here
+                   for comm, c in self.named.get(st.job, ()))
 
     def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> list[Alarm]:
         job, comm = st.job, st.comm
@@ -325,7 +356,8 @@ class SlowdownDetector:
         a FIFO slot frees, so data received meanwhile waits for the GPU), and with two similar effects the one
         that crosses h first is a matter of noise, so the decision reads each flow's accumulated evidence
         (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
-        one receiver whose other senders' flows read slow too are that receiver's NIC (congestion into it);
+        one receiver whose other senders' flows (or its least-waiting flow in) read slow too are that
+        receiver's NIC (congestion into it);
         else some of the sender's flows slow and others not are those flows (a link, a route, a QP), all of
         them its NIC (a ring's one peer cannot tell the two ends apart: the sender is named), and a rank with
         one flow out names that flow."""
@@ -335,8 +367,10 @@ class SlowdownDetector:
             return alarm
         u, c = max(slow, key=lambda x: x[1].s)
         into = self._gathering(st, slowdown.NIC_RECV, u[1])
-        if len({v[1] for v, _ in slow}) == 1 and into is not None:
-            path = Alarm(slowdown.NIC_RECV, u[1], into, alarm.z)
+        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
+        if len({v[1] for v, _ in slow}) == 1 and (into is not None or any(
+                v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None for v in flows)):
+            path = Alarm(slowdown.NIC_RECV, u[1], into if into is not None else c, alarm.z)
         elif len(slow) < len(out) or len(out) == 1:
             path = Alarm(slowdown.FLOW, u, c, alarm.z)
         else:
@@ -375,8 +409,8 @@ class SlowdownDetector:
         if named is None:
             named = []
             _bounded_put(self.named, st.job, named)
-        if not any(n is c for n in named):
-            named.append(c)
+        if not any(n is c for _, n in named):
+            named.append((st.comm, c))
             del named[:-_NAMED_KEPT]
         c.reset()  # named: the incident window dedupes what follows; a fault that persists accumulates again
         return Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,

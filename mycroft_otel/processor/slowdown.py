@@ -251,7 +251,8 @@ class Evidence:
     others_waited_ns: int   # the shortest time any other rank spent in the collective
 
 
-def evidence(st: TraceState, m: Measures) -> Evidence:
+def evidence(st: TraceState, m: Measures, floor_ns: float) -> Evidence:
+    """The candidates' values of one collective; ``floor_ns``: added to per-step waits compared as ratios."""
     ranks = m.ranks
     n = len(ranks)
     vals: dict[str, tuple[list, np.ndarray]] = {}
@@ -262,6 +263,11 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
         s, d, ch = ranks[m.src], ranks[m.dst], m.channel
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
         places[FLOW] = m.place
+        # a NIC reads its least-waiting flow, each flow first scaled to its place's median in this
+        # collective: a tree's leaf flow up waits longer by construction than an inner rank's flows, and
+        # the raw minimum would move whenever a fault slows only the lower place's flows (one ring's
+        # flows share one place: unchanged)
+        net = _place_scaled(m.net, m.place, floor_ns)
         for name, side, other in ((NIC_SEND, m.src, m.dst), (NIC_RECV, m.dst, m.src)):
             order = np.argsort(side, kind="stable")
             keys, first, count = np.unique(side[order], return_index=True, return_counts=True)
@@ -273,7 +279,7 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
                 peers = np.array([len(np.unique(other[order][a:a + c])) for a, c in zip(first, count)])
                 many &= peers >= 2
             if many.any():
-                least = np.minimum.reduceat(m.net[order], first)
+                least = np.minimum.reduceat(net[order], first)
                 vals[name] = ([int(ranks[k]) for k in keys[many]], least[many])
     if len(m.sent_wait):
         vals[PROXY] = ([int(ranks[i]) for i in m.sent_of], m.sent_wait)
@@ -292,6 +298,17 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
                 np.full(n, _median(m.arrival))
             vals[LATE] = ([int(r) for r in ranks], np.maximum(0.0, m.arrival - med) / makespan)
     return Evidence(vals, places, lateness, late_rank, waited)
+
+
+def _place_scaled(net: np.ndarray, place: np.ndarray, floor_ns: float) -> np.ndarray:
+    """Each flow's wait per step x (the collective's median / its place's median), compared with
+    ``floor_ns`` added (sub-us waits are noise), in ns."""
+    keys, inv = np.unique(place, return_inverse=True)
+    if len(keys) == 1:
+        return net
+    v = net + floor_ns
+    med = np.array([np.median(v[inv == i]) for i in range(len(keys))])
+    return np.maximum(0.0, v * (float(np.median(v)) / med[inv]) - floor_ns)
 
 
 def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:
