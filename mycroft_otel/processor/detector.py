@@ -30,13 +30,13 @@ import numpy as np
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import rca, slowdown
 from mycroft_otel.processor.rca import Finding
-from mycroft_otel.processor.sequential import Cusum, RobustNull
+from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.state import P2P, TraceState
 
 # precedence when several candidates of one collective alarm (see the module docstring)
 _ORDER = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW, slowdown.PROXY)
-_NAMED_KEPT = 8  # slowdowns named per communicator whose persistence explains later alarms there
+_NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
 _MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
 
 
@@ -71,20 +71,13 @@ class SlowdownDetector:
         # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
         self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
-        self.own: dict[tuple, RobustNull] = {}       # null key + candidate -> its own recent healthy scores
+        self.own: dict[tuple, OwnSpreads] = {}       # null key + (mode,) -> its candidates' own healthy scores
 
     # -- the per-measure scores -------------------------------------------------------------
     def _null(self, table: dict, key: tuple) -> RobustNull:
         n = table.get(key)
         if n is None:
             n = RobustNull(self.s.null_size, self.s.min_scale)
-            _bounded_put(table, key, n)
-        return n
-
-    def _null_sized(self, table: dict, key: tuple, size: int) -> RobustNull:
-        n = table.get(key)
-        if n is None:
-            n = RobustNull(size, 0.0)
             _bounded_put(table, key, n)
         return n
 
@@ -219,12 +212,17 @@ class SlowdownDetector:
         null = self._null(self.nulls, key + (mode,))
         ready = len(null) >= self.s.null_min_values and null.collectives >= self.s.null_min_collectives
         healthy = np.ones(len(units), dtype=bool)
-        own = [self._null_sized(self.own, key + (mode, u), self.s.own_size) for u in units]
-        ls = np.array([o.location_scale() if len(o) >= self.s.own_min_values else (0.0, 0.0) for o in own])
-        off = np.zeros(len(own))
+        # a candidate noisier than its place (a tree's flow up from a deep subtree) is standardized by its
+        # own spread, never by a narrower one: that only lengthens the run to a false alarm
+        own = self.own.get(key + (mode,))
+        if own is None:
+            own = OwnSpreads(self.s.own_size, self.s.own_min_values)
+            _bounded_put(self.own, key + (mode,), own)
+        rows = own.rows(units)
+        own_scale = own.scale(rows)
         if ready:
             loc, scale = null.location_scale()
-            z = (x - loc) / np.maximum(scale, ls[:, 1] if len(own) else scale)
+            z = (x - loc) / np.maximum(scale, own_scale)
             for i, u in enumerate(units):
                 ck = self._candidate(job, comm, name, u)
                 c = self.cusums.get(ck)
@@ -248,8 +246,7 @@ class SlowdownDetector:
                 if s >= d.h:
                     alarms.append(Alarm(name, u, c, float(z[i])))
         null.add(x[healthy])
-        for i in np.flatnonzero(healthy).tolist():
-            own[i].add(x[i:i + 1] + off[i])
+        own.add(rows[healthy], x[healthy])
         if name != slowdown.LATE:
             self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
         return alarms

@@ -144,3 +144,46 @@ class Cusum:
 
     def reset(self) -> None:
         self.s, self.collectives, self.onset_ns = 0.0, 0, 0
+
+
+class OwnSpreads:
+    """Each candidate's own recent healthy scores of one measure and place, one row of a ring buffer per
+    candidate (numpy, so a collective's candidates are read and taught at once): its own spread, MAD x
+    1.4826, once it holds ``min_values`` scores (0 before)."""
+
+    __slots__ = ("size", "min_values", "_row", "_buf", "_n", "_at")
+
+    def __init__(self, size: int = 64, min_values: int = 16):
+        self.size, self.min_values = size, min_values
+        self._row: dict = {}
+        self._buf = np.full((0, size), np.nan)
+        self._n = np.zeros(0, dtype=np.int64)
+        self._at = np.zeros(0, dtype=np.int64)
+
+    def rows(self, units: list) -> np.ndarray:
+        out = np.empty(len(units), dtype=np.int64)
+        for i, u in enumerate(units):
+            r = self._row.get(u)
+            if r is None:
+                r = self._row[u] = len(self._row)
+            out[i] = r
+        grow = len(self._row) - len(self._n)
+        if grow > 0:
+            self._buf = np.vstack((self._buf, np.full((grow, self.size), np.nan)))
+            self._n = np.concatenate((self._n, np.zeros(grow, dtype=np.int64)))
+            self._at = np.concatenate((self._at, np.zeros(grow, dtype=np.int64)))
+        return out
+
+    def scale(self, rows: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(rows))
+        ready = self._n[rows] >= self.min_values
+        if ready.any():
+            v = self._buf[rows[ready]]
+            med = np.nanmedian(v, axis=1)
+            out[ready] = 1.4826 * np.nanmedian(np.abs(v - med[:, None]), axis=1)
+        return out
+
+    def add(self, rows: np.ndarray, values: np.ndarray) -> None:
+        self._buf[rows, self._at[rows]] = values
+        self._at[rows] = (self._at[rows] + 1) % self.size
+        self._n[rows] = np.minimum(self._n[rows] + 1, self.size)

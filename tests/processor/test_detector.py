@@ -8,7 +8,7 @@ import pytest
 from synth import Ring, jitter, scaled
 
 from mycroft_otel.processor import Processor
-from mycroft_otel.processor.sequential import CusumDesign, arl
+from mycroft_otel.processor.sequential import CusumDesign, OwnSpreads, arl
 from mycroft_otel.processor.settings import Settings
 
 CAPTURE, LOADED = 0.15, 0.6  # healthy spread of per-step waits, log units (synth.jitter)
@@ -81,3 +81,20 @@ def test_one_outlier_alone_never_alarms():
         proc.ingest_request(ring.request())
         vs += proc.tick()
     assert vs == [], [v.summary() for v in vs]
+
+
+def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
+    own = OwnSpreads(size=8, min_values=4)
+    rows = own.rows(["quiet", "noisy"])
+    assert own.scale(rows).tolist() == [0.0, 0.0]  # nothing known yet: the place's null alone
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        own.add(rows, np.array([rng.normal(0, 0.01), rng.normal(0, 1.0)]))
+    assert own.scale(rows).tolist() == [0.0, 0.0]  # 3 < min_values
+    for _ in range(20):  # more than the ring holds: only the last 8 count
+        own.add(rows, np.array([rng.normal(0, 0.01), rng.normal(0, 1.0)]))
+    quiet, noisy = own.scale(rows)
+    assert 0 < quiet < 0.05 and noisy > 0.3
+    # a candidate seen later gets its own row; the others keep theirs
+    again = own.rows(["noisy", "late"])
+    assert again[0] == rows[1] and own.scale(again)[1] == 0.0
