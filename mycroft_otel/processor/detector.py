@@ -54,6 +54,14 @@ def _bounded_put(d: dict, key, value) -> None:
     d[key] = value
 
 
+def _get_or_put(d: dict, key, make: Callable[[], object]):
+    v = d.get(key)
+    if v is None:
+        v = make()
+        _bounded_put(d, key, v)
+    return v
+
+
 class SlowdownDetector:
     """Judges completed collectives one at a time, in completion order (the tests are sequential)."""
 
@@ -75,11 +83,7 @@ class SlowdownDetector:
 
     # -- the per-measure scores -------------------------------------------------------------
     def _null(self, table: dict, key: tuple) -> RobustNull:
-        n = table.get(key)
-        if n is None:
-            n = RobustNull(self.s.null_size, self.s.min_scale)
-            _bounded_put(table, key, n)
-        return n
+        return _get_or_put(table, key, lambda: RobustNull(self.s.null_size, self.s.min_scale))
 
     def _scores(self, key: tuple, name: str, values: np.ndarray, sel, p2p: bool) -> tuple[np.ndarray, str] | None:
         """(scores of the candidates ``sel``, mode): log-ratios to the collective's median of all its
@@ -214,10 +218,7 @@ class SlowdownDetector:
         healthy = np.ones(len(units), dtype=bool)
         # a candidate noisier than its place (a tree's flow up from a deep subtree) is standardized by its
         # own spread, never by a narrower one: that only lengthens the run to a false alarm
-        own = self.own.get(key + (mode,))
-        if own is None:
-            own = OwnSpreads(self.s.own_size, self.s.own_min_values)
-            _bounded_put(self.own, key + (mode,), own)
+        own = _get_or_put(self.own, key + (mode,), lambda: OwnSpreads(self.s.own_size, self.s.own_min_values))
         rows = own.rows(units)
         own_scale = own.scale(rows)
         if ready:
@@ -268,11 +269,7 @@ class SlowdownDetector:
         unit = (f.ranks[0], f.peer, f.channel) if name == slowdown.FLOW and f.peer is not None else f.ranks[0]
         if name == slowdown.FLOW and not isinstance(unit, tuple):
             name = slowdown.NIC_SEND
-        ck = self._candidate(st.job, st.comm, name, unit)
-        c = self.cusums.get(ck)
-        if c is None:
-            c = Cusum()
-            _bounded_put(self.cusums, ck, c)
+        c = _get_or_put(self.cusums, self._candidate(st.job, st.comm, name, unit), Cusum)
         start = min(r.start_ns for r in st.inflight.values())
         end = max(r.end_ns for r in st.inflight.values())
         if start < c.last_stall_end_ns:
@@ -358,13 +355,13 @@ class SlowdownDetector:
         else some of the sender's flows slow and others not are those flows (a link, a route, a QP), all of
         them its NIC (a ring's one peer cannot tell the two ends apart: the sender is named), and a rank with
         one flow out names that flow."""
-        out = [u for u in ev.values.get(slowdown.FLOW, ([], None))[0] if u[0] == sender]
+        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
+        out = [u for u in flows if u[0] == sender]
         slow = [(u, c) for u in out if (c := self._gathering(st, slowdown.FLOW, u)) is not None]
         if not slow:
             return alarm
         u, c = max(slow, key=lambda x: x[1].s)
         into = self._gathering(st, slowdown.NIC_RECV, u[1])
-        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
         if len({v[1] for v, _ in slow}) == 1 and (into is not None or any(
                 v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None for v in flows)):
             path = Alarm(slowdown.NIC_RECV, u[1], into if into is not None else c, alarm.z)
@@ -402,10 +399,7 @@ class SlowdownDetector:
         if recovered is not None and recovered.ranks == [who] and recovered.category == cat:
             what = recovered.evidence
         onset = c.onset_ns
-        named = self.named.get(st.job)
-        if named is None:
-            named = []
-            _bounded_put(self.named, st.job, named)
+        named = _get_or_put(self.named, st.job, list)
         if not any(n is c for _, n in named):
             named.append((st.comm, c))
             del named[:-_NAMED_KEPT]

@@ -153,7 +153,7 @@ class OwnSpreads:
 
     __slots__ = ("size", "min_values", "_row", "_buf", "_n", "_at")
 
-    def __init__(self, size: int = 64, min_values: int = 16):
+    def __init__(self, size: int, min_values: int):
         self.size, self.min_values = size, min_values
         self._row: dict = {}
         self._buf = np.full((0, size), np.nan)

@@ -307,8 +307,8 @@ def _place_scaled(net: np.ndarray, place: np.ndarray, floor_ns: float) -> np.nda
     if len(keys) == 1:
         return net
     v = net + floor_ns
-    med = np.array([np.median(v[inv == i]) for i in range(len(keys))])
-    return np.maximum(0.0, v * (float(np.median(v)) / med[inv]) - floor_ns)
+    med = np.array([_median(v[inv == i]) for i in range(len(keys))])
+    return np.maximum(0.0, v * (_median(v) / med[inv]) - floor_ns)
 
 
 def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:
