@@ -103,6 +103,8 @@ FLOW_WAIT_STEP = "mycroft.flow.wait_step"
 FLOW_WAIT_SINCE = "mycroft.flow.wait_since_ns"
 FLOW_GPU_WAIT = "mycroft.flow.gpu_wait_ns"
 FLOW_NET_WAIT = "mycroft.flow.net_wait_ns"
+FLOW_GPU_BUSY = "mycroft.flow.gpu_busy_ns"   # the same waits as a union over steps: time >= 1 step waited
+FLOW_NET_BUSY = "mycroft.flow.net_busy_ns"
 FLOW_NIC = "mycroft.flow.nic"                # NIC name/index when NCCL emits NetPlugin events
 
 # --- status spans ---------------------------------------------------------------------

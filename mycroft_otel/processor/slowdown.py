@@ -65,8 +65,9 @@ class Measures:
 
 # The flow counters the comparisons read (the rest of each span is not decoded for them).
 MEASURE_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_START, sc.FLOW_GPU_WAIT,
-                   sc.FLOW_NET_WAIT)
-F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_GPU_WAIT, F_NET_WAIT = range(len(MEASURE_COLUMNS))
+                   sc.FLOW_NET_WAIT, sc.FLOW_GPU_BUSY, sc.FLOW_NET_BUSY)
+F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_GPU_WAIT, F_NET_WAIT, F_GPU_BUSY, F_NET_BUSY = \
+    range(len(MEASURE_COLUMNS))
 _RANK_BITS = 21  # ranks are < 2**20 (spans.py): (trace, rank) packs into one int64 key
 
 
@@ -98,7 +99,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     # GPU: receive side
     recv = ~send
     gpu_of = np.flatnonzero(np.bincount(row[recv], minlength=len(refs)))
-    gpu = (np.bincount(row[recv], weights=table[recv, F_GPU_WAIT].astype(np.float64), minlength=len(refs))[gpu_of]
+    gpu = (np.bincount(row[recv], weights=_busy(table[recv], F_GPU_BUSY, F_GPU_WAIT), minlength=len(refs))[gpu_of]
            / np.bincount(row[recv], weights=steps[recv], minlength=len(refs))[gpu_of])
     # network: send flows into a rank of the same trace we heard from (one we did not may simply have
     # been late: no fair comparison); the receiver found by its (trace, rank) key
@@ -109,8 +110,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
                     (trace_of[src] << _RANK_BITS) | np.clip(peer, 0, (1 << _RANK_BITS) - 1))
     ok = (peer >= 0) & (peer < 1 << 20) & (at >= 0)
     out_rows, src, dst = out_rows[ok], src[ok], at[ok]
-    early = np.maximum(0.0, (arrival[dst] - arrival[src]).astype(np.float64))
-    net = np.maximum(0.0, table[out_rows, F_NET_WAIT] - np.minimum(steps[out_rows], 8) * early) / steps[out_rows]
+    net = _busy(table[out_rows], F_NET_BUSY, F_NET_WAIT) / steps[out_rows]
     # the other end's step count (rca.step_mismatch)
     rx = np.flatnonzero(recv)
     expected = rca.receiver_steps(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
@@ -142,6 +142,13 @@ def measure(traces: list[TraceState]) -> list[Measures]:
             steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]],
             place=place[f[t]:f[t + 1]]))
     return out
+
+
+def _busy(rows: np.ndarray, busy: int, wait: int) -> np.ndarray:
+    """The flows' busy times (the union of their steps' waits), or the summed waits of a flow whose agent
+    does not export them (an older agent: its busy column reads 0 while its steps did wait)."""
+    b = rows[:, busy]
+    return np.where((b > 0) | (rows[:, wait] == 0), b, rows[:, wait]).astype(np.float64)
 
 
 _DEG_MAX = 15  # peers per rank, channel and direction told apart (NCCL's trees have <= 3, rings 1)

@@ -23,6 +23,7 @@ namespace mycroft::plugin {
 
 inline constexpr uint32_t kMaxContexts = 1u << 16;
 inline constexpr uint32_t kSteps = 8;              // NCCL_STEPS: outstanding steps per ProxyOp
+static_assert(kSteps <= 8, "ProxyEntry::in_gpu / in_net hold one bit per step slot");
 inline constexpr uint32_t kMaxProxyEntries = 1u << 14;
 inline constexpr uint32_t kApiEntries = 256;       // GroupApi/CollApi/P2pApi start times
 inline constexpr uint64_t kQuarantineNs = 10ull * 1000000000ull;
@@ -79,6 +80,12 @@ struct alignas(64) ProxyEntry {
   std::atomic<int32_t> flow{-1};  // index into the op's flows, -1 = not recorded (truncated)
   std::atomic<uint8_t> is_send{0};
   std::atomic<uint32_t> oldest{UINT32_MAX};  // oldest unfinished step (UINT32_MAX: none)
+  // Step slots (bit k: steps[k]) now waiting on the GPU / the network, and since when
+  // the first of them has: the flow's busy times (shm::Flow::gpu_busy_ns, net_busy_ns).
+  std::atomic<uint8_t> in_gpu{0};
+  std::atomic<uint8_t> in_net{0};
+  std::atomic<uint64_t> gpu_since{0};
+  std::atomic<uint64_t> net_since{0};
   StepRec steps[kSteps];
 };
 

@@ -110,6 +110,8 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   pe.is_send.store(d.is_send ? 1 : 0, std::memory_order_relaxed);
   for (uint32_t k = 0; k < kSteps; ++k) pe.steps[k].active.store(0, std::memory_order_relaxed);
   pe.oldest.store(UINT32_MAX, std::memory_order_relaxed);
+  pe.in_gpu.store(0, std::memory_order_relaxed);
+  pe.in_net.store(0, std::memory_order_relaxed);
   LiveOp& L = c->live[r.slot];
   if (fi >= 0) {
     Flow& f = L.flows[fi];
@@ -175,6 +177,30 @@ bool StepStateInfo(int state, uint8_t* wait, uint8_t* level) {
 }
 
 namespace {
+bool IsGpuWait(uint8_t w) {
+  return w == uint8_t(shm::WaitState::kSendGpuWait) || w == uint8_t(shm::WaitState::kRecvGpuWait);
+}
+bool IsNetWait(uint8_t w) {
+  return w == uint8_t(shm::WaitState::kSendWait) || w == uint8_t(shm::WaitState::kRecvWait);
+}
+
+// Step slot k now in (or out of) one kind of wait: the op's busy interval it closes, in ns,
+// when it was the last of its steps in that wait (0 otherwise). Only the proxy thread that
+// progresses the ProxyOp writes its entry: relaxed, like the step records.
+uint64_t BusyEdge(std::atomic<uint8_t>& mask, std::atomic<uint64_t>& since, uint32_t k, bool in, uint64_t now) {
+  uint8_t m = mask.load(std::memory_order_relaxed);
+  uint8_t nm = in ? uint8_t(m | (1u << k)) : uint8_t(m & ~(1u << k));
+  if (nm == m) return 0;
+  mask.store(nm, std::memory_order_relaxed);
+  if (m == 0) {
+    since.store(now, std::memory_order_relaxed);
+    return 0;
+  }
+  if (nm != 0) return 0;
+  uint64_t t = since.load(std::memory_order_relaxed);
+  return now > t ? now - t : 0;
+}
+
 uint32_t OldestActiveStep(const ProxyEntry& pe) {
   uint32_t best = UINT32_MAX;
   for (uint32_t k = 0; k < kSteps; ++k) {
@@ -221,6 +247,15 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
     st.since.store(now, std::memory_order_relaxed);
   }
   if (new_level == 3) st.active.store(0, std::memory_order_relaxed);
+  // The busy times: the step's slot leaves the wait it was in and enters the new one (a start,
+  // also of a slot NCCL reused while its old step was unfinished, and a stop leave every wait).
+  uint64_t gpu_busy_add = 0, net_busy_add = 0;
+  if (!same_state) {
+    uint32_t k = uint32_t(&st - pe.steps);
+    uint8_t now_in = new_level == 3 ? uint8_t(shm::WaitState::kNone) : wait;
+    gpu_busy_add = BusyEdge(pe.in_gpu, pe.gpu_since, k, IsGpuWait(now_in), now);
+    net_busy_add = BusyEdge(pe.in_net, pe.net_since, k, IsNetWait(now_in), now);
+  }
   // A re-recorded state that moves no counter is a retry (NCCL records SendPeerWait
   // before every isend attempt), not progress: leaving last_progress_ns alone is what
   // lets a stalled flow look stalled.
@@ -269,6 +304,8 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
     if (add_bytes) St(f.bytes, Ld(f.bytes) + add_bytes);
     if (gpu_add) St(f.gpu_wait_ns, Ld(f.gpu_wait_ns) + gpu_add);
     if (net_add) St(f.net_wait_ns, Ld(f.net_wait_ns) + net_add);
+    if (gpu_busy_add) St(f.gpu_busy_ns, Ld(f.gpu_busy_ns) + gpu_busy_add);
+    if (net_busy_add) St(f.net_busy_ns, Ld(f.net_busy_ns) + net_busy_add);
     St(f.last_progress_ns, now);
     if (best_step == UINT32_MAX) {
       St(f.wait_state, uint8_t(shm::WaitState::kNone));

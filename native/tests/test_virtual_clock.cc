@@ -103,6 +103,8 @@ TEST(VirtualClock, EveryTimestampIsTheDriversTime) {
   EXPECT_EQ(f.last_progress_ns, t0 + 800);
   EXPECT_EQ(f.gpu_wait_ns, 50u);
   EXPECT_EQ(f.net_wait_ns, 300u);
+  EXPECT_EQ(f.gpu_busy_ns, 50u) << "one step: its union is its sum";
+  EXPECT_EQ(f.net_busy_ns, 300u);
   EXPECT_EQ(v.H().heartbeat_ns, t0 + 100) << "the first callback beats; the next ones within the throttle do not";
   clk.Set(t0 + 2000000000ull);  // 2 s later (virtual): past the heartbeat throttle
   void* c2 = p.CollLaunch(ctx, "AllGather", 1, 1);
@@ -129,4 +131,73 @@ TEST(VirtualClock, EveryTimestampIsTheDriversTime) {
   EXPECT_GE(v2.H().start_realtime_ns, real0);
   EXPECT_LE(v2.H().start_realtime_ns, real1);
   EXPECT_EQ(p.Finalize(ctx2), nabi::Result::Success);
+}
+
+// Steps in flight together: the sums count each step's wait, the busy times the union of the waits
+// (the time at least one step waited), so steps queued on one link read that link's time once.
+TEST(VirtualClock, BusyTimesAreTheUnionOfTheStepsWaits) {
+  ClearKnobs();
+  auto set_clock = Setter();
+  ASSERT_NE(set_clock, nullptr);
+  TempDir dir;
+  TestClock clk;
+  const uint64_t t0 = 1000000000000ull;
+  clk.Set(t0);
+  set_clock(&clk.ns, 0);
+  Prof p(7);
+  void* ctx = nullptr;
+  ASSERT_EQ(p.Init(&ctx, "busy", 0x7778, 2, 0), nabi::Result::Success);
+  View v(dir.Files().at(0));
+  void* coll = p.CollLaunch(ctx, "AllReduce", 0, 1, 1 << 20);
+  Prof::E o;
+  o.type = kProxyOp;
+  o.parent = coll;
+  o.peer = 1;
+  o.is_send = 1;
+  o.n_steps = 3;
+  void* op = p.Start(ctx, o);
+  void* st[3];
+  for (int s = 0; s < 3; ++s) {
+    Prof::E e;
+    e.type = kProxyStep;
+    e.parent = op;
+    e.step = s;
+    st[s] = p.Start(ctx, e);
+    p.Record(st[s], kSendGPUWait, 0);  // all three wait for the GPU from +0
+  }
+  // the GPU hands them over at +100, +200, +300; each is on the wire from then on
+  const uint64_t ready[3] = {100, 200, 300};
+  for (int s = 0; s < 3; ++s) {
+    clk.Set(t0 + ready[s]);
+    p.Record(st[s], kSendWait, 4096);
+  }
+  // the link drains them one after another: done at +1100, +2100, +3100
+  for (int s = 0; s < 3; ++s) {
+    clk.Set(t0 + 1100 + 1000 * s);
+    p.Stop(st[s]);
+  }
+  // a fourth step after a gap: its waits open a new interval
+  Prof::E e;
+  e.type = kProxyStep;
+  e.parent = op;
+  e.step = 3;
+  clk.Set(t0 + 5000);
+  void* s4 = p.Start(ctx, e);
+  p.Record(s4, kSendGPUWait, 0);
+  clk.Set(t0 + 5010);
+  p.Record(s4, kSendWait, 4096);
+  clk.Set(t0 + 5510);
+  p.Stop(s4);
+  p.Stop(op);
+  clk.Set(t0 + 6000);
+  p.KernelCh(ctx, coll, 0, 1, 2);
+  auto recs = v.Ring();
+  ASSERT_EQ(recs.size(), 1u);
+  const shm::Flow& f = recs[0].flows[0];
+  EXPECT_EQ(f.gpu_wait_ns, 100u + 200u + 300u + 10u);
+  EXPECT_EQ(f.gpu_busy_ns, 300u + 10u);
+  EXPECT_EQ(f.net_wait_ns, 1000u + 1900u + 2800u + 500u);
+  EXPECT_EQ(f.net_busy_ns, (3100u - 100u) + 500u);
+  EXPECT_EQ(p.Finalize(ctx), nabi::Result::Success);
+  set_clock(nullptr, 0);  // the clock dies with this test
 }

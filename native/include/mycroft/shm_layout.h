@@ -33,7 +33,8 @@
 namespace mycroft::shm {
 
 inline constexpr uint64_t kMagic = 0x315446524359434dULL;  // "MCYCRFT1" little-endian
-inline constexpr uint32_t kLayoutVersion = 2;  // 2: user tag, per-channel kernel times/phases, bad handles by kind
+inline constexpr uint32_t kLayoutVersion = 3;  // 2: user tag, per-channel kernel times/phases, bad handles by kind;
+                                               // 3: per-flow busy times
 
 inline constexpr uint32_t kMaxFlows = 64;          // (channel, direction) pairs per operation
 inline constexpr uint32_t kDefaultLiveSlots = 64;  // operations in flight at once per context
@@ -142,8 +143,15 @@ struct alignas(8) Flow {
   uint64_t end_ns;         // last step done (0 while running)
   uint64_t gpu_wait_ns;    // total step time spent in Send/RecvGpuWait
   uint64_t net_wait_ns;    // total step time spent in SendWait/RecvWait
+  // The same waits as a union over the flow's steps: the time at least one step was in
+  // Send/RecvGpuWait (gpu) or SendWait/RecvWait (net). Up to NCCL_STEPS steps are in
+  // flight at once, so when chunks are produced faster than the link drains them the
+  // sum above counts each step's queueing behind the earlier ones again; per step, the
+  // union is the link's (the GPU's) own time, whatever the burst.
+  uint64_t gpu_busy_ns;
+  uint64_t net_busy_ns;
 };
-static_assert(sizeof(Flow) == 96, "Flow layout changed: bump kLayoutVersion");
+static_assert(sizeof(Flow) == 112, "Flow layout changed: bump kLayoutVersion");
 
 // The operation part shared by the live table and the completion ring.
 struct alignas(8) OpInfo {
