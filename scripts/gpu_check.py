@@ -137,7 +137,8 @@ def summarize_rings(ring_dir: Path, max_records: int) -> list[dict]:
                                "posted": int(f["posted"]), "ready": int(f["ready"]),
                                "transmitted": int(f["transmitted"]), "done": int(f["done"]),
                                "chunk_size": int(f["chunk_size"]), "bytes": int(f["bytes"]),
-                               "gpu_wait_ns": int(f["gpu_wait_ns"]), "net_wait_ns": int(f["net_wait_ns"])}
+                               "gpu_wait_ns": int(f["gpu_wait_ns"]), "net_wait_ns": int(f["net_wait_ns"]),
+                               "gpu_busy_ns": int(f["gpu_busy_ns"]), "net_busy_ns": int(f["net_busy_ns"])}
                               for f in flows],
                 })
         out.append({

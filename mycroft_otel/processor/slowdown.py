@@ -4,9 +4,12 @@
 trace :func:`evidence` turns them into per-candidate values of the measures the sequential test
 (detector.py) compares across ranks and over time:
 
-- ``gpu``: a rank's receive-side GPU wait per step (data arrived, its GPU had not consumed it);
-- ``flow``: one send flow's network wait per step, less the time its receiver was not there yet (an early
-  sender waits for a late receiver in every counter);
+- ``gpu``: a rank's receive-side GPU busy time per step (some arrived data waited for its GPU);
+- ``flow``: one send flow's network busy time per step (some step of it was on the network). Busy times are
+  the union of the steps' waits, not their sum: up to NCCL_STEPS steps queue on one link, and the sum counts
+  the queue again for every step (a tree's leaf, producing faster than its link drains, reads 7x its parent's
+  flows by construction); the union is the link's own time per step. A late receiver holds the sender's
+  credit (SendPeerWait), not its SendWait;
 - ``nic_send`` / ``nic_recv``: the least-waiting flow out of / into a rank (every flow of that NIC slow);
 - ``proxy``: a rank's send steps' GPU + network wait per step, inverted: a proxy that posts ready chunks
   late leaves its own steps waiting least while everybody waits for it;
@@ -51,11 +54,11 @@ class Measures:
     duration: np.ndarray   # per rank: its span's duration
     end: int               # when the last rank completed
     gpu_of: np.ndarray     # the ranks (indices) with receive flows ...
-    gpu: np.ndarray        # ... and their GPU wait per step (data there, not consumed)
+    gpu: np.ndarray        # ... and their GPU busy time per step (data there, not consumed)
     src: np.ndarray        # per send flow into a completed rank: its sender (index) ...
     dst: np.ndarray        # ... receiver (index) ...
     channel: np.ndarray    # ... channel ...
-    net: np.ndarray        # ... and network wait per step, less the time its receiver was not there yet
+    net: np.ndarray        # ... and network busy time per step
     sent_of: np.ndarray    # the ranks (indices) with send flows that had steps ...
     sent_wait: np.ndarray  # ... and their send steps' GPU + network wait per step (the proxy's share is the rest)
     steps: np.ndarray      # per send flow into a completed rank: the steps it announced ...
