@@ -271,7 +271,9 @@ class FlowRule:
         steps = flows["n_steps"].astype("float64")
         steps[steps < 1] = 1
         send = (flows["dir"] & 1) == 0
-        net = flows["net_wait_ns"] / steps
+        # busy times (the union of the steps' waits), the processor's measures: the summed waits count the
+        # queue of up to NCCL_STEPS steps on one link again per step, by construction larger on a tree's leaf
+        net = flows["net_busy_ns"] / steps
         peers = flows["peer"]
         hit = False
         # one send flow far above its own history and above the rank's other send flows (the flow's own
@@ -289,7 +291,7 @@ class FlowRule:
         # the rank's GPU (receive side) against its own history
         recv = ~send
         if recv.any():
-            g = float(flows["gpu_wait_ns"][recv].sum()) / float(steps[recv].sum())
+            g = float(flows["gpu_busy_ns"][recv].sum()) / float(steps[recv].sum())
             hit = self._check(self._gpu, key, g) or hit
         # every send flow slower than before: the least-waiting one against its history
         if send.any():

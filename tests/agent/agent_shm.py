@@ -159,6 +159,7 @@ class FakeRing:
             f["wait_since_ns"] = op["last_progress_ns"] if d < steps else 0
             f["end_ns"] = end_ns if d >= steps else 0
             f["gpu_wait_ns"], f["net_wait_ns"] = 1000 * (i + 1), 2000 * (i + 1)
+            f["gpu_busy_ns"], f["net_busy_ns"] = 1000 * (i + 1), 2000 * (i + 1)
         return rec
 
     def begin(self, rec: np.ndarray) -> int:

@@ -45,8 +45,8 @@ def _gpu_flows(wait_per_step_ns: float) -> np.ndarray:
     f["n_steps"] = 8
     f["dir"] = [1, 0]
     f["peer"] = [1, 2]
-    f["gpu_wait_ns"][0] = int(8 * wait_per_step_ns)
-    f["net_wait_ns"][1] = 8 * 10_000
+    f["gpu_wait_ns"][0] = f["gpu_busy_ns"][0] = int(8 * wait_per_step_ns)
+    f["net_wait_ns"][1] = f["net_busy_ns"][1] = 8 * 10_000
     return f
 
 
