@@ -85,13 +85,13 @@ class SlowdownDetector:
     def _null(self, table: dict, key: tuple) -> RobustNull:
         return _get_or_put(table, key, lambda: RobustNull(self.s.null_size, self.s.min_scale))
 
-    def _scores(self, key: tuple, name: str, values: np.ndarray, sel, p2p: bool) -> tuple[np.ndarray, str] | None:
-        """(scores of the candidates ``sel``, mode): log-ratios to the collective's median of all its
-        candidates ("x"), or to this place's recent healthy level ("h") when the trace holds too few
+    def _scores(self, key: tuple, name: str, values: np.ndarray, p2p: bool) -> tuple[np.ndarray, str] | None:
+        """(the candidates' scores, mode): log-ratios to the collective's median of all its
+        candidates ("x"), or to the measure's recent healthy level ("h") when the trace holds too few
         candidates or is one p2p transfer (a slow transfer slows all its channels alike: it is compared with
         the communicator's other transfers); None when there is nothing to compare to yet."""
         if name == slowdown.LATE:
-            return values[sel], "x"
+            return values, "x"
         lv = np.log(values + self.s.step_floor_ns)
         level = self._null(self.levels, key)
         if len(values) >= 2 and not p2p:
@@ -101,7 +101,7 @@ class SlowdownDetector:
             ref, mode = level.location_scale()[0], "h"
         else:
             ref, mode = 0.0, ""
-        x = (ref - lv[sel]) if name == slowdown.PROXY else (lv[sel] - ref)
+        x = (ref - lv) if name == slowdown.PROXY else (lv - ref)
         return (x, mode) if mode else None
 
     # -- judging one collective -------------------------------------------------------------
@@ -126,7 +126,7 @@ class SlowdownDetector:
                 return recovered
         if m is None:
             return None
-        ev = slowdown.evidence(st, m, self.s.step_floor_ns)
+        ev = slowdown.evidence(st, m)
         f = slowdown.straggler(st, ev, self.s.straggler_ns)
         if f is not None:
             rca.decorate(st, rca.build_views(st), f)
@@ -189,21 +189,13 @@ class SlowdownDetector:
         bucket = (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
         when = min((r.start_ns for r in st.op.values()), default=0)
         alarms: list[Alarm] = []
-        for name, (all_units, all_values) in ev.values.items():
-            places = ev.places.get(name)
-            # candidates that differ by construction (their place in a tree) are each compared with the
-            # collective's median but judged against their own place's null
-            groups = [(None, slice(None))] if places is None else \
-                [(p, np.flatnonzero(places == p)) for p in np.unique(places).tolist()]
-            for place, sel in groups:
-                key = (job, comm, func, bucket, name) + (() if place is None else (place,))
-                units = all_units if place is None else [all_units[i] for i in sel]
-                values = all_values[sel]
-                got = self._scores(key, name, all_values, sel, func == "p2p")
-                if got is None:
-                    self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
-                    continue
-                alarms += self._test(key, name, units, values, got, when, at, comm, job)
+        for name, (units, values) in ev.values.items():
+            key = (job, comm, func, bucket, name)
+            got = self._scores(key, name, values, func == "p2p")
+            if got is None:
+                self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
+                continue
+            alarms += self._test(key, name, units, values, got, when, at, comm, job)
         return alarms
 
     def _test(self, key: tuple, name: str, units: list, values: np.ndarray, got: tuple[np.ndarray, str], when: int,
@@ -216,8 +208,8 @@ class SlowdownDetector:
         null = self._null(self.nulls, key + (mode,))
         ready = len(null) >= self.s.null_min_values and null.collectives >= self.s.null_min_collectives
         healthy = np.ones(len(units), dtype=bool)
-        # a candidate noisier than its place (a tree's flow up from a deep subtree) is standardized by its
-        # own spread, never by a narrower one: that only lengthens the run to a false alarm
+        # a candidate noisier than the others (a flow on a longer route, a GPU that shares its host) is
+        # standardized by its own spread, never by a narrower one: that only lengthens the run to a false alarm
         own = _get_or_put(self.own, key + (mode,), lambda: OwnSpreads(self.s.own_size, self.s.own_min_values))
         rows = own.rows(units)
         own_scale = own.scale(rows)

@@ -147,7 +147,7 @@ class Cusum:
 
 
 class OwnSpreads:
-    """Each candidate's own recent healthy scores of one measure and place, one row of a ring buffer per
+    """Each candidate's own recent healthy scores of one measure, one row of a ring buffer per
     candidate (numpy, so a collective's candidates are read and taught at once): its own spread, MAD x
     1.4826, once it holds ``min_values`` scores (0 before)."""
 

@@ -27,7 +27,7 @@ class Settings:
     null_min_values: int = 32       # scores, and ...
     null_min_collectives: int = 8   # ... collectives, before a measure's null is trusted
     own_size: int = 64              # a candidate's own healthy scores kept, and ...
-    own_min_values: int = 16        # ... how many before its own spread counts (the place's null's until then)
+    own_min_values: int = 16        # ... how many before its own spread counts (the measure's null's until then)
     min_scale: float = 0.05         # log units: below a 5% spread the measure is treated as 5% noisy
     evidence_ttl_s: float = 60.0    # a candidate's evidence older than this is forgotten (consecutive collectives)
     straggler_ns: int = 1_000_000_000  # a rank everybody waited >= 1 s for is named from one collective

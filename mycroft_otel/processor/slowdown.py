@@ -63,7 +63,6 @@ class Measures:
     sent_wait: np.ndarray  # ... and their send steps' GPU + network wait per step (the proxy's share is the rest)
     steps: np.ndarray      # per send flow into a completed rank: the steps it announced ...
     expected: np.ndarray   # ... and those its receiver's flow from it announced (-1: not known)
-    place: np.ndarray      # ... and its place in the channel's graph (flow_place)
 
 
 # The flow counters the comparisons read (the rest of each span is not decoded for them).
@@ -118,7 +117,6 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     rx = np.flatnonzero(recv)
     expected = rca.receiver_steps(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
                                   table[rx, F_PEER], table[rx, F_STEPS])
-    place = flow_place(row, table[:, F_CHANNEL], table[:, F_SEND] == 1, table[:, F_PEER], out_rows, src, dst)
     # proxy: the send steps' GPU + network wait per step
     sent = send & (table[:, F_STEPS] > 0)
     sent_of = np.flatnonzero(np.bincount(row[sent], minlength=len(refs)))
@@ -142,8 +140,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
             gpu_of=gpu_at[g[t]:g[t + 1]], gpu=gpu[g[t]:g[t + 1]],
             src=src_at[f[t]:f[t + 1]], dst=dst_at[f[t]:f[t + 1]], channel=channel[f[t]:f[t + 1]],
             net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], sent_wait=sent_wait[p[t]:p[t + 1]],
-            steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]],
-            place=place[f[t]:f[t + 1]]))
+            steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]]))
     return out
 
 
@@ -152,32 +149,6 @@ def _busy(rows: np.ndarray, busy: int, wait: int) -> np.ndarray:
     does not export them (an older agent: its busy column reads 0 while its steps did wait)."""
     b = rows[:, busy]
     return np.where((b > 0) | (rows[:, wait] == 0), b, rows[:, wait]).astype(np.float64)
-
-
-_DEG_MAX = 15  # peers per rank, channel and direction told apart (NCCL's trees have <= 3, rings 1)
-
-
-def flow_place(row: np.ndarray, channel: np.ndarray, send: np.ndarray, peer: np.ndarray, out_rows: np.ndarray,
-               src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Per send flow (``out_rows``, from rank ``src`` to rank ``dst``): its place in its channel's graph,
-    (the sender's peers sent to on that channel) x 16 + (the receiver's peers received from on it).
-
-    In a ring every flow has one place (1, 1). In NCCL's trees a leaf sends to its parent only, an inner
-    rank to its parent and its children: a leaf's flow up feeds a rank that reduces several children and
-    waits on their slowest, a flow down to a leaf feeds a rank that only copies. Such flows differ by
-    construction, every collective alike, so each place keeps its own null (detector.py) rather than
-    reading its structural difference as a fault. Each end's degrees come from that rank's own flows."""
-    ch = np.clip(channel, 0, 255).astype(np.int64)
-    key = ((row.astype(np.int64) << 9) | (ch << 1) | send.astype(np.int64))
-    pairs = np.unique((key << 21) | (np.clip(peer, -1, (1 << 20) - 2) + 1))  # distinct (rank, channel, dir, peer)
-    keys, deg = np.unique(pairs >> 21, return_counts=True)
-    out_ch = ch[out_rows]
-
-    def degree(rank_rows: np.ndarray, is_send: int) -> np.ndarray:
-        at = rca.lookup(keys, (rank_rows.astype(np.int64) << 9) | (out_ch << 1) | is_send)
-        return np.where(at >= 0, np.minimum(deg[np.maximum(at, 0)], _DEG_MAX), 0)
-
-    return degree(src, 1) * 16 + degree(dst, 0)
 
 
 def _median(values: np.ndarray) -> float:
@@ -255,29 +226,21 @@ class Evidence:
     the makespan); the others per-step waits in ns (larger = slower, ``proxy`` inverted by the detector)."""
 
     values: dict[str, tuple[list, np.ndarray]]
-    places: dict[str, np.ndarray]  # per measure whose candidates differ by construction: each one's place
     lateness_ns: int        # the last rank's start after the others' median start
     late_rank: int          # that rank (-1: fewer than 2 ranks)
     others_waited_ns: int   # the shortest time any other rank spent in the collective
 
 
-def evidence(st: TraceState, m: Measures, floor_ns: float) -> Evidence:
-    """The candidates' values of one collective; ``floor_ns``: added to per-step waits compared as ratios."""
+def evidence(st: TraceState, m: Measures) -> Evidence:
+    """The candidates' values of one collective."""
     ranks = m.ranks
     n = len(ranks)
     vals: dict[str, tuple[list, np.ndarray]] = {}
-    places: dict[str, np.ndarray] = {}
     if len(m.gpu):
         vals[GPU] = ([int(ranks[i]) for i in m.gpu_of], m.gpu)
     if len(m.net):
         s, d, ch = ranks[m.src], ranks[m.dst], m.channel
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
-        places[FLOW] = m.place
-        # a NIC reads its least-waiting flow, each flow first scaled to its place's median in this
-        # collective: a tree's leaf flow up waits longer by construction than an inner rank's flows, and
-        # the raw minimum would move whenever a fault slows only the lower place's flows (one ring's
-        # flows share one place: unchanged)
-        net = _place_scaled(m.net, m.place, floor_ns)
         for name, side, other in ((NIC_SEND, m.src, m.dst), (NIC_RECV, m.dst, m.src)):
             order = np.argsort(side, kind="stable")
             keys, first, count = np.unique(side[order], return_index=True, return_counts=True)
@@ -289,7 +252,7 @@ def evidence(st: TraceState, m: Measures, floor_ns: float) -> Evidence:
                 peers = np.array([len(np.unique(other[order][a:a + c])) for a, c in zip(first, count)])
                 many &= peers >= 2
             if many.any():
-                least = np.minimum.reduceat(net[order], first)
+                least = np.minimum.reduceat(m.net[order], first)
                 vals[name] = ([int(ranks[k]) for k in keys[many]], least[many])
     if len(m.sent_wait):
         vals[PROXY] = ([int(ranks[i]) for i in m.sent_of], m.sent_wait)
@@ -307,18 +270,7 @@ def evidence(st: TraceState, m: Measures, floor_ns: float) -> Evidence:
             med = np.array([_median(np.delete(m.arrival, i)) for i in range(n)]) if n <= 64 else \
                 np.full(n, _median(m.arrival))
             vals[LATE] = ([int(r) for r in ranks], np.maximum(0.0, m.arrival - med) / makespan)
-    return Evidence(vals, places, lateness, late_rank, waited)
-
-
-def _place_scaled(net: np.ndarray, place: np.ndarray, floor_ns: float) -> np.ndarray:
-    """Each flow's wait per step x (the collective's median / its place's median), compared with
-    ``floor_ns`` added (sub-us waits are noise), in ns."""
-    keys, inv = np.unique(place, return_inverse=True)
-    if len(keys) == 1:
-        return net
-    v = net + floor_ns
-    med = np.array([_median(v[inv == i]) for i in range(len(keys))])
-    return np.maximum(0.0, v * (_median(v) / med[inv]) - floor_ns)
+    return Evidence(vals, lateness, late_rank, waited)
 
 
 def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:

@@ -86,7 +86,7 @@ def test_one_outlier_alone_never_alarms():
 def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
     own = OwnSpreads(size=8, min_values=4)
     rows = own.rows(["quiet", "noisy"])
-    assert own.scale(rows).tolist() == [0.0, 0.0]  # nothing known yet: the place's null alone
+    assert own.scale(rows).tolist() == [0.0, 0.0]  # nothing known yet: the measure's null alone
     rng = np.random.default_rng(1)
     for _ in range(3):
         own.add(rows, np.array([rng.normal(0, 0.01), rng.normal(0, 1.0)]))
