@@ -61,6 +61,7 @@ def _wait_root_causes(sink, n: int, timeout: float) -> list:
 
 
 def test_processor_restarted_mid_hang_still_gives_the_verdict(spawn, sink):
+    a = spawn()  # started (listening) before the clock of the hang starts: its start-up is not part of it
     now = time.time_ns()
     ring = Ring(8, t0=now - 2_000_000_000)
     ring.hang_all(when=now - 1_500_000_000, snap_time=now)  # stalled 1.5 s ago: not yet a hang
@@ -69,7 +70,6 @@ def test_processor_restarted_mid_hang_still_gives_the_verdict(spawn, sink):
         rv.last_progress = now - 1_500_000_000
         for f in rv.flows:
             f.last = f.since = now - 1_500_000_000
-    a = spawn()
     a.send(ring.request())
     time.sleep(0.5)
     a.stop()  # restarted before the stall threshold
