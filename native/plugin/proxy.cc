@@ -230,9 +230,8 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
       uint8_t prev = st.state.load(std::memory_order_relaxed);
       uint64_t since = st.since.load(std::memory_order_relaxed);
       uint64_t dt = now > since ? now - since : 0;
-      if (prev == uint8_t(shm::WaitState::kSendGpuWait) || prev == uint8_t(shm::WaitState::kRecvGpuWait))
-        gpu_add = dt;
-      if (prev == uint8_t(shm::WaitState::kSendWait) || prev == uint8_t(shm::WaitState::kRecvWait)) net_add = dt;
+      if (IsGpuWait(prev)) gpu_add = dt;
+      if (IsNetWait(prev)) net_add = dt;
     }
   }
   uint64_t add_bytes = 0;
