@@ -36,6 +36,11 @@ from mycroft_otel.processor.state import P2P, TraceState
 
 # precedence when several candidates of one collective alarm (see the module docstring)
 _ORDER = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW, slowdown.PROXY)
+# measures that run the mild test too: a flow's or a NIC's network busy time is the link's own, which a fault
+# elsewhere does not move; a GPU's received data and a rank's start wait for the pipeline's back-pressure (a
+# kernel blocked on a send FIFO slot behind any slower hop), so a mild fault anywhere shifts them a little
+# at its neighbours, and only the strong test judges them
+_MILD = (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)
 _NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
 _MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
 
@@ -46,6 +51,7 @@ class Alarm:
     unit: object      # a rank, or (sender, receiver, channel)
     cusum: Cusum
     z: float          # this collective's standardized score
+    via: tuple[Cusum, ...] = ()  # the symptoms whose alarm led here (a held-back GPU): the same incident
 
 
 def _bounded_put(d: dict, key, value) -> None:
@@ -173,14 +179,17 @@ class SlowdownDetector:
 
     def _explained(self, st: TraceState) -> bool:
         """A slowdown named in a communicator joined to this one persists: its culprit still reads slow
-        (this collective's score beyond the drift k) or keeps evidence. A ring or tree is a pipeline, so
-        one slow GPU, flow or NIC slows its neighbours' steps too (they wait for it, and the ones before it
-        block on its credits), and a TP group passes the wait on to its ranks' other rings; alarms there
-        while it persists are its consequences, not new faults. Every named one counts, not only the
+        (this collective's score beyond the mild test's drift) or keeps the strong test's evidence. A ring or tree is a
+        pipeline, so one slow GPU, flow or NIC slows its neighbours' steps too (they wait for it, and the ones
+        before it block on its credits), and a TP group passes the wait on to its ranks' other rings; alarms
+        there while it persists are its consequences, not new faults. Every named one counts, not only the
         latest: a consequence named once must not hide the fault that still holds it back."""
-        k = self.s.cusum.k
+        k = self.s.cusum.mild.k
         here = self._root(("c", st.job, st.comm))
-        return any((c.s > 0 or c.z > k) and self._root(("c", st.job, comm)) == here
+        # a mild fault reads beyond the mild test's drift most collectives; the strong test's evidence, not the
+        # mild one's, carries a strong fault over a quiet collective (the mild test drains at half the rate
+        # and would outlive the fault by twice as many collectives, holding back a second fault's verdict)
+        return any((c.strong > 0 or c.z > k) and self._root(("c", st.job, comm)) == here
                    for comm, c in self.named.get(st.job, ()))
 
     def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> list[Alarm]:
@@ -220,8 +229,8 @@ class SlowdownDetector:
                 ck = self._candidate(job, comm, name, u)
                 c = self.cusums.get(ck)
                 if c is None:
-                    if z[i] <= d.k:
-                        continue  # no evidence to keep: a healthy candidate costs nothing
+                    if z[i] <= (d.mild.k if name in _MILD else d.k):
+                        continue  # no evidence for either test: a healthy candidate costs nothing
                     c = Cusum()
                     _bounded_put(self.cusums, ck, c)
                 elif when < c.last_when_ns:
@@ -232,7 +241,7 @@ class SlowdownDetector:
                     continue
                 elif at - c.updated_at > self.s.evidence_ttl_s:
                     c.reset()  # evidence from long ago says nothing about consecutive collectives
-                s = c.update(float(z[i]), d, when, at)
+                s = c.update(float(z[i]), d, when, at, mild=name in _MILD)
                 c.x = float(x[i])
                 # a candidate gathering evidence does not teach the null what healthy looks like
                 healthy[i] = s < d.h / 2
@@ -291,7 +300,7 @@ class SlowdownDetector:
                 # its own sends wait least while its received data waits: its proxy hands completed receives
                 # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
                 g.cusum.reset()
-                g = Alarm(slowdown.PROXY, g.unit, proxy, g.z)
+                g = Alarm(slowdown.PROXY, g.unit, proxy, g.z, (g.cusum,) + g.via)
             pick = self._path(st, ev, g.unit, g) if g.measure == slowdown.GPU else g
             if pick is g:
                 touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
@@ -328,7 +337,7 @@ class SlowdownDetector:
         for u in ev.values[slowdown.GPU][0]:
             c = self._gathering(st, slowdown.GPU, u)
             if c is not None and c is not g.cusum and c.last_when_ns == g.cusum.last_when_ns and c.x > best.cusum.x:
-                best = Alarm(slowdown.GPU, u, c, c.z)
+                best = Alarm(slowdown.GPU, u, c, c.z, (g.cusum,) + g.via)
         if best is not g:
             g.cusum.reset()  # its evidence was the source's doing: named once, as the source
         return best
@@ -343,24 +352,33 @@ class SlowdownDetector:
         that crosses h first is a matter of noise, so the decision reads each flow's accumulated evidence
         (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
         one receiver whose other senders' flows (or its least-waiting flow in) read slow too are that
-        receiver's NIC (congestion into it);
-        else some of the sender's flows slow and others not are those flows (a link, a route, a QP), all of
-        them its NIC (a ring's one peer cannot tell the two ends apart: the sender is named), and a rank with
-        one flow out names that flow."""
+        receiver's NIC (congestion into it); else the sender's NIC when its least-waiting flow out
+        (``nic_send``: every flow of that NIC) holds as much evidence as its slowest flow, or all its flows
+        out gather evidence (a ring's one peer cannot tell the two ends apart: the sender is named); else
+        its slowest flow (a link, a route, a QP), and a rank with one flow out names that flow."""
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
         out = [u for u in flows if u[0] == sender]
         slow = [(u, c) for u in out if (c := self._gathering(st, slowdown.FLOW, u)) is not None]
+        # its least-waiting flow out reads slow: every flow of its NIC does (with one flow out, that flow)
+        nic = self._gathering(st, slowdown.NIC_SEND, sender) if len(out) > 1 else None
         if not slow:
-            return alarm
-        u, c = max(slow, key=lambda x: x[1].s)
-        into = self._gathering(st, slowdown.NIC_RECV, u[1])
-        if len({v[1] for v, _ in slow}) == 1 and (into is not None or any(
-                v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None for v in flows)):
-            path = Alarm(slowdown.NIC_RECV, u[1], into if into is not None else c, alarm.z)
-        elif len(slow) < len(out) or len(out) == 1:
-            path = Alarm(slowdown.FLOW, u, c, alarm.z)
+            if nic is None:
+                return alarm
+            path = Alarm(slowdown.NIC_SEND, sender, nic, alarm.z, (alarm.cusum,) + alarm.via)
         else:
-            path = Alarm(slowdown.NIC_SEND, sender, c, alarm.z)
+            u, c = max(slow, key=lambda x: x[1].s)
+            into = self._gathering(st, slowdown.NIC_RECV, u[1])
+            if len({v[1] for v, _ in slow}) == 1 and (into is not None or any(
+                    v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None
+                    for v in flows)):
+                path = Alarm(slowdown.NIC_RECV, u[1], into if into is not None else c, alarm.z,
+                             (alarm.cusum,) + alarm.via)
+            elif (nic is not None and nic.s >= c.s) or len(slow) == len(out) > 1:
+                # the least-waiting flow holds as much evidence as the slowest: what slows them is common
+                path = Alarm(slowdown.NIC_SEND, sender, nic if nic is not None else c, alarm.z,
+                             (alarm.cusum,) + alarm.via)
+            else:
+                path = Alarm(slowdown.FLOW, u, c, alarm.z, (alarm.cusum,) + alarm.via)
         if path.cusum is not alarm.cusum:
             alarm.cusum.reset()  # what it measured was the path's doing: named once, as the path
         return path
@@ -391,10 +409,12 @@ class SlowdownDetector:
         if recovered is not None and recovered.ranks == [who] and recovered.category == cat:
             what = recovered.evidence
         onset = c.onset_ns
+        # the culprit and the symptoms that led to it: while any of them persists, so does this incident
         named = _get_or_put(self.named, st.job, list)
-        if not any(n is c for _, n in named):
-            named.append((st.comm, c))
-            del named[:-_NAMED_KEPT]
+        for e in (c,) + a.via:
+            if not any(n is e for _, n in named):
+                named.append((st.comm, e))
+        del named[:-_NAMED_KEPT]
         c.reset()  # named: the incident window dedupes what follows; a fault that persists accumulates again
         return Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
                        confidence=round(min(0.95, 0.6 + 0.02 * n), 3),

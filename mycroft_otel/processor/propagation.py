@@ -2,7 +2,9 @@
 
 - A hang whose walk ends at a rank that is silent or not entered, while that rank's process is in flight in
   another hung trace (another communicator, or an earlier collective of this one), is a consequence of that
-  trace: TP peers wait for a rank stuck in its DP all-reduce. It waits for that trace's verdict and is then
+  trace: TP peers wait for a rank stuck in its DP all-reduce. So is an intra-node collective (no network
+  flows, so no walk) whose waiting ranks are in flight in another hung trace: a GPU runs its stream's
+  kernels in launch order, and a TP all-reduce launched behind a stuck DP one waits for it. It waits for that trace's verdict and is then
   attributed to it. While the other collective still moves, the culprit is slow there, not absent here, so
   this one waits too; once that one is hung as well it waits up to 2 x the stall threshold (a cycle of waits
   must not block forever), and a cycle where every trace waits for this one names this one at once.
@@ -60,10 +62,10 @@ class Propagation:
         rca.decorate(st, rca.build_views(st), nf)
         return nf
 
-    def _elsewhere(self, st: TraceState, f: Finding) -> list[TraceState]:
-        """The hung traces the culprit ranks' processes are busy in."""
+    def _elsewhere(self, st: TraceState, ranks: list[int], missing: bool = True) -> list[TraceState]:
+        """The hung traces these ranks' processes are busy in (``missing``: ranks absent from this trace)."""
         others = []
-        for r in f.ranks:
+        for r in ranks:
             prev = self.store.seq_of.get((st.comm, r), -1)
             if 0 <= prev < st.seq:  # still in an earlier collective of this communicator
                 tid = self.store.trace_at.get((st.comm, prev))
@@ -74,7 +76,7 @@ class Propagation:
             key = (proc_key(ref) if ref is not None else None) or self.store.proc_of.get((st.comm, r))
             if key is None:
                 continue
-            if key[1] == "p" and any(proc_key(x) == key for x in st.inflight.values()):
+            if missing and key[1] == "p" and any(proc_key(x) == key for x in st.inflight.values()):
                 # known only by its process, which holds another rank waiting right here: that process is
                 # not stuck elsewhere, this rank of it is missing (several GPUs per process)
                 continue
@@ -85,15 +87,21 @@ class Propagation:
     def waits(self, st: TraceState, f: Finding, mono: float) -> bool:
         """True while this hang is (or will be) explained by another trace's verdict: ``st.explained_by`` is
         set once that verdict exists."""
-        if not (f.category == sc.CAT_RANK_ABSENT and f.reason in ("silent", "not_entered")):
+        if f.category == sc.CAT_RANK_ABSENT and f.reason in ("silent", "not_entered"):
+            others = self._elsewhere(st, f.ranks)
+        elif f.reason == "noflow":
+            others = self._elsewhere(st, f.waiting, missing=False)
+        else:
             return False
-        others = self._elsewhere(st, f)
         if not others:
             return False
         for o in others:
             root, hops = o, 0
-            while root.explained_by is not None and hops < 8:
-                nxt = self.store.get(root.explained_by)
+            while root.verdict is None and hops < 8:
+                # explained by another trace's verdict, or queued behind an earlier collective of its
+                # communicator (NCCL runs them in order: that one's verdict is this one's)
+                nxt = self.store.get(root.explained_by) if root.explained_by is not None else \
+                    self.store.queued_behind(root)
                 if nxt is None:
                     break
                 root, hops = nxt, hops + 1

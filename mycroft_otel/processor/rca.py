@@ -474,7 +474,7 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
         v = min(stalled, key=lambda x: (x.ref.last_progress_ns if x.ref else 0, x.rank))
         f = Finding(kind=sc.KIND_HANG, category="gpu_stalled", ranks=[v.rank], confidence=0.3,
                     evidence=(f"all {len(stalled)} ranks wait in {st.func} without network flows; "
-                              f"rank {v.rank} progressed last earliest"), onset_ns=onset)
+                              f"rank {v.rank} progressed last earliest"), onset_ns=onset, reason="noflow")
     if f.onset_ns == 0:
         f.onset_ns = onset
     f.waiting = sorted(r for r, v in views.items() if v.state == IN_FLIGHT)

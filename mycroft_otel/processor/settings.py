@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mycroft_otel import config
-from mycroft_otel.processor.sequential import CusumDesign
+from mycroft_otel.processor.sequential import SequentialDesign
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +22,7 @@ class Settings:
     max_traces: int = 20000         # MYCROFT_MAX_TRACES, >= 1
     max_trace_bytes: int = 512 << 20  # MYCROFT_MAX_TRACE_BYTES, >= 1 MiB: span evidence held, all traces together
     # -- detector design ------------------------------------------------------------------------
-    cusum: CusumDesign = field(default_factory=CusumDesign)
+    cusum: SequentialDesign = field(default_factory=SequentialDesign)
     null_size: int = 512            # healthy scores kept per measure (a few dozen collectives of 8-16 ranks)
     null_min_values: int = 32       # scores, and ...
     null_min_collectives: int = 8   # ... collectives, before a measure's null is trusted

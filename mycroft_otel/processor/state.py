@@ -337,7 +337,11 @@ class TraceStore:
 
     def queued(self, st: TraceState) -> bool:
         """A waiting rank of this collective still has an earlier collective of the same communicator in
-        flight: NCCL runs them in order, so this one's lack of progress is the earlier one's.
+        flight: NCCL runs them in order, so this one's lack of progress is the earlier one's."""
+        return self.queued_behind(st) is not None
+
+    def queued_behind(self, st: TraceState) -> TraceState | None:
+        """The earlier collective of the same communicator this one is queued behind (see :meth:`queued`).
 
         (Not across communicators, although one GPU stream runs its kernels in launch order too: two traces
         whose ranks each have an older op in the other -- a killed rank's ring and pipeline peers -- would
@@ -356,8 +360,8 @@ class TraceStore:
                 # only while the earlier one is still being reported (a completion we never saw leaves a
                 # stale snapshot behind)
                 if ref is not None and r not in o.op and ref.end_ns >= mine - 2_500_000_000:
-                    return True
-        return False
+                    return o
+        return None
 
     def busy_elsewhere(self, key: ProcKey, trace_id: bytes) -> list[TraceState]:
         """Other traces where process ``key`` is in flight (latest evidence)."""

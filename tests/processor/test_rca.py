@@ -331,6 +331,24 @@ def test_cross_comm_propagation_one_verdict():
     assert proc.counts["propagated"] == 1 or proc.store.queued(tp_state)
 
 
+def test_an_intra_node_collective_behind_a_stuck_one_is_its_consequence():
+    """A TP all-reduce over NVLink (no network flows, so no walk) whose ranks' GPUs are stuck in a hung DP
+    collective launched before it waits for that one: one verdict, the DP one; on its own it would name
+    whichever rank stopped progressing first."""
+    dp = Ring(8, comm=0xD0, seq=40)
+    dp.gpu_stall(3)
+    tp = Ring(2, nch=0, comm=0x70, seq=90)
+    tp.hang_all()
+    for r, rv in tp.ranks.items():  # TP ranks 0, 1 are DP ranks 4, 5 (global 4, 5), both waiting in the DP ring
+        rv.global_rank, rv.host = 4 + r, dp.ranks[4 + r].host
+    proc = Processor(env={})
+    proc.ingest_request(tp.request())
+    proc.ingest_request(dp.request())
+    vs = proc.tick() + proc.tick() + proc.tick()
+    assert [(v.comm, v.category, v.finding.ranks) for v in vs] == [("00000000000000d0", "gpu_stalled", [3])]
+    assert proc.counts["propagated"] == 1
+
+
 def test_two_faults_two_comms_two_verdicts():
     a = Ring(8, comm=0xA)
     a.gpu_stall(2)
