@@ -7,7 +7,8 @@ than 3 candidates, e.g. only the flagged rank's span). A collective-wide effect 
 message, a slow step of the model -- moves every candidate alike and cancels; a fault moves one.
 
 The scores are standardized by the measure's learned null (sequential.RobustNull, kept per job,
-communicator, function and size bucket) and accumulated per candidate by a CUSUM (sequential.Cusum). A
+communicator, function and size bucket) and accumulated per candidate by CUSUMs (sequential.Cusum: one
+tuned for a shift of 2 null scales, and on the network measures a mild one tuned for 1). A
 candidate whose CUSUM reaches h is named. When several alarm in one collective, the most specific
 explanation wins: a late rank (everybody waited for it) over its own proxy reading idle; a slow GPU over
 slow flows into it (its GPU drains them slowly) unless exactly one flow touching it is slow (its kernel
@@ -178,12 +179,13 @@ class SlowdownDetector:
             self._linked.clear()
 
     def _explained(self, st: TraceState) -> bool:
-        """A slowdown named in a communicator joined to this one persists: its culprit still reads slow
-        (this collective's score beyond the mild test's drift) or keeps the strong test's evidence. A ring or tree is a
-        pipeline, so one slow GPU, flow or NIC slows its neighbours' steps too (they wait for it, and the ones
-        before it block on its credits), and a TP group passes the wait on to its ranks' other rings; alarms
-        there while it persists are its consequences, not new faults. Every named one counts, not only the
-        latest: a consequence named once must not hide the fault that still holds it back."""
+        """A slowdown named in a communicator joined to this one persists: its culprit (or a symptom whose
+        alarm led to it) still reads slow (this collective's score beyond the mild test's drift) or keeps the
+        strong test's evidence. A ring or tree is a pipeline, so one slow GPU, flow or NIC slows its
+        neighbours' steps too (they wait for it, and the ones before it block on its credits), and a TP group
+        passes the wait on to its ranks' other rings; alarms there while it persists are its consequences,
+        not new faults. Every named one counts, not only the latest: a consequence named once must not hide
+        the fault that still holds it back."""
         k = self.s.cusum.mild.k
         here = self._root(("c", st.job, st.comm))
         # a mild fault reads beyond the mild test's drift most collectives; the strong test's evidence, not the

@@ -4,10 +4,12 @@
   another hung trace (another communicator, or an earlier collective of this one), is a consequence of that
   trace: TP peers wait for a rank stuck in its DP all-reduce. So is an intra-node collective (no network
   flows, so no walk) whose waiting ranks are in flight in another hung trace: a GPU runs its stream's
-  kernels in launch order, and a TP all-reduce launched behind a stuck DP one waits for it. It waits for that trace's verdict and is then
-  attributed to it. While the other collective still moves, the culprit is slow there, not absent here, so
-  this one waits too; once that one is hung as well it waits up to 2 x the stall threshold (a cycle of waits
-  must not block forever), and a cycle where every trace waits for this one names this one at once.
+  kernels in launch order, and a TP all-reduce launched behind a stuck DP one waits for it. It waits for
+  that trace's verdict (or, when that one is queued behind an earlier collective of its communicator, that
+  one's) and is then attributed to it. While the other collective still moves, the culprit is slow there,
+  not absent here, so this one waits too; once that one is hung as well it waits up to 2 x the stall
+  threshold (a cycle of waits must not block forever), and a cycle where every trace waits for this one
+  names this one at once.
 - The ranks a hang waits for have evidence in a *later* collective of the communicator: they completed this
   one, and the waiting ranks expect data nobody sends -- the ranks disagree on the collective's size.
 """
