@@ -54,6 +54,10 @@ class Alarm:
     z: float          # this collective's standardized score
     via: tuple[Cusum, ...] = ()  # the symptoms whose alarm led here (a held-back GPU): the same incident
 
+    def led_to(self, measure: str, unit, cusum: Cusum, z: float | None = None) -> "Alarm":
+        """The candidate this alarm's evidence points at, carrying this one as its symptom."""
+        return Alarm(measure, unit, cusum, self.z if z is None else z, (self.cusum,) + self.via)
+
 
 def _bounded_put(d: dict, key, value) -> None:
     if len(d) >= _MAX_KEYS:
@@ -302,7 +306,7 @@ class SlowdownDetector:
                 # its own sends wait least while its received data waits: its proxy hands completed receives
                 # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
                 g.cusum.reset()
-                g = Alarm(slowdown.PROXY, g.unit, proxy, g.z, (g.cusum,) + g.via)
+                g = g.led_to(slowdown.PROXY, g.unit, proxy)
             pick = self._path(st, ev, g.unit, g) if g.measure == slowdown.GPU else g
             if pick is g:
                 touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
@@ -339,7 +343,7 @@ class SlowdownDetector:
         for u in ev.values[slowdown.GPU][0]:
             c = self._gathering(st, slowdown.GPU, u)
             if c is not None and c is not g.cusum and c.last_when_ns == g.cusum.last_when_ns and c.x > best.cusum.x:
-                best = Alarm(slowdown.GPU, u, c, c.z, (g.cusum,) + g.via)
+                best = g.led_to(slowdown.GPU, u, c, c.z)
         if best is not g:
             g.cusum.reset()  # its evidence was the source's doing: named once, as the source
         return best
@@ -366,21 +370,19 @@ class SlowdownDetector:
         if not slow:
             if nic is None:
                 return alarm
-            path = Alarm(slowdown.NIC_SEND, sender, nic, alarm.z, (alarm.cusum,) + alarm.via)
+            path = alarm.led_to(slowdown.NIC_SEND, sender, nic)
         else:
             u, c = max(slow, key=lambda x: x[1].s)
             into = self._gathering(st, slowdown.NIC_RECV, u[1])
             if len({v[1] for v, _ in slow}) == 1 and (into is not None or any(
                     v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None
                     for v in flows)):
-                path = Alarm(slowdown.NIC_RECV, u[1], into if into is not None else c, alarm.z,
-                             (alarm.cusum,) + alarm.via)
+                path = alarm.led_to(slowdown.NIC_RECV, u[1], into if into is not None else c)
             elif (nic is not None and nic.s >= c.s) or len(slow) == len(out) > 1:
                 # the least-waiting flow holds as much evidence as the slowest: what slows them is common
-                path = Alarm(slowdown.NIC_SEND, sender, nic if nic is not None else c, alarm.z,
-                             (alarm.cusum,) + alarm.via)
+                path = alarm.led_to(slowdown.NIC_SEND, sender, nic if nic is not None else c)
             else:
-                path = Alarm(slowdown.FLOW, u, c, alarm.z, (alarm.cusum,) + alarm.via)
+                path = alarm.led_to(slowdown.FLOW, u, c)
         if path.cusum is not alarm.cusum:
             alarm.cusum.reset()  # what it measured was the path's doing: named once, as the path
         return path
