@@ -282,7 +282,7 @@ class SlowdownDetector:
         if start < c.last_stall_end_ns:
             return None  # the same descheduling, seen in another collective in flight with this one
         c.last_stall_end_ns = end
-        s = c.update(self.s.cusum.cap, self.s.cusum, start, at)
+        s = c.update(self.s.cusum.cap, self.s.cusum, start, at, mild=name in _MILD)
         return Alarm(name, unit, c, self.s.cusum.cap) if s >= self.s.cusum.h else None
 
     def _accumulating(self, st: TraceState, names: tuple[str, ...]) -> bool:
