@@ -3,7 +3,7 @@
 For every analysed collective and measure (slowdown.py: GPU wait per step, a flow's network wait per step,
 a NIC's least-waiting flow, a proxy's send-step waits, lateness), each candidate's score is the log-ratio of
 its value to the collective's median (to the measure's recent healthy median when the trace holds fewer
-than 3 candidates, e.g. only the flagged rank's span). A collective-wide effect -- a loaded host, a bigger
+than 2 candidates, e.g. only the flagged rank's span). A collective-wide effect -- a loaded host, a bigger
 message, a slow step of the model -- moves every candidate alike and cancels; a fault moves one.
 
 The scores are standardized by the measure's learned null (sequential.RobustNull, kept per job,
@@ -12,8 +12,9 @@ tuned for a shift of 2 null scales, and on the network measures a mild one tuned
 candidate whose CUSUM reaches h is named. When several alarm in one collective, the most specific
 explanation wins: a late rank (everybody waited for it) over its own proxy reading idle; a slow GPU over
 slow flows into it (its GPU drains them slowly) unless exactly one flow touching it is slow (its kernel
-queued behind the collective that flow delayed); a NIC over its single flows; a proxy only when nothing
-else accumulates (behind any other fault somebody's sends always wait least).
+queued behind the collective that flow delayed) or a held-back GPU's network path reads slow; a NIC over
+its single flows; a proxy only when nothing else accumulates (behind any other fault somebody's sends
+always wait least).
 
 Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
 stall that recovered naming a rank that had not started (a late rank too); any other recovered stall adds
@@ -300,14 +301,15 @@ class SlowdownDetector:
         if late:
             pick = max(late, key=lambda a: a.cusum.s)
         elif by[slowdown.GPU]:
+            held = {a.unit for a in by[slowdown.GPU]}
             g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
             proxy = self._gathering(st, slowdown.PROXY, g.unit)
-            if proxy is not None:
+            if proxy is not None and not self._starts_late(st, ev, g.unit):
                 # its own sends wait least while its received data waits: its proxy hands completed receives
                 # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
                 g.cusum.reset()
                 g = g.led_to(slowdown.PROXY, g.unit, proxy)
-            pick = self._path(st, ev, g.unit, g) if g.measure == slowdown.GPU else g
+            pick = self._path(st, ev, self._held_back_by(st, ev, g.unit, held), g) if g.measure == slowdown.GPU else g
             if pick is g:
                 touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
                 if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
@@ -322,12 +324,20 @@ class SlowdownDetector:
             if not self._accumulating(st, others):
                 pick = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
                 # a rank that launched late waits least too (everybody was ready for it): late, not its proxy
-                if pick.unit == ev.late_rank and ev.lateness_ns > 0 and \
-                        self._gathering(st, slowdown.LATE, pick.unit) is not None:
+                if self._starts_late(st, ev, pick.unit):
                     pick = Alarm(slowdown.LATE, pick.unit, pick.cusum, pick.z)
         if pick is None:
             return None
         return self._finding(st, pick, recovered)
+
+    def _starts_late(self, st: TraceState, ev: slowdown.Evidence, rank: int) -> bool:
+        """The rank started this collective last and its lateness holds evidence: its own send steps wait
+        least because everybody was ready for it (a GPU slowed in its other communicators too arrives late),
+        which a proxy's reading cannot be told from."""
+        if rank != ev.late_rank or ev.lateness_ns <= 0:
+            return False
+        c = self.cusums.get(self._candidate(st.job, st.comm, slowdown.LATE, rank))
+        return c is not None and c.s > 0
 
     def _gathering(self, st: TraceState, measure: str, unit) -> Cusum | None:
         """The candidate's evidence when it is half way to an alarm (S >= h/2), else None."""
@@ -348,44 +358,73 @@ class SlowdownDetector:
             g.cusum.reset()  # its evidence was the source's doing: named once, as the source
         return best
 
+    def _held_back_by(self, st: TraceState, ev: slowdown.Evidence, source: int, alarmed: set) -> int:
+        """The rank whose network path explains a GPU alarm: the source GPU's own, else the held-back GPU
+        (alarmed in this collective or gathering evidence) whose flows out hold the most evidence, else the
+        source. A slow link holds back its sender's kernel and, through the FIFO credits, every kernel upstream
+        of it in the ring; in a large ring the sender is not always the one whose received data waits longest.
+        A slow GPU cannot be behind a flow's network busy time (it posts late; once posted, a step moves at
+        the network's speed), so a held-back GPU's slow flow out is the cause and the GPUs its symptoms."""
+        if self._network(st, ev, source) is not None:
+            return source
+        best, most = source, 0.0
+        for u in ev.values[slowdown.GPU][0]:
+            if u != source and (u in alarmed or self._gathering(st, slowdown.GPU, u) is not None):
+                found = self._network(st, ev, u)
+                if found is not None and found[2].s > most:
+                    best, most = u, found[2].s
+        return best
+
     def _path(self, st: TraceState, ev: slowdown.Evidence, sender: int, alarm: Alarm) -> Alarm:
-        """Who holds whom back, once a rank's GPU or one of its flows out alarms: the network path its
-        evidence points at, else ``alarm`` itself.
+        """The network path :meth:`_network` finds behind ``sender``, named for ``alarm``'s evidence, else
+        ``alarm`` itself."""
+        found = self._network(st, ev, sender)
+        if found is None:
+            return alarm
+        path = alarm.led_to(*found)
+        if path.cusum is not alarm.cusum:
+            alarm.cusum.reset()  # what it measured was the path's doing: named once, as the path
+        return path
+
+    def _network(self, st: TraceState, ev: slowdown.Evidence, sender: int) -> tuple[str, object, Cusum] | None:
+        """Who holds whom back, once a rank's GPU or one of its flows out reads slow: the network path its
+        evidence points at (measure, unit, evidence), else None.
 
         A slow GPU posts its sends late, but once posted they move at the network's speed: slow flows *out* of
         a rank are the network's doing. They also hold its GPU back (the kernel's send primitive blocks until
         a FIFO slot frees, so data received meanwhile waits for the GPU), and with two similar effects the one
         that crosses h first is a matter of noise, so the decision reads each flow's accumulated evidence
         (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
-        one receiver whose other senders' flows (or its least-waiting flow in) read slow too are that
-        receiver's NIC (congestion into it); else the sender's NIC when its least-waiting flow out
-        (``nic_send``: every flow of that NIC) holds as much evidence as its slowest flow, or all its flows
-        out gather evidence (a ring's one peer cannot tell the two ends apart: the sender is named); else
-        its slowest flow (a link, a route, a QP), and a rank with one flow out names that flow."""
+        one receiver whose other senders' flows read slow too, or whose least-waiting flow in holds as much
+        evidence as the slowest, are that receiver's NIC (congestion into it); else the sender's NIC when its
+        least-waiting flow out (``nic_send``: every flow of that NIC) holds as much evidence as its slowest
+        flow, or all its flows out gather evidence (a ring's one peer cannot tell the two ends apart: the
+        sender is named); else its slowest flow (a link, a route, a QP), and a rank with one flow out names
+        that flow. With no slow flow out, the NIC of a receiver it sends into, when that gathers evidence."""
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
         out = [u for u in flows if u[0] == sender]
         slow = [(u, c) for u in out if (c := self._gathering(st, slowdown.FLOW, u)) is not None]
         # its least-waiting flow out reads slow: every flow of its NIC does (with one flow out, that flow)
         nic = self._gathering(st, slowdown.NIC_SEND, sender) if len(out) > 1 else None
         if not slow:
-            if nic is None:
-                return alarm
-            path = alarm.led_to(slowdown.NIC_SEND, sender, nic)
-        else:
-            u, c = max(slow, key=lambda x: x[1].s)
-            into = self._gathering(st, slowdown.NIC_RECV, u[1])
-            if len({v[1] for v, _ in slow}) == 1 and (into is not None or any(
-                    v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None
-                    for v in flows)):
-                path = alarm.led_to(slowdown.NIC_RECV, u[1], into if into is not None else c)
-            elif (nic is not None and nic.s >= c.s) or len(slow) == len(out) > 1:
-                # the least-waiting flow holds as much evidence as the slowest: what slows them is common
-                path = alarm.led_to(slowdown.NIC_SEND, sender, nic if nic is not None else c)
-            else:
-                path = alarm.led_to(slowdown.FLOW, u, c)
-        if path.cusum is not alarm.cusum:
-            alarm.cusum.reset()  # what it measured was the path's doing: named once, as the path
-        return path
+            if nic is not None:
+                return slowdown.NIC_SEND, sender, nic
+            # no flow of its own reads slow yet, but the NIC it sends into does: congestion into that receiver
+            # slows every sender's flow a little and holds their kernels back
+            into = [(u[1], c) for u in out if (c := self._gathering(st, slowdown.NIC_RECV, u[1])) is not None]
+            return None if not into else (slowdown.NIC_RECV,) + max(into, key=lambda x: x[1].s)
+        u, c = max(slow, key=lambda x: x[1].s)
+        # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as
+        # much evidence as the slowest flow only when every flow of the NIC is slow
+        into = self._gathering(st, slowdown.NIC_RECV, u[1])
+        if len({v[1] for v, _ in slow}) == 1 and ((into is not None and into.s >= c.s) or any(
+                v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None
+                for v in flows)):
+            return slowdown.NIC_RECV, u[1], into if into is not None else c
+        if (nic is not None and nic.s >= c.s) or len(slow) == len(out) > 1:
+            # the least-waiting flow holds as much evidence as the slowest: what slows them is common
+            return slowdown.NIC_SEND, sender, nic if nic is not None else c
+        return slowdown.FLOW, u, c
 
     def _finding(self, st: TraceState, a: Alarm, recovered: Finding | None) -> Finding:
         c = a.cusum

@@ -133,6 +133,21 @@ def test_same_corpus_same_rows_with_a_process_pool(plugin, tmp_path):
     assert strip(a.stdout) == strip(b.stdout) and len(strip(a.stdout)) == 2
 
 
+def test_a_slow_link_in_a_16_rank_ring_is_named_as_the_link(plugin, tmp_path):
+    """Beyond the ci subset's 8 ranks: a slow link holds back every kernel upstream of it through the FIFO
+    credits, so the GPU that alarms first may be several hops from the link (x3 named an upstream GPU), and a
+    receiver that hears from two senders reads a slower least-waiting flow in when one of them slows (x1.5
+    named its NIC). The link is named at every magnitude."""
+    spec = tmp_path / "ring16.json"
+    spec.write_text(json.dumps({"slowdowns": ["slow_flow"], "magnitudes": [1.5, 2.0, 3.0], "hangs": [],
+                                "topologies": ["ring16"], "late_once_ms": [], "healthy_seeds": []}))
+    r = _eval("--corpus", str(spec), "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = json.loads(r.stdout)["runs"]
+    assert len(runs) == 3
+    assert [(x["scenario"], x["top"]) for x in runs if not x["named_right"] or x["false_verdicts"]] == []
+
+
 def test_factors_are_computed_once_per_fault_shape_and_magnitude(monkeypatch):
     calls = []
 
