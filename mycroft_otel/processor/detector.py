@@ -339,6 +339,11 @@ class SlowdownDetector:
         c = self.cusums.get(self._candidate(st.job, st.comm, slowdown.LATE, rank))
         return c is not None and c.s > 0
 
+    def _evidence(self, st: TraceState, measure: str, unit) -> float:
+        """The candidate's evidence S (0 when it never read slow)."""
+        c = self.cusums.get(self._candidate(st.job, st.comm, measure, unit))
+        return 0.0 if c is None else c.s
+
     def _gathering(self, st: TraceState, measure: str, unit) -> Cusum | None:
         """The candidate's evidence when it is half way to an alarm (S >= h/2), else None."""
         c = self.cusums.get(self._candidate(st.job, st.comm, measure, unit))
@@ -397,9 +402,9 @@ class SlowdownDetector:
         (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
         one receiver whose other senders' flows read slow too, or whose least-waiting flow in holds as much
         evidence as the slowest, are that receiver's NIC (congestion into it); else the sender's NIC when its
-        least-waiting flow out (``nic_send``: every flow of that NIC) holds as much evidence as its slowest
-        flow, or all its flows out gather evidence (a ring's one peer cannot tell the two ends apart: the
-        sender is named); else its slowest flow (a link, a route, a QP), and a rank with one flow out names
+        least-waiting flow out (``nic_send``: every flow of that NIC) gathers and holds as much evidence as
+        its slowest flow or every flow out holds half of it, or all its flows out gather evidence (a ring's
+        one peer cannot tell the two ends apart: the sender is named); else its slowest flow (a link, a route, a QP), and a rank with one flow out names
         that flow. With no slow flow out, the NIC of a receiver it sends into, when that gathers evidence."""
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
         out = [u for u in flows if u[0] == sender]
@@ -421,8 +426,10 @@ class SlowdownDetector:
                 v[1] == u[1] and v[0] != sender and self._gathering(st, slowdown.FLOW, v) is not None
                 for v in flows)):
             return slowdown.NIC_RECV, u[1], into if into is not None else c
-        if (nic is not None and nic.s >= c.s) or len(slow) == len(out) > 1:
-            # the least-waiting flow holds as much evidence as the slowest: what slows them is common
+        if (nic is not None and (nic.s >= c.s or all(
+                self._evidence(st, slowdown.FLOW, v) >= c.s / 2 for v in out))) or len(slow) == len(out) > 1:
+            # the least-waiting flow holds as much evidence as the slowest, or every flow out half of it:
+            # what slows them is common
             return slowdown.NIC_SEND, sender, nic if nic is not None else c
         return slowdown.FLOW, u, c
 
