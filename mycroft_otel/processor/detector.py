@@ -87,6 +87,7 @@ class SlowdownDetector:
         self.levels: dict[tuple, RobustNull] = {}    # (job, comm, func, bucket, measure) -> log(value + floor)
         self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
         self.named: dict[str, list[tuple]] = {}      # job -> (communicator, evidence) of the slowdowns named
+        self.stragglers: dict[str, list[tuple]] = {}  # job -> (start, end) of the stragglers' waits named
         # communicators and the processes in them, as one graph: communicators that share a process, or are
         # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
@@ -130,20 +131,23 @@ class SlowdownDetector:
         if 0 <= st.seq < self.s.warmup_seq:
             return None
         job, comm = st.job, st.comm
+        self._link(st)
         recovered = slowdown.recovered_stall(st)
         if recovered is not None and recovered.category == sc.CAT_LATE_RANK:
-            waited = max(r.end_ns for r in st.inflight.values()) - min(r.start_ns for r in st.inflight.values())
-            if waited >= self.s.straggler_ns:
+            start = min(r.start_ns for r in st.inflight.values())
+            end = max(r.end_ns for r in st.inflight.values())
+            if end - start >= self.s.straggler_ns:
                 recovered.reason = "straggler"
-                return recovered
+                return recovered if self._first_straggler(st, start, end) else None
         if m is None:
             return None
         ev = slowdown.evidence(st, m)
         f = slowdown.straggler(st, ev, self.s.straggler_ns)
         if f is not None:
+            if not self._first_straggler(st, int(m.arrival.min()), m.end):
+                return None
             rca.decorate(st, rca.build_views(st), f)
             return f
-        self._link(st)
         alarms = self._update(st, ev, at)
         if recovered is not None:
             alarm = self._recovered(st, recovered, at)
@@ -159,6 +163,21 @@ class SlowdownDetector:
         if f is not None:
             rca.decorate(st, rca.build_views(st), f)
         return f
+
+    def _first_straggler(self, st: TraceState, start: int, end: int) -> bool:
+        """Whether this collective's wait for a straggler ([start, end], job time) is a new incident: not
+        one that overlaps a straggler's wait already named in the job. A rank late into one collective holds
+        back the next collective of each of its other communicators (its TP group's, its DP ring's), and each
+        of the ranks held back there then enters its own next collectives late by as much: those waits are
+        the first straggler's consequences. The job's communicators need not be known to be joined yet (a
+        straggler in the first seconds arrives before the agents' cadence exports a DP ring's collectives),
+        so the overlap in time is what ties them; the root's collective completes first."""
+        seen = _get_or_put(self.stragglers, st.job, list)
+        if any(s0 <= end and start <= e0 for s0, e0 in seen):
+            return False
+        seen.append((start, end))
+        del seen[:-_NAMED_KEPT]
+        return True
 
     def _root(self, node: tuple) -> tuple:
         up = self._joined.setdefault(node, node)

@@ -148,6 +148,22 @@ def test_a_slow_link_in_a_16_rank_ring_is_named_as_the_link(plugin, tmp_path):
     assert [(x["scenario"], x["top"]) for x in runs if not x["named_right"] or x["false_verdicts"]] == []
 
 
+def test_a_straggler_in_a_tp_dp_job_is_one_verdict(plugin, tmp_path):
+    """64 ranks, TP groups of 8 inside each node, DP rings across them: a rank late into one collective holds
+    back the next collective of its other communicators, and every rank held back there enters its own next
+    collectives as late, in communicators the processor may not yet know to be joined (a straggler in the
+    first seconds comes before the agents' cadence exports the DP rings). One late call and the healthy
+    stragglers each give one verdict, not one per held-back peer (7 and 5 false verdicts before)."""
+    spec = tmp_path / "tpdp64.json"
+    spec.write_text(json.dumps({"slowdowns": [], "hangs": [], "topologies": ["tpdp64"], "seeds": [4],
+                                "late_once_ms": [1500.0], "healthy_seeds": [14], "healthy_noises": ["stragglers"]}))
+    r = _eval("--corpus", str(spec), "--json", "--jobs", "2", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = {x["fault"]: x for x in json.loads(r.stdout)["runs"]}
+    assert runs["late_once"]["named_right"] and runs["late_once"]["verdicts"] == 1, runs["late_once"]
+    assert runs["healthy"]["false_verdicts"] == 0, runs["healthy"]
+
+
 def test_factors_are_computed_once_per_fault_shape_and_magnitude(monkeypatch):
     calls = []
 
