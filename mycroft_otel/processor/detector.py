@@ -423,8 +423,9 @@ class SlowdownDetector:
         evidence as the slowest, are that receiver's NIC (congestion into it); else the sender's NIC when its
         least-waiting flow out (``nic_send``: every flow of that NIC) gathers and holds as much evidence as
         its slowest flow or every flow out holds half of it, or all its flows out gather evidence (a ring's
-        one peer cannot tell the two ends apart: the sender is named); else its slowest flow (a link, a route, a QP), and a rank with one flow out names
-        that flow. With no slow flow out, the NIC of a receiver it sends into, when that gathers evidence."""
+        one peer cannot tell the two ends apart: the sender is named); else its slowest flow (a link, a
+        route, a QP), and a rank with one flow out names that flow. With no slow flow out, the NIC of a
+        receiver it sends into, when that gathers evidence."""
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
         out = [u for u in flows if u[0] == sender]
         slow = [(u, c) for u in out if (c := self._gathering(st, slowdown.FLOW, u)) is not None]
