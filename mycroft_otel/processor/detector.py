@@ -74,6 +74,11 @@ def _get_or_put(d: dict, key, make: Callable[[], object]):
     return v
 
 
+def _stall_window(st: TraceState) -> tuple[int, int]:
+    """When a stall that recovered began and ended: its in-flight snapshots' earliest start, latest end."""
+    return min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values())
+
+
 class SlowdownDetector:
     """Judges completed collectives one at a time, in completion order (the tests are sequential)."""
 
@@ -134,8 +139,7 @@ class SlowdownDetector:
         self._link(st)
         recovered = slowdown.recovered_stall(st)
         if recovered is not None and recovered.category == sc.CAT_LATE_RANK:
-            start = min(r.start_ns for r in st.inflight.values())
-            end = max(r.end_ns for r in st.inflight.values())
+            start, end = _stall_window(st)
             if end - start >= self.s.straggler_ns:
                 recovered.reason = "straggler"
                 return recovered if self._first_straggler(st, start, end) else None
@@ -297,8 +301,7 @@ class SlowdownDetector:
         if name == slowdown.FLOW and not isinstance(unit, tuple):
             name = slowdown.NIC_SEND
         c = _get_or_put(self.cusums, self._candidate(st.job, st.comm, name, unit), Cusum)
-        start = min(r.start_ns for r in st.inflight.values())
-        end = max(r.end_ns for r in st.inflight.values())
+        start, end = _stall_window(st)
         if start < c.last_stall_end_ns:
             return None  # the same descheduling, seen in another collective in flight with this one
         c.last_stall_end_ns = end
@@ -328,7 +331,7 @@ class SlowdownDetector:
                 # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
                 g.cusum.reset()
                 g = g.led_to(slowdown.PROXY, g.unit, proxy)
-            pick = self._path(st, ev, self._held_back_by(st, ev, g.unit, held), g) if g.measure == slowdown.GPU else g
+            pick = self._path(g, self._held_back_path(st, ev, g.unit, held)) if g.measure == slowdown.GPU else g
             if pick is g:
                 touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
                 if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
@@ -337,7 +340,7 @@ class SlowdownDetector:
             pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
         elif by[slowdown.FLOW]:
             f = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
-            pick = self._path(st, ev, f.unit[0], f)
+            pick = self._path(f, self._network(st, ev, f.unit[0]))
         elif by[slowdown.PROXY]:
             others = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)
             if not self._accumulating(st, others):
@@ -353,19 +356,19 @@ class SlowdownDetector:
         """The rank started this collective last and its lateness holds evidence: its own send steps wait
         least because everybody was ready for it (a GPU slowed in its other communicators too arrives late),
         which a proxy's reading cannot be told from."""
-        if rank != ev.late_rank or ev.lateness_ns <= 0:
-            return False
-        c = self.cusums.get(self._candidate(st.job, st.comm, slowdown.LATE, rank))
-        return c is not None and c.s > 0
+        return rank == ev.late_rank and ev.lateness_ns > 0 and self._evidence(st, slowdown.LATE, rank) > 0
+
+    def _cusum(self, st: TraceState, measure: str, unit) -> Cusum | None:
+        return self.cusums.get(self._candidate(st.job, st.comm, measure, unit))
 
     def _evidence(self, st: TraceState, measure: str, unit) -> float:
         """The candidate's evidence S (0 when it never read slow)."""
-        c = self.cusums.get(self._candidate(st.job, st.comm, measure, unit))
+        c = self._cusum(st, measure, unit)
         return 0.0 if c is None else c.s
 
     def _gathering(self, st: TraceState, measure: str, unit) -> Cusum | None:
         """The candidate's evidence when it is half way to an alarm (S >= h/2), else None."""
-        c = self.cusums.get(self._candidate(st.job, st.comm, measure, unit))
+        c = self._cusum(st, measure, unit)
         return c if c is not None and c.s >= self.s.cusum.h / 2 else None
 
     def _source_gpu(self, st: TraceState, ev: slowdown.Evidence, g: Alarm) -> Alarm:
@@ -382,27 +385,27 @@ class SlowdownDetector:
             g.cusum.reset()  # its evidence was the source's doing: named once, as the source
         return best
 
-    def _held_back_by(self, st: TraceState, ev: slowdown.Evidence, source: int, alarmed: set) -> int:
-        """The rank whose network path explains a GPU alarm: the source GPU's own, else the held-back GPU
-        (alarmed in this collective or gathering evidence) whose flows out hold the most evidence, else the
-        source. A slow link holds back its sender's kernel and, through the FIFO credits, every kernel upstream
-        of it in the ring; in a large ring the sender is not always the one whose received data waits longest.
-        A slow GPU cannot be behind a flow's network busy time (it posts late; once posted, a step moves at
-        the network's speed), so a held-back GPU's slow flow out is the cause and the GPUs its symptoms."""
-        if self._network(st, ev, source) is not None:
-            return source
-        best, most = source, 0.0
+    def _held_back_path(self, st: TraceState, ev: slowdown.Evidence, source: int,
+                        alarmed: set) -> tuple[str, object, Cusum] | None:
+        """The network path that explains a GPU alarm: the source GPU's own, else that of the held-back GPU
+        (alarmed in this collective or gathering evidence) whose path holds the most evidence, else None. A
+        slow link holds back its sender's kernel and, through the FIFO credits, every kernel upstream of it
+        in the ring; in a large ring the sender is not always the one whose received data waits longest. A
+        slow GPU cannot be behind a flow's network busy time (it posts late; once posted, a step moves at the
+        network's speed), so a held-back GPU's slow flow out is the cause and the GPUs its symptoms."""
+        found = self._network(st, ev, source)
+        if found is not None:
+            return found
         for u in ev.values[slowdown.GPU][0]:
             if u != source and (u in alarmed or self._gathering(st, slowdown.GPU, u) is not None):
-                found = self._network(st, ev, u)
-                if found is not None and found[2].s > most:
-                    best, most = u, found[2].s
-        return best
+                other = self._network(st, ev, u)
+                if other is not None and other[2].s > (found[2].s if found is not None else 0.0):
+                    found = other
+        return found
 
-    def _path(self, st: TraceState, ev: slowdown.Evidence, sender: int, alarm: Alarm) -> Alarm:
-        """The network path :meth:`_network` finds behind ``sender``, named for ``alarm``'s evidence, else
-        ``alarm`` itself."""
-        found = self._network(st, ev, sender)
+    @staticmethod
+    def _path(alarm: Alarm, found: tuple[str, object, Cusum] | None) -> Alarm:
+        """The network path found behind ``alarm`` (:meth:`_network`), named for its evidence, else ``alarm``."""
         if found is None:
             return alarm
         path = alarm.led_to(*found)
