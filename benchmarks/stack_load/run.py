@@ -44,6 +44,7 @@ TOPOLOGY = "nodes=128,gpus=8,tp=8,pp=16,dp=8"
 # thread's rows look like a stall); the detector's own hang threshold on this job is checked at the default
 # MYCROFT_STALL_MS on virtual time (tests/evaluate/test_healthy_at_scale.py).
 STALL_MS = 10_000
+_AGENT_DROPS = ("dropped_ring", "dropped_export_queue", "dropped_export_failed")  # the agent's loss counters
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -237,8 +238,10 @@ def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sampl
                     "agent_spans_built": metric_sum(a, "mycroft_agent_spans_built_total"),
                     "agent_spans_exported": metric_sum(a, "mycroft_agent_spans_exported_total"),
                     "agent_queue_spans": metric_sum(a, "mycroft_agent_queue_spans"),
-                    "agent_dropped": sum(metric_sum(a, f"mycroft_agent_{n}_total") for n in
-                                         ("dropped_ring", "dropped_export_queue", "dropped_export_failed")),
+                    # each way the agent loses a span apart (a full ring, a full queue, a request that failed
+                    # after its retries), then their sum
+                    **{f"agent_{n}": metric_sum(a, f"mycroft_agent_{n}_total") for n in _AGENT_DROPS},
+                    "agent_dropped": sum(metric_sum(a, f"mycroft_agent_{n}_total") for n in _AGENT_DROPS),
                     "agent_export_errors": metric_sum(a, "mycroft_agent_export_errors_total"),
                     "gateway_accepted": metric_sum(g, "otelcol_receiver_accepted_spans_total", receiver="otlp"),
                     "gateway_refused": metric_sum(g, "otelcol_receiver_refused_spans_total"),

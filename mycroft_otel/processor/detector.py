@@ -6,15 +6,16 @@ its value to the collective's median (to the measure's recent healthy median whe
 than 2 candidates, e.g. only the flagged rank's span). A collective-wide effect -- a loaded host, a bigger
 message, a slow step of the model -- moves every candidate alike and cancels; a fault moves one.
 
-The scores are standardized by the measure's learned null (sequential.RobustNull, kept per job,
-communicator, function and size bucket) and accumulated per candidate by CUSUMs (sequential.Cusum: one
-tuned for a shift of 2 null scales, and on the network measures a mild one tuned for 1). A
-candidate whose CUSUM reaches h is named. When several alarm in one collective, the most specific
-explanation wins: a late rank (everybody waited for it) over its own proxy reading idle; a slow GPU over
-slow flows into it (its GPU drains them slowly) unless exactly one flow touching it is slow (its kernel
-queued behind the collective that flow delayed) or a held-back GPU's network path reads slow; a NIC over
-its single flows; a proxy only when nothing else accumulates (behind any other fault somebody's sends
-always wait least).
+The scores are standardized by the measure's learned null (sequential.RobustNull, kept per job, communicator,
+function and size bucket; its siblings' until it has its own) and accumulated per candidate by CUSUMs
+(sequential.Cusum: one tuned for a shift of 2 null scales, and on the network measures a mild one tuned for
+1). A candidate whose CUSUM reaches h is named. When several alarm in one collective, the most specific
+explanation wins: a late rank (everybody waited for it) over its own proxy reading idle, unless a link, or its
+own GPU, that would have held it back gathers evidence in a joined communicator; a late rank over the GPUs
+before it (they block on its FIFO slots); a slow GPU over slow flows into it (its GPU drains them slowly)
+unless exactly one flow touching it is slow (its kernel queued behind the collective that flow delayed) or a
+held-back GPU's network path reads slow; a NIC over its single flows; a proxy only when nothing else
+accumulates (behind any other fault somebody's sends always wait least).
 
 Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
 stall that recovered naming a rank that had not started (a late rank too); any other recovered stall adds
@@ -103,24 +104,33 @@ class SlowdownDetector:
     def _null(self, table: dict, key: tuple) -> RobustNull:
         return _get_or_put(table, key, lambda: RobustNull(self.s.null_size, self.s.min_scale))
 
-    def _scores(self, key: tuple, name: str, values: np.ndarray, p2p: bool) -> tuple[np.ndarray, str] | None:
+    def _ready(self, table: dict, keys: tuple[tuple, ...], collectives: int = 0) -> RobustNull | None:
+        """The first of ``keys``' nulls (the communicator's own, then its siblings') that holds enough."""
+        for key in keys:
+            null = table.get(key)
+            if null is not None and len(null) >= self.s.null_min_values and null.collectives >= collectives:
+                return null
+        return None
+
+    def _scores(self, keys: tuple[tuple, ...], name: str, values: np.ndarray,
+                p2p: bool) -> tuple[np.ndarray, str] | None:
         """(the candidates' scores, mode): log-ratios to the collective's median of all its
         candidates ("x"), or to the measure's recent healthy level ("h") when the trace holds too few
         candidates or is one p2p transfer (a slow transfer slows all its channels alike: it is compared with
-        the communicator's other transfers); None when there is nothing to compare to yet."""
+        the communicator's other transfers, or its siblings' while it has had too few); None when there is
+        nothing to compare to yet."""
         if name == slowdown.LATE:
             return values, "x"
         lv = np.log(values + self.s.step_floor_ns)
-        level = self._null(self.levels, key)
         if len(values) >= 2 and not p2p:
-            ref = float(np.median(lv))
-            mode = "x"
-        elif len(level) >= self.s.null_min_values:
-            ref, mode = level.location_scale()[0], "h"
+            ref, mode = float(np.median(lv)), "x"
         else:
-            ref, mode = 0.0, ""
+            level = self._ready(self.levels, keys)
+            if level is None:
+                return None
+            ref, mode = level.location_scale()[0], "h"
         x = (ref - lv) if name == slowdown.PROXY else (lv - ref)
-        return (x, mode) if mode else None
+        return x, mode
 
     # -- judging one collective -------------------------------------------------------------
     def judge(self, st: TraceState, m: slowdown.Measures | None, at: float) -> Finding | None:
@@ -229,31 +239,46 @@ class SlowdownDetector:
         when = min((r.start_ns for r in st.op.values()), default=0)
         alarms: list[Alarm] = []
         for name, (units, values) in ev.values.items():
-            key = (job, comm, func, bucket, name)
-            got = self._scores(key, name, values, func == "p2p")
+            own = (job, comm, func, bucket, name)
+            if name == slowdown.LATE:
+                # lateness is a share of the makespan, which grows with the size and is short on NVLink:
+                # only its own communicator and size say what is healthy
+                levels, nulls = (own,), (own,)
+            else:
+                # Until a communicator has a history of its own at this size, it borrows: its null from its
+                # other sizes (a score is a log-ratio, which the size scales away; a job alternating two
+                # message sizes learns the rarer one late), then both null and level from its siblings, the
+                # job's communicators of its size moving the same function and size (a PP job's stage pairs,
+                # a TP x DP job's DP rings). A stage pair that transfers once per micro-batch, or a ring the
+                # agents rarely export, would otherwise learn a fault that starts early as its healthy level.
+                siblings = (job, ("*", st.nranks), func, bucket, name)
+                levels, nulls = (own, siblings), (own, (job, comm, func, "*", name), siblings)
+            got = self._scores(levels, name, values, func == "p2p")
             if got is None:
-                self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
+                for key in levels:
+                    self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
                 continue
-            alarms += self._test(key, name, units, values, got, when, at, comm, job)
+            alarms += self._test(levels, nulls, name, units, values, got, when, at, comm, job)
         return alarms
 
-    def _test(self, key: tuple, name: str, units: list, values: np.ndarray, got: tuple[np.ndarray, str], when: int,
-              at: float, comm: str, job: str) -> list[Alarm]:
+    def _test(self, levels: tuple[tuple, ...], nulls: tuple[tuple, ...], name: str, units: list,
+              values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, comm: str,
+              job: str) -> list[Alarm]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
         the healthy ones; the candidates that alarm."""
         d = self.s.cusum
         x, mode = got
         alarms: list[Alarm] = []
-        null = self._null(self.nulls, key + (mode,))
-        ready = len(null) >= self.s.null_min_values and null.collectives >= self.s.null_min_collectives
+        nulls = tuple(key + (mode,) for key in nulls)
+        ready = self._ready(self.nulls, nulls, self.s.null_min_collectives)
         healthy = np.ones(len(units), dtype=bool)
         # a candidate noisier than the others (a flow on a longer route, a GPU that shares its host) is
         # standardized by its own spread, never by a narrower one: that only lengthens the run to a false alarm
-        own = _get_or_put(self.own, key + (mode,), lambda: OwnSpreads(self.s.own_size, self.s.own_min_values))
+        own = _get_or_put(self.own, nulls[0], lambda: OwnSpreads(self.s.own_size, self.s.own_min_values))
         rows = own.rows(units)
         own_scale = own.scale(rows)
-        if ready:
-            loc, scale = null.location_scale()
+        if ready is not None:
+            loc, scale = ready.location_scale()
             z = (x - loc) / np.maximum(scale, own_scale)
             for i, u in enumerate(units):
                 ck = self._candidate(job, comm, name, u)
@@ -277,10 +302,12 @@ class SlowdownDetector:
                 healthy[i] = s < d.h / 2
                 if s >= d.h:
                     alarms.append(Alarm(name, u, c, float(z[i])))
-        null.add(x[healthy])
         own.add(rows[healthy], x[healthy])
+        for key in nulls:
+            self._null(self.nulls, key).add(x[healthy])
         if name != slowdown.LATE:
-            self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
+            for key in levels:
+                self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
         return alarms
 
     def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:
@@ -319,23 +346,30 @@ class SlowdownDetector:
               recovered: Finding | None) -> Finding | None:
         by = {name: [a for a in alarms if a.measure == name] for name in _ORDER}
         pick: Alarm | None = None
-        late = by[slowdown.LATE]
+        late = [a for a in by[slowdown.LATE] if not self._busy_before(st, a.unit)]
         if late:
             pick = max(late, key=lambda a: a.cusum.s)
         elif by[slowdown.GPU]:
             held = {a.unit for a in by[slowdown.GPU]}
             g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
-            proxy = self._gathering(st, slowdown.PROXY, g.unit)
-            if proxy is not None and not self._starts_late(st, ev, g.unit):
-                # its own sends wait least while its received data waits: its proxy hands completed receives
-                # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
+            if self._busy_before(st, None, elsewhere=True):
+                return None  # its kernel queued behind a transfer of a joined communicator: that one's verdict
+            late_one = self._waited_for(st, ev, g.unit)
+            if late_one is not None:
                 g.cusum.reset()
-                g = g.led_to(slowdown.PROXY, g.unit, proxy)
-            pick = self._path(g, self._held_back_path(st, ev, g.unit, held)) if g.measure == slowdown.GPU else g
-            if pick is g:
-                touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
-                if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
-                    pick = touching[0]  # its kernel queued behind the collective that one flow delayed
+                pick = g.led_to(slowdown.LATE, ev.late_rank, late_one)
+            else:
+                proxy = self._gathering(st, slowdown.PROXY, g.unit)
+                if proxy is not None and not self._starts_late(st, ev, g.unit):
+                    # its own sends wait least while its received data waits: its proxy hands completed
+                    # receives to the GPU late (a slow GPU would make its own send steps wait longer for data)
+                    g.cusum.reset()
+                    g = g.led_to(slowdown.PROXY, g.unit, proxy)
+                pick = self._path(g, self._held_back_path(st, ev, g.unit, held)) if g.measure == slowdown.GPU else g
+                if pick is g:
+                    touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
+                    if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
+                        pick = touching[0]  # its kernel queued behind the collective that one flow delayed
         elif by[slowdown.NIC_SEND] or by[slowdown.NIC_RECV]:
             pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
         elif by[slowdown.FLOW]:
@@ -351,6 +385,44 @@ class SlowdownDetector:
         if pick is None:
             return None
         return self._finding(st, pick, recovered)
+
+    def _busy_before(self, st: TraceState, rank: int | None, elsewhere: bool = False) -> bool:
+        """The rank's lateness has a cause the test is gathering evidence of (half way to an alarm): its own
+        GPU, or a link (a flow or a NIC) in this communicator or one joined to it. A rank's kernels run in
+        order on its stream, so a slow GPU or a slow transfer of its pipeline stage holds back its start in
+        the next collective, and through a TP group the start of its peers' next collectives too. The reverse
+        never holds: a rank that calls late leaves its peers' sends waiting for its credit (SendPeerWait),
+        not on the link, and its own GPU idle. (Another rank's GPU can read slow behind a late rank: the
+        rank before it blocks on a FIFO slot the late one has not freed.) So lateness waits for that verdict.
+        ``elsewhere``: only a flow of another joined communicator counts (a GPU whose kernel queued behind
+        that transfer reads slow here; this communicator's own flows are its path, judged by _path)."""
+        own = self.process_of(st.comm, rank) if rank is not None else None
+        here = self._root(("c", st.job, st.comm))
+        half = self.s.cusum.h / 2
+        for key, c in self.cusums.items():
+            if key[0] != st.job or c.s < half:
+                continue
+            if key[1] == slowdown.FLOW and not (elsewhere and key[2] == st.comm):
+                node = ("c", st.job, key[2])
+            elif not elsewhere and (key[1] in (slowdown.NIC_SEND, slowdown.NIC_RECV) or (
+                    key[1] == slowdown.GPU and own is not None
+                    and own == (key[2] if key[2][1] == "g" else self.process_of(*key[2])))):
+                node = ("p", st.job, key[2])  # a process (or a rank of a pid-only one), as _link joins them
+            else:
+                continue
+            if self._root(node) == here:
+                return True
+        return False
+
+    def _waited_for(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> Cusum | None:
+        """The evidence of another rank that started last and reads late, or whose own sends wait least (as
+        a late rank's do), when it gathers: the ranks before it in the ring block on the FIFO slots it has not
+        freed, so their received data waits for their GPUs, and a GPU's reading is its back-pressure. Not when
+        a link or its own GPU explains its lateness (_busy_before)."""
+        rank = ev.late_rank
+        if rank == gpu or not self._starts_late(st, ev, rank) or self._busy_before(st, rank):
+            return None
+        return self._gathering(st, slowdown.LATE, rank) or self._gathering(st, slowdown.PROXY, rank)
 
     def _starts_late(self, st: TraceState, ev: slowdown.Evidence, rank: int) -> bool:
         """The rank started this collective last and its lateness holds evidence: its own send steps wait

@@ -127,7 +127,11 @@ class TraceState:
         return len(set(self.op) | set(self.inflight) | set(self.status))
 
     def complete(self) -> bool:
-        return self.nranks > 0 and len(self.op) >= self.nranks
+        """Every end has completed: a collective's ranks, or a p2p transfer's two (its trace is one transfer;
+        ``nranks`` is its communicator's size), so a transfer is judged as soon as a collective would be, and
+        a rank's lateness elsewhere is not judged before the transfer that held it back."""
+        need = 2 if self.func in P2P else self.nranks
+        return need > 0 and len(self.op) >= need
 
     def add(self, ref: SpanRef, now: float) -> int:
         """File one span; returns the change of accounted bytes (a replaced span gives its bytes back)."""

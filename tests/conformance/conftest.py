@@ -57,4 +57,5 @@ def pytest_terminal_summary(terminalreporter):
         exp = res.scenario.expect
         tr.write_line(f"{name:28s} {'PASS' if not check(res) else 'FAIL':4s} "
                       f"expected={exp['category'] if exp else 'no verdict'} seen={res.short()} "
-                      f"latency={'-' if lat is None else f'{lat:.1f}s'}")
+                      f"latency={'-' if lat is None else f'{lat:.1f}s'}"
+                      + ("" if res.slowdown is None else f" {res.slowdown:.1f}x slower"))

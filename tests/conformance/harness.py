@@ -116,6 +116,7 @@ class Result:
     logs: dict
     wall_s: float
     comm_hashes: set
+    slowdown: float | None = None  # slowdown scenarios: the all-reduces' time with the fault over without
 
     @property
     def first(self) -> dict | None:
@@ -233,12 +234,36 @@ def run(sc: Scenario, sink: RootCauseSink, keep: bool = False) -> Result:
         except OSError:
             logs[name] = ""
     verdicts = sorted(sink.for_comms(hashes), key=lambda v: v["_recv_ns"])
+    slowdown = _slowdown(out_dir, sc) if sc.kind == "slowdown" else None
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     else:
         logs["workdir"] = work
     return Result(sc, verdicts, onset_ns, verdicts[0]["_recv_ns"] if verdicts else None, logs,
-                  time.monotonic() - t_start, hashes)
+                  time.monotonic() - t_start, hashes, slowdown)
+
+
+def _slowdown(out_dir: str, sc: Scenario) -> float | None:
+    """How many times slower the faulty communicator's operations ran: the median launch-to-completion time
+    of its all-reduces (a p2p fault: its sends and receives) of the fault's iterations (from the second on;
+    a late rank is late ``n_late`` times) over that of the 16 iterations before it, all ranks (rankproc.py
+    writes every completed operation to its done file)."""
+    at = sc.fault.get("at_iter")
+    if at is None:
+        return None
+    end = at + sc.fault.get("n_late", sc.iters)
+    funcs = ("Send", "Recv") if sc.fault.get("kind") == "slow_p2p" else ("AllReduce",)
+    before, after = [], []
+    for name in os.listdir(out_dir):
+        if not name.startswith("done."):
+            continue
+        with open(os.path.join(out_dir, name)) as fh:
+            for func, _steps, ms, iteration in json.load(fh):
+                if func in funcs and at - 16 <= iteration < at:
+                    before.append(ms)
+                elif func in funcs and at + 1 <= iteration < end:
+                    after.append(ms)
+    return float(np.median(after) / np.median(before)) if before and after else None
 
 
 def _names_culprit(v: dict, exp: dict) -> bool:

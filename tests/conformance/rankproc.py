@@ -299,7 +299,7 @@ class RankComm:
                 pdone = all(s.done >= s.n and s.started for s in op.subs)
                 if kdone and pdone:
                     op.done.set()
-                    self.job.durations.append((op.func, op.steps, (mono() - op.t_launch) / 1e6))
+                    self.job.durations.append((op.func, op.steps, (mono() - op.t_launch) / 1e6, op.iteration))
                 else:
                     keep.append(op)
             self.kernel_queue = keep
@@ -344,6 +344,8 @@ class RankComm:
             return True
         if kind == "slow_p2p":
             return self.cidx == 1 and s.op.kind == "p2p"
+        if kind == "slow_nic":  # every flow the rank sends on the ring communicator, all channels
+            return self.cidx == 0 and s.op.kind == "ring"
         return self.cidx == 0 and s.ch == f.get("channel", 0) and s.op.kind == "ring"
 
     def send_progress(self, s: Sub, now: int) -> bool:
@@ -374,7 +376,7 @@ class RankComm:
                 s.transmitted += 1
                 ctx.record(h, N.ST_SEND_WAIT, s.trans_size)
                 lat = self.net_step_ns * (0.7 + 0.6 * job.rng.random())
-                if self.flow_fault(s, "slow_flow") or self.flow_fault(s, "slow_p2p"):
+                if self.flow_fault(s, "slow_flow") or self.flow_fault(s, "slow_p2p") or self.flow_fault(s, "slow_nic"):
                     lat *= job.fault.get("factor", 8)
                     job.mark_onset("slow flow")
                 avail = now + int(lat)

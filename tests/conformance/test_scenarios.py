@@ -16,11 +16,6 @@ import pytest
 from harness import check, check_secondary
 from scenarios import SCENARIOS
 
-P_P2P = ("pp_slow_transfer: both ends of the slow transfer (ranks 2 and 3) wait in their Send/Recv and start their "
-         "next world all-reduce late, and the late rank is named (late_rank at rank 2 or 3) before the transfer's own "
-         "test has gathered 6 collectives of evidence: slowdowns are not attributed across communicators yet "
-         "(docs/algorithm.md §8). Of 3 full runs this stop, 1 named the transfer first (slow_nic at rank 2), 2 named "
-         "late_rank first and the transfer next")
 N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6 of them beside 2 busy loops) the "
           "second communicator's hang was named at rank 5, whose flows go into rank 4's dead NIC; suspected: rank "
           "4's own snapshot of that collective had not arrived when it was analysed, so only the sender side of "
@@ -35,12 +30,14 @@ N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6
 # culprit reports its peers' count but moves twice their steps (named by its connections' step counts since the
 # eighth stop, rca.step_mismatch; before, a flaky rank_absent or net_send_stalled collectives later); late_rank,
 # slow_flow and flow_send_stalled, whose pre-fault slowdown verdicts came from the fixed-ratio rules on a loaded
-# host (the sequential detector has named them right in every full run of this stop).
+# host (the sequential detector has named them right in every full run of this stop); pp_slow_transfer, whose
+# ends start their next all-reduce late and were named late_rank before the transfer's test had gathered its
+# evidence (lateness now waits while a link or the rank's own GPU in a joined communicator gathers evidence).
 # Deterministic failures: strict xfail (a fix turns them into a failing XPASS: then remove the entry). None now.
 XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
 # Timing-dependent ones (the wrong verdict wins a race in some runs): non-strict xfail, same precise cause.
-FLAKY = {"pp_slow_transfer": P_P2P}
+FLAKY: dict = {}
 FLAKY_SECONDARY = {"nic_down": N_DOWN}
 
 

@@ -164,6 +164,30 @@ def test_a_straggler_in_a_tp_dp_job_is_one_verdict(plugin, tmp_path):
     assert runs["healthy"]["false_verdicts"] == 0, runs["healthy"]
 
 
+def test_a_tp_pp_dp_job_names_the_fault_not_its_consequences(plugin, tmp_path):
+    """TP x PP x DP, 16 ranks. The link between two pipeline stages slows: a stage pair transfers once per
+    micro-batch, so its own history is short when the fault starts early (its siblings, the job's other
+    stage pairs, judge it until then: x5 was learnt as healthy and never named), and both ends enter their
+    next TP and DP collectives late, which reads as a late rank there before the transfers gather their
+    evidence (x20 named the TP peer late). A rank late into its DP ring (x2 of the collective) holds back
+    the GPUs before it, which block on the FIFO slots it has not freed: judged early through the siblings'
+    null, the GPU before it alarmed first. Each is named right, and nothing else."""
+    topo = corpus.TOPOLOGIES["tpdppp16"].spec
+    scenarios = [{"name": "pp-flow-x5", "fault": "slow_flow:at=4,comm=pp,factor=5", "topology": topo, "seed": 3},
+                 {"name": "pp-flow-x20", "fault": "slow_flow:at=4,comm=pp,factor=20", "topology": topo, "seed": 1},
+                 {"name": "pp-nic-x2", "fault": "slow_nic:at=4,comm=pp,factor=2", "topology": topo, "seed": 2},
+                 {"name": "dp-late-x2", "fault": "late_rank:at=4,delay_ms=45.3454", "topology": topo,
+                  "seed": 4041}]  # the corpus's late_rank x2 on tpdppp16, seed 4
+    spec = tmp_path / "tpdppp16.json"
+    spec.write_text(json.dumps({"scenarios": scenarios}))
+    r = _eval("--scenarios", str(spec), "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)["scenarios"]
+    assert len(rows) == 4
+    assert [(x["scenario"], x["top"]) for x in rows
+            if not (x["culprit_ok"] and x["category_ok"]) or x["false_positives"] or x["verdicts"] != 1] == []
+
+
 def test_factors_are_computed_once_per_fault_shape_and_magnitude(monkeypatch):
     calls = []
 
