@@ -26,7 +26,7 @@ when one process is descheduled once).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -335,12 +335,32 @@ class SlowdownDetector:
         s = c.update(self.s.cusum.cap, self.s.cusum, start, at, mild=name in _MILD)
         return Alarm(name, unit, c, self.s.cusum.cap) if s >= self.s.cusum.h else None
 
+    def _half_way(self, job: str, names: tuple[str, ...]) -> Iterator[tuple]:
+        """The keys of the job's candidates of these measures that are half way to an alarm (S >= h/2)."""
+        half = self.s.cusum.h / 2
+        return (k for k, c in self.cusums.items() if k[0] == job and k[1] in names and c.s >= half)
+
     def _accumulating(self, st: TraceState, names: tuple[str, ...]) -> bool:
         """Some candidate of these measures in this communicator is half way to an alarm."""
-        half = self.s.cusum.h / 2
         mine = {self._candidate(st.job, st.comm, slowdown.GPU, r)[2] for r in st.op}
-        return any(k[0] == st.job and k[1] in names and c.s >= half and (k[2] in mine or k[2] == st.comm)
-                   for k, c in self.cusums.items())
+        return any(k[2] in mine or k[2] == st.comm for k in self._half_way(st.job, names))
+
+    def _link_gathers(self, st: TraceState, elsewhere: bool = False) -> bool:
+        """A link (a flow or a NIC) of this communicator or one joined to it is half way to an alarm;
+        ``elsewhere``: a flow of another joined communicator only."""
+        here = self._root(("c", st.job, st.comm))
+        for k in self._half_way(st.job, (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)):
+            if k[1] == slowdown.FLOW:
+                if elsewhere and k[2] == st.comm:
+                    continue
+                node = ("c", st.job, k[2])
+            elif elsewhere:
+                continue
+            else:
+                node = ("p", st.job, k[2])  # a NIC is a process's (or a rank's of a pid-only one), as _link joins
+            if self._root(node) == here:
+                return True
+        return False
 
     def _name(self, st: TraceState, m: slowdown.Measures, ev: slowdown.Evidence, alarms: list[Alarm],
               recovered: Finding | None) -> Finding | None:
@@ -352,24 +372,23 @@ class SlowdownDetector:
         elif by[slowdown.GPU]:
             held = {a.unit for a in by[slowdown.GPU]}
             g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
-            if self._busy_before(st, None, elsewhere=True):
+            if self._link_gathers(st, elsewhere=True):
                 return None  # its kernel queued behind a transfer of a joined communicator: that one's verdict
             late_one = self._waited_for(st, ev, g.unit)
             if late_one is not None:
                 g.cusum.reset()
-                pick = g.led_to(slowdown.LATE, ev.late_rank, late_one)
-            else:
-                proxy = self._gathering(st, slowdown.PROXY, g.unit)
-                if proxy is not None and not self._starts_late(st, ev, g.unit):
-                    # its own sends wait least while its received data waits: its proxy hands completed
-                    # receives to the GPU late (a slow GPU would make its own send steps wait longer for data)
-                    g.cusum.reset()
-                    g = g.led_to(slowdown.PROXY, g.unit, proxy)
-                pick = self._path(g, self._held_back_path(st, ev, g.unit, held)) if g.measure == slowdown.GPU else g
-                if pick is g:
-                    touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
-                    if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
-                        pick = touching[0]  # its kernel queued behind the collective that one flow delayed
+                return self._finding(st, g.led_to(slowdown.LATE, ev.late_rank, late_one), recovered)
+            proxy = self._gathering(st, slowdown.PROXY, g.unit)
+            if proxy is not None and not self._starts_late(st, ev, g.unit):
+                # its own sends wait least while its received data waits: its proxy hands completed receives
+                # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
+                g.cusum.reset()
+                g = g.led_to(slowdown.PROXY, g.unit, proxy)
+            pick = self._path(g, self._held_back_path(st, ev, g.unit, held)) if g.measure == slowdown.GPU else g
+            if pick is g:
+                touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
+                if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
+                    pick = touching[0]  # its kernel queued behind the collective that one flow delayed
         elif by[slowdown.NIC_SEND] or by[slowdown.NIC_RECV]:
             pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
         elif by[slowdown.FLOW]:
@@ -386,33 +405,15 @@ class SlowdownDetector:
             return None
         return self._finding(st, pick, recovered)
 
-    def _busy_before(self, st: TraceState, rank: int | None, elsewhere: bool = False) -> bool:
+    def _busy_before(self, st: TraceState, rank: int) -> bool:
         """The rank's lateness has a cause the test is gathering evidence of (half way to an alarm): its own
-        GPU, or a link (a flow or a NIC) in this communicator or one joined to it. A rank's kernels run in
-        order on its stream, so a slow GPU or a slow transfer of its pipeline stage holds back its start in
-        the next collective, and through a TP group the start of its peers' next collectives too. The reverse
-        never holds: a rank that calls late leaves its peers' sends waiting for its credit (SendPeerWait),
-        not on the link, and its own GPU idle. (Another rank's GPU can read slow behind a late rank: the
-        rank before it blocks on a FIFO slot the late one has not freed.) So lateness waits for that verdict.
-        ``elsewhere``: only a flow of another joined communicator counts (a GPU whose kernel queued behind
-        that transfer reads slow here; this communicator's own flows are its path, judged by _path)."""
-        own = self.process_of(st.comm, rank) if rank is not None else None
-        here = self._root(("c", st.job, st.comm))
-        half = self.s.cusum.h / 2
-        for key, c in self.cusums.items():
-            if key[0] != st.job or c.s < half:
-                continue
-            if key[1] == slowdown.FLOW and not (elsewhere and key[2] == st.comm):
-                node = ("c", st.job, key[2])
-            elif not elsewhere and (key[1] in (slowdown.NIC_SEND, slowdown.NIC_RECV) or (
-                    key[1] == slowdown.GPU and own is not None
-                    and own == (key[2] if key[2][1] == "g" else self.process_of(*key[2])))):
-                node = ("p", st.job, key[2])  # a process (or a rank of a pid-only one), as _link joins them
-            else:
-                continue
-            if self._root(node) == here:
-                return True
-        return False
+        GPU, or a link in this communicator or one joined to it. A rank's kernels run in order on its stream,
+        so a slow GPU or a slow transfer of its pipeline stage holds back its start in the next collective,
+        and through a TP group the start of its peers' next collectives too. The reverse never holds: a rank
+        that calls late leaves its peers' sends waiting for its credit (SendPeerWait), not on the link, and
+        its own GPU idle. (Another rank's GPU can read slow behind a late rank: the rank before it blocks on
+        a FIFO slot the late one has not freed.) So lateness waits for that verdict."""
+        return self._gathering(st, slowdown.GPU, rank) is not None or self._link_gathers(st)
 
     def _waited_for(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> Cusum | None:
         """The evidence of another rank that started last and reads late, or whose own sends wait least (as
