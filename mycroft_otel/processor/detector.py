@@ -13,8 +13,9 @@ function and size bucket; its siblings' until it has its own) and accumulated pe
 explanation wins: a late rank (everybody waited for it) over its own proxy reading idle, unless a link, or its
 own GPU, that would have held it back gathers evidence in a joined communicator; a late rank over the GPUs
 before it (they block on its FIFO slots); a slow GPU over slow flows into it (its GPU drains them slowly)
-unless exactly one flow touching it is slow (its kernel queued behind the collective that flow delayed) or a
-held-back GPU's network path reads slow; a NIC over its single flows; a proxy only when nothing else
+unless a network path out of it, into it (a late link delivers in bursts that wait for the GPU) or out of a
+held-back GPU gathers evidence, or exactly one flow touching it is slow (its kernel queued behind the
+collective that flow delayed); a NIC over its single flows; a proxy only when nothing else
 accumulates (behind any other fault somebody's sends always wait least).
 
 Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
@@ -460,20 +461,26 @@ class SlowdownDetector:
 
     def _held_back_path(self, st: TraceState, ev: slowdown.Evidence, source: int,
                         alarmed: set) -> tuple[str, object, Cusum] | None:
-        """The network path that explains a GPU alarm: the source GPU's own, else that of the held-back GPU
-        (alarmed in this collective or gathering evidence) whose path holds the most evidence, else None. A
-        slow link holds back its sender's kernel and, through the FIFO credits, every kernel upstream of it
-        in the ring; in a large ring the sender is not always the one whose received data waits longest. A
-        slow GPU cannot be behind a flow's network busy time (it posts late; once posted, a step moves at the
-        network's speed), so a held-back GPU's slow flow out is the cause and the GPUs its symptoms."""
+        """The network path that explains a GPU alarm: the source GPU's own way out, else the path with the
+        most evidence among the ways into it and those out of the held-back GPUs (alarmed in this collective
+        or gathering evidence), else None. A slow GPU cannot be behind a flow's network busy time: it posts
+        its sends late, and its receive buffers late (the sender then waits for credit, SendPeerWait); once
+        posted, a step moves at the network's speed. A slow link, though, shows at GPUs on both sides of it.
+        It holds back its sender's kernel and, through the FIFO credits, every kernel upstream of it in the
+        ring (in a large ring the sender is not always the one whose received data waits longest). And a
+        link that delivers late delivers in bursts (the steps in flight land together once the window is
+        full), so its receiver's data waits while the GPU reduces and forwards the ones before it."""
         found = self._network(st, ev, source)
         if found is not None:
             return found
-        for u in ev.values[slowdown.GPU][0]:
-            if u != source and (u in alarmed or self._gathering(st, slowdown.GPU, u) is not None):
-                other = self._network(st, ev, u)
-                if other is not None and other[2].s > (found[2].s if found is not None else 0.0):
-                    found = other
+        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
+        behind = {u[0] for u in flows if u[1] == source}
+        behind.update(u for u in ev.values[slowdown.GPU][0]
+                      if u != source and (u in alarmed or self._gathering(st, slowdown.GPU, u) is not None))
+        for u in sorted(behind):
+            other = self._network(st, ev, u)
+            if other is not None and other[2].s > (found[2].s if found is not None else 0.0):
+                found = other
         return found
 
     @staticmethod

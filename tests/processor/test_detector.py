@@ -112,3 +112,24 @@ def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
     # a candidate seen later gets its own row; the others keep theirs
     again = own.rows(["noisy", "late"])
     assert again[0] == rows[1] and own.scale(again)[1] == 0.0
+
+
+@pytest.mark.parametrize("fault,category,channel", [("slow_nic", "slow_nic", None), ("slow_flow", "slow_flow", 1)])
+def test_a_slow_link_is_named_not_the_gpu_its_bursts_hold_up(fault, category, channel):
+    """A link that delivers late delivers in bursts (the steps in flight land together once the window is
+    full): its receiver's data then waits while the GPU reduces and forwards the ones before it, so rank 4's
+    GPU reads 3x while the link from rank 3 into it reads 1.6x. The GPU crosses h first; the verdict is the
+    link into it, and nothing after it."""
+    rng = np.random.default_rng(11)
+    proc = Processor(env={}, settle_s=0.0)
+    out = []
+    for seq in range(1, 100):
+        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+        jitter(ring, rng, CAPTURE)
+        if seq >= 40:
+            scaled(ring, fault, 3, 1.6)
+            scaled(ring, "slow_gpu", 4, 3.0)
+        proc.ingest_request(ring.request())
+        out += [(v.category, v.finding.ranks, v.finding.channel) for v in proc.tick()]
+    assert out and out[0] == (category, [3], channel), out
+    assert all(v[1] == [3] for v in out), out
