@@ -242,9 +242,10 @@ class SlowdownDetector:
         for name, (units, values) in ev.values.items():
             own = (job, comm, func, bucket, name)
             if name == slowdown.LATE:
-                # lateness is a share of the makespan, which grows with the size and is short on NVLink:
-                # only its own communicator and size say what is healthy
-                levels, nulls = (own,), (own,)
+                # lateness is a share of the makespan, which is short on NVLink: only its own communicator
+                # says what is healthy, at its size once it has seen 8 collectives of it (until then, at all
+                # its sizes: a job alternating two message sizes would judge the rarer one late)
+                levels, nulls = (own,), (own, (job, comm, func, "*", name))
             else:
                 # Until a communicator has a history of its own at this size, it borrows: its null from its
                 # other sizes (a score is a log-ratio, which the size scales away; a job alternating two
@@ -396,12 +397,16 @@ class SlowdownDetector:
             f = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
             pick = self._path(f, self._network(st, ev, f.unit[0]))
         elif by[slowdown.PROXY]:
-            others = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)
-            if not self._accumulating(st, others):
-                pick = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
-                # a rank that launched late waits least too (everybody was ready for it): late, not its proxy
-                if self._starts_late(st, ev, pick.unit):
-                    pick = Alarm(slowdown.LATE, pick.unit, pick.cusum, pick.z)
+            p = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
+            if self._starts_late(st, ev, p.unit):
+                # a rank that launched late waits least too (everybody was ready for it): its lateness, not
+                # its proxy, judged as a late alarm is; its own lateness gathering is the same evidence
+                if not self._busy_before(st, p.unit):
+                    self._cusum(st, slowdown.LATE, p.unit).reset()  # the same incident: named once
+                    pick = Alarm(slowdown.LATE, p.unit, p.cusum, p.z)
+            elif not self._accumulating(st, (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV,
+                                             slowdown.FLOW)):
+                pick = p
         if pick is None:
             return None
         return self._finding(st, pick, recovered)

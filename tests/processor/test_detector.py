@@ -133,3 +133,25 @@ def test_a_slow_link_is_named_not_the_gpu_its_bursts_hold_up(fault, category, ch
         out += [(v.category, v.finding.ranks, v.finding.channel) for v in proc.tick()]
     assert out and out[0] == (category, [3], channel), out
     assert all(v[1] == [3] for v in out), out
+
+
+def test_a_late_rank_is_judged_at_a_size_the_processor_has_rarely_seen():
+    """A job alternates two message sizes, and the processor saw the smaller one only 4 times before rank 3
+    starts late in 8 collectives (the agents export a sample): each of the 8 counts, the rarer size's judged
+    against the communicator's other size until it has a history of its own."""
+    rng = np.random.default_rng(3)
+    proc = Processor(env={}, settle_s=0.0)
+    out = []
+    for seq in range(1, 60):
+        small = seq % 2 == 0
+        if seq < 40 and small and seq % 10:
+            continue  # not exported
+        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+        for rv in ring.ranks.values():
+            rv.count = 1 << 14 if small else 1 << 20
+        jitter(ring, rng, CAPTURE)
+        if 40 <= seq < 48:
+            scaled(ring, "late_rank", 3, 3.0)
+        proc.ingest_request(ring.request())
+        out += [(v.category, v.finding.ranks) for v in proc.tick()]
+    assert out[:1] == [("late_rank", [3])], out
