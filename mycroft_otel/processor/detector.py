@@ -279,8 +279,9 @@ class SlowdownDetector:
         own = _get_or_put(self.own, nulls[0], lambda: OwnSpreads(self.s.own_size, self.s.own_min_values))
         rows = own.rows(units)
         own_scale = own.scale(rows)
-        if ready is not None:
-            loc, scale = ready.location_scale()
+        prior = (0.0, self.s.late_prior_scale) if name == slowdown.LATE else None
+        if ready is not None or prior is not None:
+            loc, scale = ready.location_scale() if ready is not None else prior
             z = (x - loc) / np.maximum(scale, own_scale)
             for i, u in enumerate(units):
                 ck = self._candidate(job, comm, name, u)

@@ -29,6 +29,11 @@ class Settings:
     own_size: int = 64              # a candidate's own healthy scores kept, and ...
     own_min_values: int = 16        # ... how many before its own spread counts (the measure's null's until then)
     min_scale: float = 0.05         # log units: below a 5% spread the measure is treated as 5% noisy
+    late_prior_scale: float = 0.2   # lateness (a share of the makespan, 0 for all but the last rank) is judged
+                                    #   against (0, this) until its null is trusted: a late rank is usually
+                                    #   flagged only in its first few collectives (the agents' baselines then
+                                    #   learn it), which a null still learning would spend; 20% of the
+                                    #   makespan, 4x the floor, is no evidence yet
     evidence_ttl_s: float = 60.0    # a candidate's evidence older than this is forgotten (consecutive collectives)
     straggler_ns: int = 1_000_000_000  # a rank everybody waited >= 1 s for is named from one collective
     warmup_seq: int = 8             # a communicator's first collectives name no slowdown: NCCL connects peers

@@ -155,3 +155,20 @@ def test_a_late_rank_is_judged_at_a_size_the_processor_has_rarely_seen():
         proc.ingest_request(ring.request())
         out += [(v.category, v.finding.ranks) for v in proc.tick()]
     assert out[:1] == [("late_rank", [3])], out
+
+
+def test_a_late_rank_is_judged_before_its_communicators_null_is_learnt():
+    """The agents exported 2 healthy collectives of a communicator (its first seconds: the cadence measures
+    the rate first) when rank 3 starts 8 collectives late, flagged by its peers: the lateness is judged
+    against the prior (0, 0.2) and named; the same job's healthy collectives before it name nothing."""
+    rng = np.random.default_rng(4)
+    proc = Processor(env={}, settle_s=0.0)
+    out = []
+    for seq in (20, 30) + tuple(range(40, 48)):
+        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+        jitter(ring, rng, CAPTURE)
+        if seq >= 40:
+            scaled(ring, "late_rank", 3, 2.0)
+        proc.ingest_request(ring.request())
+        out += [(v.category, v.finding.ranks, seq) for v in proc.tick()]
+    assert [v[:2] for v in out] == [("late_rank", [3])] and out[0][2] >= 45, out
