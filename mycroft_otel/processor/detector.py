@@ -7,16 +7,16 @@ than 2 candidates, e.g. only the flagged rank's span). A collective-wide effect 
 message, a slow step of the model -- moves every candidate alike and cancels; a fault moves one.
 
 The scores are standardized by the measure's learned null (sequential.RobustNull, kept per job, communicator,
-function and size bucket; its siblings' until it has its own) and accumulated per candidate by CUSUMs
-(sequential.Cusum: one tuned for a shift of 2 null scales, and on the network measures a mild one tuned for
-1). A candidate whose CUSUM reaches h is named. When several alarm in one collective, the most specific
-explanation wins: a late rank (everybody waited for it) over its own proxy reading idle, unless a link, or its
-own GPU, that would have held it back gathers evidence in a joined communicator; a late rank over the GPUs
-before it (they block on its FIFO slots); a slow GPU over slow flows into it (its GPU drains them slowly)
-unless a network path out of it, into it (a late link delivers in bursts that wait for the GPU) or out of a
-held-back GPU gathers evidence, or exactly one flow touching it is slow (its kernel queued behind the
-collective that flow delayed); a NIC over its single flows; a proxy only when nothing else
-accumulates (behind any other fault somebody's sends always wait least).
+function and size bucket; its other sizes' or its siblings' until it has its own, lateness a prior) and
+accumulated per candidate by CUSUMs (sequential.Cusum: one tuned for a shift of 2 null scales, and on the
+network measures a mild one tuned for 1). A candidate whose CUSUM reaches h is named. When several alarm in
+one collective, the most specific explanation wins: a late rank (everybody waited for it) over its own proxy
+reading idle, unless a link, or its own GPU, that would have held it back gathers evidence in a joined
+communicator; a late rank over the GPUs before it (they block on its FIFO slots); a slow GPU over slow flows
+into it (its GPU drains them slowly) unless a network path out of it, into it (a late link delivers in bursts
+that wait for the GPU) or out of a held-back GPU gathers evidence, or exactly one flow touching it is slow
+(its kernel queued behind the collective that flow delayed); a NIC over its single flows; a proxy only when
+nothing else accumulates (behind any other fault somebody's sends always wait least).
 
 Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
 stall that recovered naming a rank that had not started (a late rank too); any other recovered stall adds

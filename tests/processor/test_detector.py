@@ -32,21 +32,29 @@ def test_the_design_meets_its_false_alarm_budget():
         CusumDesign(k=1.0, h=0.5, cap=2.0)
 
 
+def _collectives(seqs, inject, sigma: float, seed: int, n: int = 8, settings: Settings | None = None) -> list:
+    """Collectives ``seqs`` of an ``n``-rank ring (healthy spread ``sigma``), each changed by
+    ``inject(ring, seq, rng)`` before the processor ingests it; the verdicts as (category, ranks, channel, seq)."""
+    rng = np.random.default_rng(seed)
+    proc = Processor(env={}, settle_s=0.0, settings=settings)
+    out = []
+    for seq in seqs:
+        ring = Ring(n, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+        jitter(ring, rng, sigma)
+        inject(ring, seq, rng)
+        proc.ingest_request(ring.request())
+        out += [(v.category, v.finding.ranks, v.finding.channel, seq) for v in proc.tick()]
+    return out
+
+
 def _run(fault: str | None, factor: float, sigma: float, seed: int, onset: int = 40, total: int = 120,
          n: int = 8, settings: Settings | None = None) -> list:
     """Collectives 1..total of an 8-rank ring, healthy spread ``sigma``, the fault from ``onset``; the
     verdicts as (category, ranks, channel, collectives after the onset)."""
-    rng = np.random.default_rng(seed)
-    proc = Processor(env={}, settle_s=0.0, settings=settings)
-    out = []
-    for seq in range(1, total + 1):
-        ring = Ring(n, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
-        jitter(ring, rng, sigma)
+    def inject(ring, seq, rng):
         if fault is not None and seq >= onset:
             scaled(ring, fault, 3, factor)
-        proc.ingest_request(ring.request())
-        out += [(v.category, v.finding.ranks, v.finding.channel, seq - onset) for v in proc.tick()]
-    return out
+    return [v[:3] + (v[3] - onset,) for v in _collectives(range(1, total + 1), inject, sigma, seed, n, settings)]
 
 
 @pytest.mark.parametrize("sigma", [CAPTURE, LOADED])
@@ -84,17 +92,10 @@ def test_a_noisy_host_gets_a_wider_bar(fault):
 
 def test_one_outlier_alone_never_alarms():
     """A descheduled proxy thread holds one flow 1000x for one collective, now and then: no verdict."""
-    rng = np.random.default_rng(5)
-    proc = Processor(env={}, settle_s=0.0)
-    vs = []
-    for seq in range(1, 200):
-        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
-        jitter(ring, rng, CAPTURE)
+    def inject(ring, seq, rng):
         if seq % 9 == 0:
             ring.slow_flow(int(rng.integers(8)), 1, factor=1000)
-        proc.ingest_request(ring.request())
-        vs += proc.tick()
-    assert vs == [], [v.summary() for v in vs]
+    assert _collectives(range(1, 200), inject, CAPTURE, seed=5) == []
 
 
 def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
@@ -120,18 +121,12 @@ def test_a_slow_link_is_named_not_the_gpu_its_bursts_hold_up(fault, category, ch
     full): its receiver's data then waits while the GPU reduces and forwards the ones before it, so rank 4's
     GPU reads 3x while the link from rank 3 into it reads 1.6x. The GPU crosses h first; the verdict is the
     link into it, and nothing after it."""
-    rng = np.random.default_rng(11)
-    proc = Processor(env={}, settle_s=0.0)
-    out = []
-    for seq in range(1, 100):
-        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
-        jitter(ring, rng, CAPTURE)
+    def inject(ring, seq, rng):
         if seq >= 40:
             scaled(ring, fault, 3, 1.6)
             scaled(ring, "slow_gpu", 4, 3.0)
-        proc.ingest_request(ring.request())
-        out += [(v.category, v.finding.ranks, v.finding.channel) for v in proc.tick()]
-    assert out and out[0] == (category, [3], channel), out
+    out = _collectives(range(1, 100), inject, CAPTURE, seed=11)
+    assert out and out[0][:3] == (category, [3], channel), out
     assert all(v[1] == [3] for v in out), out
 
 
@@ -139,36 +134,22 @@ def test_a_late_rank_is_judged_at_a_size_the_processor_has_rarely_seen():
     """A job alternates two message sizes, and the processor saw the smaller one only 4 times before rank 3
     starts late in 8 collectives (the agents export a sample): each of the 8 counts, the rarer size's judged
     against the communicator's other size until it has a history of its own."""
-    rng = np.random.default_rng(3)
-    proc = Processor(env={}, settle_s=0.0)
-    out = []
-    for seq in range(1, 60):
-        small = seq % 2 == 0
-        if seq < 40 and small and seq % 10:
-            continue  # not exported
-        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+    def inject(ring, seq, rng):
         for rv in ring.ranks.values():
-            rv.count = 1 << 14 if small else 1 << 20
-        jitter(ring, rng, CAPTURE)
+            rv.count = 1 << 14 if seq % 2 == 0 else 1 << 20
         if 40 <= seq < 48:
             scaled(ring, "late_rank", 3, 3.0)
-        proc.ingest_request(ring.request())
-        out += [(v.category, v.finding.ranks) for v in proc.tick()]
-    assert out[:1] == [("late_rank", [3])], out
+    exported = [seq for seq in range(1, 60) if seq >= 40 or seq % 2 or seq % 10 == 0]
+    out = _collectives(exported, inject, CAPTURE, seed=3)
+    assert [v[:2] for v in out[:1]] == [("late_rank", [3])], out
 
 
 def test_a_late_rank_is_judged_before_its_communicators_null_is_learnt():
     """The agents exported 2 healthy collectives of a communicator (its first seconds: the cadence measures
     the rate first) when rank 3 starts 8 collectives late, flagged by its peers: the lateness is judged
     against the prior (0, 0.2) and named; the same job's healthy collectives before it name nothing."""
-    rng = np.random.default_rng(4)
-    proc = Processor(env={}, settle_s=0.0)
-    out = []
-    for seq in (20, 30) + tuple(range(40, 48)):
-        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
-        jitter(ring, rng, CAPTURE)
+    def inject(ring, seq, rng):
         if seq >= 40:
             scaled(ring, "late_rank", 3, 2.0)
-        proc.ingest_request(ring.request())
-        out += [(v.category, v.finding.ranks, seq) for v in proc.tick()]
-    assert [v[:2] for v in out] == [("late_rank", [3])] and out[0][2] >= 45, out
+    out = _collectives((20, 30) + tuple(range(40, 48)), inject, CAPTURE, seed=4)
+    assert [v[:2] for v in out] == [("late_rank", [3])] and out[0][3] >= 45, out
