@@ -233,6 +233,7 @@ def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sampl
             def counts() -> dict:
                 a, g, s = scrape(agent_url), scrape(gw_url), scrape(store_url)
                 procs = [scrape(f"http://127.0.0.1:{pp.metrics}/metrics") for pp in stack.processor_ports]
+                drops = {f"agent_{n}": metric_sum(a, f"mycroft_agent_{n}_total") for n in _AGENT_DROPS}
                 return {
                     "agent_records_read": metric_sum(a, "mycroft_agent_records_read_total"),
                     "agent_spans_built": metric_sum(a, "mycroft_agent_spans_built_total"),
@@ -240,8 +241,8 @@ def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sampl
                     "agent_queue_spans": metric_sum(a, "mycroft_agent_queue_spans"),
                     # each way the agent loses a span apart (a full ring, a full queue, a request that failed
                     # after its retries), then their sum
-                    **{f"agent_{n}": metric_sum(a, f"mycroft_agent_{n}_total") for n in _AGENT_DROPS},
-                    "agent_dropped": sum(metric_sum(a, f"mycroft_agent_{n}_total") for n in _AGENT_DROPS),
+                    **drops,
+                    "agent_dropped": sum(drops.values()),
                     "agent_export_errors": metric_sum(a, "mycroft_agent_export_errors_total"),
                     "gateway_accepted": metric_sum(g, "otelcol_receiver_accepted_spans_total", receiver="otlp"),
                     "gateway_refused": metric_sum(g, "otelcol_receiver_refused_spans_total"),

@@ -106,7 +106,8 @@ class SlowdownDetector:
         return _get_or_put(table, key, lambda: RobustNull(self.s.null_size, self.s.min_scale))
 
     def _ready(self, table: dict, keys: tuple[tuple, ...], collectives: int = 0) -> RobustNull | None:
-        """The first of ``keys``' nulls (the communicator's own, then its siblings') that holds enough."""
+        """The first of ``keys``' nulls (the communicator's own, then its other sizes' or its siblings') that
+        holds enough."""
         for key in keys:
             null = table.get(key)
             if null is not None and len(null) >= self.s.null_min_values and null.collectives >= collectives:
@@ -240,12 +241,12 @@ class SlowdownDetector:
         when = min((r.start_ns for r in st.op.values()), default=0)
         alarms: list[Alarm] = []
         for name, (units, values) in ev.values.items():
-            own = (job, comm, func, bucket, name)
+            own, sizes = (job, comm, func, bucket, name), (job, comm, func, "*", name)
             if name == slowdown.LATE:
                 # lateness is a share of the makespan, which is short on NVLink: only its own communicator
                 # says what is healthy, at its size once it has seen 8 collectives of it (until then, at all
                 # its sizes: a job alternating two message sizes would judge the rarer one late)
-                levels, nulls = (own,), (own, (job, comm, func, "*", name))
+                levels, nulls = (own,), (own, sizes)
             else:
                 # Until a communicator has a history of its own at this size, it borrows: its null from its
                 # other sizes (a score is a log-ratio, which the size scales away; a job alternating two
@@ -254,7 +255,7 @@ class SlowdownDetector:
                 # a TP x DP job's DP rings). A stage pair that transfers once per micro-batch, or a ring the
                 # agents rarely export, would otherwise learn a fault that starts early as its healthy level.
                 siblings = (job, ("*", st.nranks), func, bucket, name)
-                levels, nulls = (own, siblings), (own, (job, comm, func, "*", name), siblings)
+                levels, nulls = (own, siblings), (own, sizes, siblings)
             got = self._scores(levels, name, values, func == "p2p")
             if got is None:
                 for key in levels:

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nccl_ctypes as N  # noqa: E402
 
 NEVER = 1 << 62
+SLOW_LINKS = ("slow_flow", "slow_p2p", "slow_nic")  # faults that lengthen a step's time on the network
 GPU_CLOCK_OFFSET = 987_654_321_000  # %globaltimer is not CLOCK_MONOTONIC: make that obvious
 TX, RPOST, RECVD, AVAIL = 0, 1, 2, 4  # AVAIL..AVAIL+7: when step k (slot k % 8) is deliverable
 NF = 12
@@ -376,7 +377,7 @@ class RankComm:
                 s.transmitted += 1
                 ctx.record(h, N.ST_SEND_WAIT, s.trans_size)
                 lat = self.net_step_ns * (0.7 + 0.6 * job.rng.random())
-                if self.flow_fault(s, "slow_flow") or self.flow_fault(s, "slow_p2p") or self.flow_fault(s, "slow_nic"):
+                if any(self.flow_fault(s, kind) for kind in SLOW_LINKS):
                     lat *= job.fault.get("factor", 8)
                     job.mark_onset("slow flow")
                 avail = now + int(lat)
