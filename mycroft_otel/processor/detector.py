@@ -131,8 +131,7 @@ class SlowdownDetector:
             if level is None:
                 return None
             ref, mode = level.location_scale()[0], "h"
-        x = (ref - lv) if name == slowdown.PROXY else (lv - ref)
-        return x, mode
+        return lv - ref, mode
 
     # -- judging one collective -------------------------------------------------------------
     def judge(self, st: TraceState, m: slowdown.Measures | None, at: float) -> Finding | None:
@@ -382,12 +381,14 @@ class SlowdownDetector:
             if late_one is not None:
                 g.cusum.reset()
                 return self._finding(st, g.led_to(slowdown.LATE, ev.late_rank, late_one), recovered)
-            proxy = self._gathering(st, slowdown.PROXY, g.unit)
-            if proxy is not None and not self._starts_late(st, ev, g.unit):
-                # its own sends wait least while its received data waits: its proxy hands completed receives
-                # to the GPU late (a slow GPU would make its own send steps wait longer for their data)
+            proxy = self._proxy_behind(st, ev)
+            if proxy is not None:
+                # a rank whose proxy leaves its ready data unposted blocks its kernel on the send FIFO slots
+                # that data holds, so its received data waits for that kernel, and the ranks sending into it
+                # block in turn, hop by hop: their GPUs read slow. A slow GPU never reads as a proxy (its
+                # upstream's credit wait is its own busy time)
                 g.cusum.reset()
-                g = g.led_to(slowdown.PROXY, g.unit, proxy)
+                g = g.led_to(slowdown.PROXY, *proxy)
             pick = self._path(g, self._held_back_path(st, ev, g.unit, held)) if g.measure == slowdown.GPU else g
             if pick is g:
                 touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
@@ -398,20 +399,21 @@ class SlowdownDetector:
         elif by[slowdown.FLOW]:
             f = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
             pick = self._path(f, self._network(st, ev, f.unit[0]))
-        elif by[slowdown.PROXY]:
-            p = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
-            if self._starts_late(st, ev, p.unit):
-                # a rank that launched late waits least too (everybody was ready for it): its lateness, not
-                # its proxy, judged as a late alarm is; its own lateness gathering is the same evidence
-                if not self._busy_before(st, p.unit):
-                    self._cusum(st, slowdown.LATE, p.unit).reset()  # the same incident: named once
-                    pick = Alarm(slowdown.LATE, p.unit, p.cusum, p.z)
-            elif not self._accumulating(st, (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV,
-                                             slowdown.FLOW)):
-                pick = p
+        elif by[slowdown.PROXY] and not self._accumulating(
+                st, (slowdown.LATE, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)):
+            # the ranks sending into a late rank wait for credit on buffers it posts late, and the network
+            # may hold data it has not delivered yet: those verdicts come first (held-back GPUs are the
+            # proxy's own doing)
+            pick = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
         if pick is None:
             return None
         return self._finding(st, pick, recovered)
+
+    def _proxy_behind(self, st: TraceState, ev: slowdown.Evidence) -> tuple[int, Cusum] | None:
+        """The rank of this collective whose proxy gathers the most evidence (half way to an alarm), with it."""
+        units = ev.values.get(slowdown.PROXY, ([], None))[0]
+        found = [(u, c) for u in units if (c := self._gathering(st, slowdown.PROXY, u)) is not None]
+        return max(found, key=lambda x: x[1].s) if found else None
 
     def _busy_before(self, st: TraceState, rank: int) -> bool:
         """The rank's lateness has a cause the test is gathering evidence of (half way to an alarm): its own
@@ -424,20 +426,14 @@ class SlowdownDetector:
         return self._gathering(st, slowdown.GPU, rank) is not None or self._link_gathers(st)
 
     def _waited_for(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> Cusum | None:
-        """The evidence of another rank that started last and reads late, or whose own sends wait least (as
-        a late rank's do), when it gathers: the ranks before it in the ring block on the FIFO slots it has not
-        freed, so their received data waits for their GPUs, and a GPU's reading is its back-pressure. Not when
-        a link or its own GPU explains its lateness (_busy_before)."""
+        """The evidence of another rank that started last and reads late, when it gathers: the ranks before
+        it in the ring block on the FIFO slots it has not freed, so their received data waits for their GPUs,
+        and a GPU's reading is its back-pressure. Not when a link or its own GPU explains its lateness
+        (_busy_before)."""
         rank = ev.late_rank
-        if rank == gpu or not self._starts_late(st, ev, rank) or self._busy_before(st, rank):
+        if rank in (gpu, -1) or ev.lateness_ns <= 0 or self._busy_before(st, rank):
             return None
-        return self._gathering(st, slowdown.LATE, rank) or self._gathering(st, slowdown.PROXY, rank)
-
-    def _starts_late(self, st: TraceState, ev: slowdown.Evidence, rank: int) -> bool:
-        """The rank started this collective last and its lateness holds evidence: its own send steps wait
-        least because everybody was ready for it (a GPU slowed in its other communicators too arrives late),
-        which a proxy's reading cannot be told from."""
-        return rank == ev.late_rank and ev.lateness_ns > 0 and self._evidence(st, slowdown.LATE, rank) > 0
+        return self._gathering(st, slowdown.LATE, rank)
 
     def _cusum(self, st: TraceState, measure: str, unit) -> Cusum | None:
         return self.cusums.get(self._candidate(st.job, st.comm, measure, unit))
@@ -562,8 +558,8 @@ class SlowdownDetector:
                 slowdown.GPU: f"rank {who}'s GPU takes longer per step to consume received data than the other ranks'",
                 slowdown.NIC_SEND: f"every flow sent by rank {who} waits longer per step on the network",
                 slowdown.NIC_RECV: f"every flow into rank {who} waits longer per step on the network",
-                slowdown.PROXY: (f"rank {who}'s send steps wait least on GPU and network while the others wait: its "
-                                 f"proxy posts ready chunks late"),
+                slowdown.PROXY: (f"rank {who}'s ready send steps wait for credit while their receivers' buffers are "
+                                 f"posted: its proxy posts ready chunks late"),
                 slowdown.LATE: f"rank {who} starts its collectives late and the others wait for it",
             }[a.measure]
         if recovered is not None and recovered.ranks == [who] and recovered.category == cat:

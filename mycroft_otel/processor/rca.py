@@ -191,20 +191,18 @@ def lookup(have: np.ndarray, want: np.ndarray) -> np.ndarray:
     return out
 
 
-def receiver_steps(dst: np.ndarray, channel: np.ndarray, sender: np.ndarray, rx_span: np.ndarray,
-                   rx_channel: np.ndarray, rx_peer: np.ndarray, rx_steps: np.ndarray) -> np.ndarray:
-    """Per send flow (its receiver's span index ``dst``, ``channel``, its sender's rank): the steps its
-    receiver's recv flow from that sender on that channel announced, -1 where that flow is not known."""
+def receiver_flow(dst: np.ndarray, channel: np.ndarray, sender: np.ndarray, rx_span: np.ndarray,
+                  rx_channel: np.ndarray, rx_peer: np.ndarray) -> np.ndarray:
+    """Per send flow (its receiver's span index ``dst``, ``channel``, its sender's rank): the index of its
+    receiver's recv flow from that sender on that channel among the ``rx_*`` rows, -1 where it is not known."""
     def key(span, ch, peer):
         return ((span.astype(np.int64) << (_KEY_CHANNEL_BITS + _KEY_PEER_BITS))
                 | ((ch & ((1 << _KEY_CHANNEL_BITS) - 1)) << _KEY_PEER_BITS)
                 | np.clip(peer, 0, (1 << _KEY_PEER_BITS) - 1))
     at = lookup(key(rx_span, rx_channel, rx_peer), key(dst, channel, sender))
     hit = np.flatnonzero(at >= 0)
-    hit = hit[rx_peer[at[hit]] >= 0]  # a negative peer was clipped to rank 0's key
-    out = np.full(len(dst), -1, dtype=np.int64)
-    out[hit] = rx_steps[at[hit]]
-    return out
+    at[hit[rx_peer[at[hit]] < 0]] = -1  # a negative peer was clipped to rank 0's key
+    return at
 
 
 def step_mismatch(st: TraceState, sender: np.ndarray, receiver: np.ndarray, channel: np.ndarray, sent: np.ndarray,
@@ -259,7 +257,8 @@ def check_step_mismatch(st: TraceState) -> Finding | None:
     out, dst = out[dst >= 0], dst[dst >= 0]
     src = span[out]
     rx = np.flatnonzero(~send)
-    expected = receiver_steps(dst, ch[out], rank[src], span[rx], ch[rx], peer[rx], steps[rx])
+    at = receiver_flow(dst, ch[out], rank[src], span[rx], ch[rx], peer[rx])
+    expected = np.where(at >= 0, steps[rx[np.maximum(at, 0)]] if len(rx) else -1, -1)
     return step_mismatch(st, rank[src], rank[dst], ch[out], steps[out], expected, final[src], final[dst])
 
 

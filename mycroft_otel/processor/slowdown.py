@@ -11,8 +11,10 @@ trace :func:`evidence` turns them into per-candidate values of the measures the 
   flows by construction); the union is the link's own time per step. A late receiver holds the sender's
   credit (SendPeerWait), not its SendWait;
 - ``nic_send`` / ``nic_recv``: the least-waiting flow out of / into a rank (every flow of that NIC slow);
-- ``proxy``: a rank's send steps' GPU + network wait per step, inverted: a proxy that posts ready chunks
-  late leaves its own steps waiting least while everybody waits for it;
+- ``proxy``: the time per step a rank's ready data moved at neither end: its send steps waited for credit
+  (SendPeerWait: the time of its flow in neither GPU nor network wait) longer than the receiver's GPU held
+  the buffers, while the receiver's buffer was posted (RecvWait). A receiver with a buffer posted has sent
+  its credit, so what is left is the sender's proxy, which posts the ready step to the network late;
 - ``late``: how late a rank really started (its first step posted) after the others' median start, as a
   share of the collective's makespan.
 
@@ -59,16 +61,16 @@ class Measures:
     dst: np.ndarray        # ... receiver (index) ...
     channel: np.ndarray    # ... channel ...
     net: np.ndarray        # ... and network busy time per step
-    sent_of: np.ndarray    # the ranks (indices) with send flows that had steps ...
-    sent_wait: np.ndarray  # ... and their send steps' GPU + network wait per step (the proxy's share is the rest)
+    sent_of: np.ndarray    # the ranks (indices) with send flows whose receiving end we know ...
+    unsent: np.ndarray     # ... and the time per step their ready data waited at both ends (``proxy``)
     steps: np.ndarray      # per send flow into a completed rank: the steps it announced ...
     expected: np.ndarray   # ... and those its receiver's flow from it announced (-1: not known)
 
 
 # The flow counters the comparisons read (the rest of each span is not decoded for them).
-MEASURE_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_START, sc.FLOW_GPU_WAIT,
-                   sc.FLOW_NET_WAIT, sc.FLOW_GPU_BUSY, sc.FLOW_NET_BUSY)
-F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_GPU_WAIT, F_NET_WAIT, F_GPU_BUSY, F_NET_BUSY = \
+MEASURE_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_START, sc.FLOW_END,
+                   sc.FLOW_GPU_WAIT, sc.FLOW_NET_WAIT, sc.FLOW_GPU_BUSY, sc.FLOW_NET_BUSY)
+F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_END, F_GPU_WAIT, F_NET_WAIT, F_GPU_BUSY, F_NET_BUSY = \
     range(len(MEASURE_COLUMNS))
 _RANK_BITS = 21  # ranks are < 2**20 (spans.py): (trace, rank) packs into one int64 key
 
@@ -113,16 +115,24 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     ok = (peer >= 0) & (peer < 1 << 20) & (at >= 0)
     out_rows, src, dst = out_rows[ok], src[ok], at[ok]
     net = _busy(table[out_rows], F_NET_BUSY, F_NET_WAIT) / steps[out_rows]
-    # the other end's step count (rca.step_mismatch)
+    # the other end's flow: its step count (rca.step_mismatch) and its wait for data (proxy)
     rx = np.flatnonzero(recv)
-    expected = rca.receiver_steps(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
-                                  table[rx, F_PEER], table[rx, F_STEPS])
-    # proxy: the send steps' GPU + network wait per step
-    sent = send & (table[:, F_STEPS] > 0)
-    sent_of = np.flatnonzero(np.bincount(row[sent], minlength=len(refs)))
-    waited = (table[sent, F_GPU_WAIT] + table[sent, F_NET_WAIT]).astype(np.float64)
-    sent_wait = (np.bincount(row[sent], weights=waited, minlength=len(refs))[sent_of]
-                 / np.bincount(row[sent], weights=table[sent, F_STEPS].astype(np.float64), minlength=len(refs))[sent_of])
+    rx_at = rca.receiver_flow(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
+                              table[rx, F_PEER])
+    known = rx_at >= 0
+    expected = np.where(known, table[rx[np.maximum(rx_at, 0)], F_STEPS] if len(rx) else -1, -1)
+    # proxy: per send flow whose receiving end we know, the time it spent in neither GPU nor network wait
+    # (its steps ready, waiting for credit; a lower bound: the two waits overlap when steps are in flight
+    # together) beyond the time its receiver's GPU held the buffers (a slow or blocked receiver returns
+    # credit late), as far as the receiver's buffer was posted meanwhile (its RecvWait busy time)
+    fr, rr = table[out_rows[known]], table[rx[rx_at[known]]]
+    span = np.where((fr[:, F_END] > fr[:, F_START]) & (fr[:, F_START] > 0), fr[:, F_END] - fr[:, F_START], 0)
+    credit = span - _busy(fr, F_GPU_BUSY, F_GPU_WAIT) - _busy(fr, F_NET_BUSY, F_NET_WAIT)
+    held = np.clip(credit - _busy(rr, F_GPU_BUSY, F_GPU_WAIT), 0.0, _busy(rr, F_NET_BUSY, F_NET_WAIT))
+    by = src[known]
+    sent_of = np.flatnonzero(np.bincount(by, minlength=len(refs)))
+    unsent = (np.bincount(by, weights=held, minlength=len(refs))[sent_of]
+              / np.bincount(by, weights=steps[out_rows[known]], minlength=len(refs))[sent_of])
     # per trace: its slice of each array, rank indices made local to the trace
     first = bounds[trace_of]  # per rank: the index of its trace's first rank
     gpu_at, src_at, dst_at, sent_at = (gpu_of - first[gpu_of], src - first[src], dst - first[src],
@@ -139,7 +149,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
             duration=duration[r[t]:r[t + 1]], end=max(ends[r[t]:r[t + 1]]),
             gpu_of=gpu_at[g[t]:g[t + 1]], gpu=gpu[g[t]:g[t + 1]],
             src=src_at[f[t]:f[t + 1]], dst=dst_at[f[t]:f[t + 1]], channel=channel[f[t]:f[t + 1]],
-            net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], sent_wait=sent_wait[p[t]:p[t + 1]],
+            net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], unsent=unsent[p[t]:p[t + 1]],
             steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]]))
     return out
 
@@ -223,7 +233,7 @@ def _recovered_stall(st: TraceState) -> Finding | None:
 class Evidence:
     """One collective's candidate values per measure: ``values[measure] = (units, values)``; a unit is a rank
     (int) or, for ``flow``, (sender, receiver, channel). ``late`` holds scores already (lateness as a share of
-    the makespan); the others per-step waits in ns (larger = slower, ``proxy`` inverted by the detector)."""
+    the makespan); the others per-step waits in ns (larger = slower)."""
 
     values: dict[str, tuple[list, np.ndarray]]
     lateness_ns: int        # the last rank's start after the others' median start
@@ -254,8 +264,8 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
             if many.any():
                 least = np.minimum.reduceat(m.net[order], first)
                 vals[name] = ([int(ranks[k]) for k in keys[many]], least[many])
-    if len(m.sent_wait):
-        vals[PROXY] = ([int(ranks[i]) for i in m.sent_of], m.sent_wait)
+    if len(m.unsent):
+        vals[PROXY] = ([int(ranks[i]) for i in m.sent_of], m.unsent)
     late_rank, lateness, waited = -1, 0, 0
     if n >= 2:
         last = int(np.argmax(m.arrival))

@@ -330,14 +330,20 @@ class Ring:
         for f in self.flows(c, False):
             f.gpu_wait *= factor
 
-    def slow_proxy(self, c: int) -> None:
-        """Rank c's proxy posts late: everybody's transfer is slow, and c's send steps wait least on GPU and
-        network (its time goes between GPU-ready and transmission)."""
-        self.slow()
-        for r in self.ranks:
-            if r != c:
-                for f in self.flows(r, True):
-                    f.net_wait *= 4
+    def slow_proxy(self, c: int, late_ns: int | None = None) -> None:
+        """Rank c's proxy posts its ready steps ``late_ns`` late (default: 4 collective durations, and
+        everybody's span is flagged slow): its send flows last that much longer with their steps ready,
+        waiting for credit (neither GPU nor network wait), while its receivers' buffers are posted and wait
+        for the data (RecvWait)."""
+        if late_ns is None:
+            late_ns = 4 * self.dur
+            self.slow()
+        for f in self.flows(c, True):
+            f.end += late_ns
+            for g in self.flows(f.peer, False, f.channel):
+                if g.peer == c:
+                    g.net_wait += late_ns
+                    g.end += late_ns
 
     def request(self, ranks: list[int] | None = None) -> trace_service_pb2.ExportTraceServiceRequest:
         rs = [self.ranks[r] for r in (ranks if ranks is not None else sorted(self.ranks)) if r in self.ranks]
@@ -356,8 +362,8 @@ def jitter(ring: Ring, rng, sigma: float) -> None:
 
 def scaled(ring: Ring, fault: str, c: int, factor: float) -> None:
     """A mild fault at rank ``c``: its GPU waits (slow_gpu), one flow's network waits (slow_flow, channel 1),
-    all its send flows' network waits (slow_nic) times ``factor``; or it starts late by (factor - 1) x the
-    collective's duration (late_rank)."""
+    all its send flows' network waits (slow_nic) times ``factor``; or it starts late (late_rank), or its proxy
+    leaves its ready send steps unposted (slow_proxy), by (factor - 1) x the collective's duration."""
     if fault == "slow_gpu":
         for f in ring.flows(c, False):
             f.gpu_wait = int(f.gpu_wait * factor)
@@ -367,6 +373,8 @@ def scaled(ring: Ring, fault: str, c: int, factor: float) -> None:
     elif fault == "slow_nic":
         for f in ring.flows(c, True):
             f.net_wait = int(f.net_wait * factor)
+    elif fault == "slow_proxy":
+        ring.slow_proxy(c, int((factor - 1) * ring.dur))
     elif fault == "late_rank":
         ring.late(c, int((factor - 1) * ring.dur))
         for rv in ring.ranks.values():

@@ -64,7 +64,8 @@ def test_a_healthy_job_is_silent(sigma, seed):
 
 
 @pytest.mark.parametrize("fault,category,channel", [("slow_gpu", "slow_gpu", None), ("slow_flow", "slow_flow", 1),
-                                                    ("slow_nic", "slow_nic", None), ("late_rank", "late_rank", None)])
+                                                    ("slow_nic", "slow_nic", None), ("late_rank", "late_rank", None),
+                                                    ("slow_proxy", "slow_proxy", None)])
 @pytest.mark.parametrize("factor", [1.5, 2.0, 3.0])
 def test_a_mild_sustained_fault_is_named_within_a_few_collectives(fault, category, channel, factor):
     vs = _run(fault, factor, CAPTURE, seed=7)
@@ -128,6 +129,26 @@ def test_a_slow_link_is_named_not_the_gpu_its_bursts_hold_up(fault, category, ch
     out = _collectives(range(1, 100), inject, CAPTURE, seed=11)
     assert out and out[0][:3] == (category, [3], channel), out
     assert all(v[1] == [3] for v in out), out
+
+
+def test_a_slow_gpus_upstream_waiting_for_credit_is_not_read_as_a_proxy():
+    """Behind a slow GPU its upstream neighbour's ready steps wait for credit (the GPU holds the buffers), as
+    long as the GPU held them: that wait is the GPU's, and the verdict too. (Every receiver also waits in
+    RecvWait for its upstream's data most of a collective, as in a real ring, so only the GPU's busy time
+    can explain the credit wait.)"""
+    def inject(ring, seq, rng):
+        for r in ring.ranks:
+            for f in ring.flows(r, False):
+                f.net_wait += ring.dur
+        if seq >= 40:
+            held = sum(f.gpu_wait for f in ring.flows(3, False))
+            scaled(ring, "slow_gpu", 3, 2.0)
+            held = sum(f.gpu_wait for f in ring.flows(3, False)) - held
+            for f in ring.flows(2, True):
+                f.end += held // len(ring.flows(2, True))
+    out = _collectives(range(1, 100), inject, CAPTURE, seed=5)
+    assert out and out[0][:2] == ("slow_gpu", [3]), out
+    assert ("slow_proxy", [2]) not in [v[:2] for v in out], out
 
 
 def test_a_late_rank_is_judged_at_a_size_the_processor_has_rarely_seen():
