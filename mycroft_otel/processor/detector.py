@@ -1,7 +1,7 @@
 """The slowdown detector: per-candidate sequential tests on the job's own healthy spread.
 
 For every analysed collective and measure (slowdown.py: GPU wait per step, a flow's network wait per step,
-a NIC's least-waiting flow, a proxy's send-step waits, lateness), each candidate's score is the log-ratio of
+a NIC's least-waiting flow, a proxy's credit wait, lateness), each candidate's score is the log-ratio of
 its value to the collective's median (to the measure's recent healthy median when the trace holds fewer
 than 2 candidates, e.g. only the flagged rank's span). A collective-wide effect -- a loaded host, a bigger
 message, a slow step of the model -- moves every candidate alike and cancels; a fault moves one.
@@ -10,13 +10,13 @@ The scores are standardized by the measure's learned null (sequential.RobustNull
 function and size bucket; its other sizes' or its siblings' until it has its own, lateness a prior) and
 accumulated per candidate by CUSUMs (sequential.Cusum: one tuned for a shift of 2 null scales, and on the
 network measures a mild one tuned for 1). A candidate whose CUSUM reaches h is named. When several alarm in
-one collective, the most specific explanation wins: a late rank (everybody waited for it) over its own proxy
-reading idle, unless a link, or its own GPU, that would have held it back gathers evidence in a joined
-communicator; a late rank over the GPUs before it (they block on its FIFO slots); a slow GPU over slow flows
+one collective, the most specific explanation wins: a late rank (everybody waited for it), unless a link, or
+its own GPU, that would have held it back gathers evidence in a joined communicator; a late rank over the
+GPUs before it (they block on its FIFO slots); a gathering proxy over the GPUs it blocks; a slow GPU over slow flows
 into it (its GPU drains them slowly) unless a network path out of it, into it (a late link delivers in bursts
 that wait for the GPU) or out of a held-back GPU gathers evidence, or exactly one flow touching it is slow
-(its kernel queued behind the collective that flow delayed); a NIC over its single flows; a proxy only when
-nothing else accumulates (behind any other fault somebody's sends always wait least).
+(its kernel queued behind the collective that flow delayed); a NIC over its single flows; a proxy unless a
+late rank (its senders wait for credit too) or a link gathers.
 
 Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
 stall that recovered naming a rank that had not started (a late rank too); any other recovered stall adds

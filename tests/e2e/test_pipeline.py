@@ -63,8 +63,9 @@ for _name, _rank in _ORDER:
     _params = ",".join([f"rank={_rank}"] + [p for p in _params.split(",") if p and not p.startswith("rank=")])
     CATALOGUE.append(type(_sc)(_sc.name, f"{_kind}:{_params}", _sc.topology, _sc.seed, _sc.duration_s, _sc.env))
 # Known misses, each an xfail that may pass:
-# - slow_proxy: the processor misses it in about 1 run of 4 (`mycroft-otel eval --only slow_proxy`): its signature
-#   (one rank's send steps wait much less than everybody's) shows in every other collective only, and 3 are needed.
+# - slow_proxy: through the stack the first attempt named nothing in 1 of 1 runs this stop (the retry named it;
+#   `mycroft-otel eval --only slow_proxy` named it in 4 of 4): its proxy sleeps in every other collective only
+#   (p=0.5), and its credit wait reaches the processor only in the collectives the agents export.
 # - coll_mismatch: with 2 processors the mismatched collective and the ones queued behind it land on different
 #   processors (trace-ID routing); the one holding only a queued collective may name gpu_stalled first.
 KNOWN_MISSES = {"slow_proxy": "the processor names no verdict for it (eval too)",
