@@ -12,11 +12,11 @@ accumulated per candidate by CUSUMs (sequential.Cusum: one tuned for a shift of 
 network measures a mild one tuned for 1). A candidate whose CUSUM reaches h is named. When several alarm in
 one collective, the most specific explanation wins: a late rank (everybody waited for it), unless a link, or
 its own GPU, that would have held it back gathers evidence in a joined communicator; a late rank over the
-GPUs before it (they block on its FIFO slots); a gathering proxy over the GPUs it blocks; a slow GPU over slow flows
-into it (its GPU drains them slowly) unless a network path out of it, into it (a late link delivers in bursts
-that wait for the GPU) or out of a held-back GPU gathers evidence, or exactly one flow touching it is slow
-(its kernel queued behind the collective that flow delayed); a NIC over its single flows; a proxy unless a
-late rank (its senders wait for credit too) or a link gathers.
+GPUs before it (they block on its FIFO slots); a gathering proxy over the GPUs it blocks; a slow GPU over
+slow flows into it (its GPU drains them slowly) unless a network path out of it, into it (a late link
+delivers in bursts that wait for the GPU) or out of a held-back GPU gathers evidence, or exactly one flow
+touching it is slow (its kernel queued behind the collective that flow delayed); a NIC over its single
+flows; a proxy unless a late rank (its senders wait for credit too) or a link gathers.
 
 Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
 stall that recovered naming a rank that had not started (a late rank too); any other recovered stall adds

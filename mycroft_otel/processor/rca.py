@@ -205,6 +205,12 @@ def receiver_flow(dst: np.ndarray, channel: np.ndarray, sender: np.ndarray, rx_s
     return at
 
 
+def receiver_steps(at: np.ndarray, rx_steps: np.ndarray) -> np.ndarray:
+    """Per send flow (its receiver's flow ``at``, from :func:`receiver_flow`): the steps that flow announced,
+    -1 where it is not known."""
+    return np.where(at >= 0, rx_steps[np.maximum(at, 0)] if len(rx_steps) else -1, -1)
+
+
 def step_mismatch(st: TraceState, sender: np.ndarray, receiver: np.ndarray, channel: np.ndarray, sent: np.ndarray,
                   expected: np.ndarray, final_s: np.ndarray | None = None,
                   final_r: np.ndarray | None = None) -> Finding | None:
@@ -258,7 +264,7 @@ def check_step_mismatch(st: TraceState) -> Finding | None:
     src = span[out]
     rx = np.flatnonzero(~send)
     at = receiver_flow(dst, ch[out], rank[src], span[rx], ch[rx], peer[rx])
-    expected = np.where(at >= 0, steps[rx[np.maximum(at, 0)]] if len(rx) else -1, -1)
+    expected = receiver_steps(at, steps[rx])
     return step_mismatch(st, rank[src], rank[dst], ch[out], steps[out], expected, final[src], final[dst])
 
 

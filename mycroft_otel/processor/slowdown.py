@@ -120,7 +120,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     rx_at = rca.receiver_flow(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
                               table[rx, F_PEER])
     known = rx_at >= 0
-    expected = np.where(known, table[rx[np.maximum(rx_at, 0)], F_STEPS] if len(rx) else -1, -1)
+    expected = rca.receiver_steps(rx_at, table[rx, F_STEPS])
     # proxy: per send flow whose receiving end we know, the time it spent in neither GPU nor network wait
     # (its steps ready, waiting for credit; a lower bound: the two waits overlap when steps are in flight
     # together) beyond the time its receiver's GPU held the buffers (a slow or blocked receiver returns

@@ -68,7 +68,7 @@ for _name, _rank in _ORDER:
 #   (p=0.5), and its credit wait reaches the processor only in the collectives the agents export.
 # - coll_mismatch: with 2 processors the mismatched collective and the ones queued behind it land on different
 #   processors (trace-ID routing); the one holding only a queued collective may name gpu_stalled first.
-KNOWN_MISSES = {"slow_proxy": "the processor names no verdict for it (eval too)",
+KNOWN_MISSES = {"slow_proxy": "through the stack an attempt may end with no verdict for it",
                 "coll_mismatch": "cross-trace analysis split over processors"}
 
 
