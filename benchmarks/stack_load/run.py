@@ -44,6 +44,11 @@ TOPOLOGY = "nodes=128,gpus=8,tp=8,pp=16,dp=8"
 # thread's rows look like a stall); the detector's own hang threshold on this job is checked at the default
 # MYCROFT_STALL_MS on virtual time (tests/evaluate/test_healthy_at_scale.py).
 STALL_MS = 10_000
+# One agent reads all 128 simulated nodes' rings here, where a real job runs one agent per node, each with its
+# own export queue (MYCROFT_EXPORT_QUEUE, 20,000 spans by default). A step boundary hands it ~128 nodes' worth of
+# spans at once while the processors and the simulator share the same 2 cores, and a default-sized queue then
+# overflows: that measures the stand-in, not the pipeline. It gets the 128 queues' room (bounded by 64 MiB).
+AGENT_EXPORT_QUEUE = 128 * 20_000
 _AGENT_DROPS = ("dropped_ring", "dropped_export_queue", "dropped_export_failed")  # the agent's loss counters
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -205,7 +210,8 @@ def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sampl
                  str(agent_port)],
                 env=_clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=stack.agent_otlp_grpc, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
                                OTEL_SERVICE_NAME="mycroft-agent", MYCROFT_RING_DIR=str(ring_dir),
-                               MYCROFT_SAMPLE_RATIO=str(sample_ratio), PYTHONUNBUFFERED="1"),
+                               MYCROFT_SAMPLE_RATIO=str(sample_ratio), PYTHONUNBUFFERED="1",
+                               MYCROFT_EXPORT_QUEUE=str(AGENT_EXPORT_QUEUE)),
                 stdout=open(run_dir / "agent.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
             deadline = time.monotonic() + 30

@@ -45,6 +45,7 @@ _ORDER = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slo
 # kernel blocked on a send FIFO slot behind any slower hop), so a mild fault anywhere shifts them a little
 # at its neighbours, and only the strong test judges them
 _MILD = (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)
+_WAITS_KEPT = 4  # in-flight waits remembered per process (a straggler's consequences follow it within seconds)
 _NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
 _MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
 
@@ -95,6 +96,7 @@ class SlowdownDetector:
         self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
         self.named: dict[str, list[tuple]] = {}      # job -> (communicator, evidence) of the slowdowns named
         self.stragglers: dict[str, list[tuple]] = {}  # job -> (start, end) of the stragglers' waits named
+        self.waits: dict[tuple, list[tuple]] = {}     # (job, process) -> (comm, start, end) it was seen in flight
         # communicators and the processes in them, as one graph: communicators that share a process, or are
         # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
@@ -148,18 +150,25 @@ class SlowdownDetector:
             return None
         job, comm = st.job, st.comm
         self._link(st)
+        self._note_waits(st)
         recovered = slowdown.recovered_stall(st)
         if recovered is not None and recovered.category == sc.CAT_LATE_RANK:
             start, end = _stall_window(st)
             if end - start >= self.s.straggler_ns:
                 recovered.reason = "straggler"
-                return recovered if self._first_straggler(st, start, end) else None
+                late = st.op.get(recovered.ranks[0])
+                if self._held_back(st, recovered.ranks[0], start, late.start_ns if late else end) or \
+                        not self._first_straggler(st, start, end):
+                    return None
+                return recovered
         if m is None:
             return None
         ev = slowdown.evidence(st, m)
         f = slowdown.straggler(st, ev, self.s.straggler_ns)
         if f is not None:
-            if not self._first_straggler(st, int(m.arrival.min()), m.end):
+            start = int(m.arrival.min())
+            if self._held_back(st, ev.late_rank, start, start + ev.lateness_ns) or \
+                    not self._first_straggler(st, start, m.end):
                 return None
             rca.decorate(st, rca.build_views(st), f)
             return f
@@ -193,6 +202,29 @@ class SlowdownDetector:
         seen.append((start, end))
         del seen[:-_NAMED_KEPT]
         return True
+
+    def _note_waits(self, st: TraceState) -> None:
+        """Remember the processes this collective's in-flight snapshots saw waiting, and until when."""
+        if not st.inflight:
+            return
+        for r, ref in st.inflight.items():
+            proc = self.process_of(st.comm, r)
+            if proc is not None:
+                seen = _get_or_put(self.waits, (st.job, proc), list)
+                seen.append((st.comm, ref.start_ns, (st.op.get(r) or ref).end_ns))
+                del seen[:-_WAITS_KEPT]
+
+    def _held_back(self, st: TraceState, rank: int, since: int, until: int) -> bool:
+        """Whether a rank that joined this collective late spent most of its lateness ([since, until], job
+        time) waiting in a collective or transfer of another communicator: then it was not computing but held
+        back, by a straggler or a slow path there (a pipeline stage's Recv from a straggling stage, a DP ring
+        behind a slow proxy), and enters its TP group's next collective late by as much. Naming it would name
+        a consequence; the cause is judged where it waited."""
+        proc = self.process_of(st.comm, rank)
+        if proc is None or until <= since:
+            return False
+        return any(c != st.comm and min(e, until) - max(s0, since) >= (until - since) / 2
+                   for c, s0, e in self.waits.get((st.job, proc), ()))
 
     def _root(self, node: tuple) -> tuple:
         up = self._joined.setdefault(node, node)

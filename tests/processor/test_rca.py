@@ -407,6 +407,35 @@ def test_a_stall_that_recovered_names_the_rank_waited_for(late_s, apart_s, categ
     assert all("stalled, then recovered" in v.finding.evidence for v in vs)
 
 
+def test_a_rank_held_back_in_another_communicator_is_not_named_a_straggler():
+    """Rank 5 waits 4 s in flight in its DP ring behind a proxy that moved nothing (rank 3 launched with
+    them), then enters its TP group's collective that late, where everybody waits >= 1 s for it. It was
+    not computing, it was held back: the straggler bar does not name it (the DP ring's stall is judged
+    where it happened). The same late start with nothing holding it back is named at once."""
+    base = time.time_ns() - 600_000_000_000
+    dp, tp = 0xD1, 0x71
+
+    def run(held: bool) -> list:
+        proc = Processor(env={})
+        if held:
+            seen = Ring(8, nch=2, comm=dp, seq=30, t0=base)
+            seen.absent(3, "none")  # snapshots 4 s in: everybody waits on rank 3's flows, rank 3 sent nothing
+            done = Ring(8, nch=2, comm=dp, seq=30, t0=base)
+            done.slow()
+            for rv in done.ranks.values():
+                rv.end += 4_100_000_000
+            proc.ingest_request(seen.request())
+            proc.ingest_request(done.request())
+            assert (proc.tick() or _settle(proc)) == []  # one stall of a proxy names nothing yet
+        group = Ring(8, nch=2, comm=tp, seq=30, t0=base + 10_000_000)  # the same 8 processes
+        group.late(5, 4_120_000_000)
+        proc.ingest_request(group.request())
+        return proc.tick() or _settle(proc)
+
+    assert run(held=True) == []
+    assert [(v.category, v.finding.ranks) for v in run(held=False)] == [("late_rank", [5])]
+
+
 def test_outliers_spread_over_healthy_collectives_name_nobody():
     """A loaded host's jitter makes a healthy rank the outlier now and then; a fault makes its culprit the
     outlier of every collective from its onset on. Sparse outliers of rank 3 (one in seven) name nobody;
