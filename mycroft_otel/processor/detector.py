@@ -96,7 +96,7 @@ class SlowdownDetector:
         self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
         self.named: dict[str, list[tuple]] = {}      # job -> (communicator, evidence) of the slowdowns named
         self.stragglers: dict[str, list[tuple]] = {}  # job -> (start, end) of the stragglers' waits named
-        self.waits: dict[tuple, list[tuple]] = {}     # (job, process) -> (comm, start, end) it was seen in flight
+        self.waits: dict[tuple, list[tuple]] = {}     # (job, process) -> (comm, start, end) of its long waits
         # communicators and the processes in them, as one graph: communicators that share a process, or are
         # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
@@ -150,7 +150,7 @@ class SlowdownDetector:
             return None
         job, comm = st.job, st.comm
         self._link(st)
-        self._note_waits(st)
+        self._note_waits(st, m)
         recovered = slowdown.recovered_stall(st)
         if recovered is not None and recovered.category == sc.CAT_LATE_RANK:
             start, end = _stall_window(st)
@@ -203,20 +203,22 @@ class SlowdownDetector:
         del seen[:-_NAMED_KEPT]
         return True
 
-    def _note_waits(self, st: TraceState) -> None:
-        """Remember the processes this collective's in-flight snapshots saw waiting, and until when."""
-        if not st.inflight:
+    def _note_waits(self, st: TraceState, m: slowdown.Measures | None) -> None:
+        """Remember the processes that spent long in this collective or transfer (a quarter of the straggler
+        bar: what can hold a rank back enough to matter there), and when."""
+        if m is None:
             return
-        for r, ref in st.inflight.items():
-            proc = self.process_of(st.comm, r)
+        for i in np.flatnonzero(m.duration >= self.s.straggler_ns // 4):
+            ref = m.refs[i]
+            proc = self.process_of(st.comm, ref.rank)
             if proc is not None:
                 seen = _get_or_put(self.waits, (st.job, proc), list)
-                seen.append((st.comm, ref.start_ns, (st.op.get(r) or ref).end_ns))
+                seen.append((st.comm, ref.start_ns, ref.end_ns))
                 del seen[:-_WAITS_KEPT]
 
     def _held_back(self, st: TraceState, rank: int, since: int, until: int) -> bool:
         """Whether a rank that joined this collective late spent most of its lateness ([since, until], job
-        time) waiting in a collective or transfer of another communicator: then it was not computing but held
+        time) in a collective or transfer of another communicator: then it was not computing but held
         back, by a straggler or a slow path there (a pipeline stage's Recv from a straggling stage, a DP ring
         behind a slow proxy), and enters its TP group's next collective late by as much. Naming it would name
         a consequence; the cause is judged where it waited."""
