@@ -105,6 +105,7 @@ FLOW_GPU_WAIT = "mycroft.flow.gpu_wait_ns"
 FLOW_NET_WAIT = "mycroft.flow.net_wait_ns"
 FLOW_GPU_BUSY = "mycroft.flow.gpu_busy_ns"   # the same waits as a union over steps: time >= 1 step waited
 FLOW_NET_BUSY = "mycroft.flow.net_busy_ns"
+FLOW_PEER_BUSY = "mycroft.flow.peer_busy_ns"  # a send flow's time >= 1 step waited for credit (SendPeerWait)
 FLOW_NIC = "mycroft.flow.nic"                # NIC name/index when NCCL emits NetPlugin events
 
 # --- status spans ---------------------------------------------------------------------

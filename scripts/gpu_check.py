@@ -138,7 +138,8 @@ def summarize_rings(ring_dir: Path, max_records: int) -> list[dict]:
                                "transmitted": int(f["transmitted"]), "done": int(f["done"]),
                                "chunk_size": int(f["chunk_size"]), "bytes": int(f["bytes"]),
                                "gpu_wait_ns": int(f["gpu_wait_ns"]), "net_wait_ns": int(f["net_wait_ns"]),
-                               "gpu_busy_ns": int(f["gpu_busy_ns"]), "net_busy_ns": int(f["net_busy_ns"])}
+                               "gpu_busy_ns": int(f["gpu_busy_ns"]), "net_busy_ns": int(f["net_busy_ns"]),
+                               "peer_busy_ns": int(f["peer_busy_ns"])}
                               for f in flows],
                 })
         out.append({

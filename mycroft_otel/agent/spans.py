@@ -84,6 +84,7 @@ _FLOW_INT_FIELDS = (
     (sc.FLOW_NET_WAIT, "net_wait_ns", False),
     (sc.FLOW_GPU_BUSY, "gpu_busy_ns", False),
     (sc.FLOW_NET_BUSY, "net_busy_ns", False),
+    (sc.FLOW_PEER_BUSY, "peer_busy_ns", False),
 )
 _DIR_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in DIR_NAMES]
 _WAIT_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in sc.WAIT_STATE_NAMES]

@@ -69,8 +69,8 @@ class Measures:
 
 # The flow counters the comparisons read (the rest of each span is not decoded for them).
 MEASURE_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STEPS, sc.FLOW_START, sc.FLOW_END,
-                   sc.FLOW_GPU_WAIT, sc.FLOW_NET_WAIT, sc.FLOW_GPU_BUSY, sc.FLOW_NET_BUSY)
-F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_END, F_GPU_WAIT, F_NET_WAIT, F_GPU_BUSY, F_NET_BUSY = \
+                   sc.FLOW_GPU_WAIT, sc.FLOW_NET_WAIT, sc.FLOW_GPU_BUSY, sc.FLOW_NET_BUSY, sc.FLOW_PEER_BUSY)
+F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_END, F_GPU_WAIT, F_NET_WAIT, F_GPU_BUSY, F_NET_BUSY, F_PEER_BUSY = \
     range(len(MEASURE_COLUMNS))
 _RANK_BITS = 21  # ranks are < 2**20 (spans.py): (trace, rank) packs into one int64 key
 
@@ -121,14 +121,12 @@ def measure(traces: list[TraceState]) -> list[Measures]:
                               table[rx, F_PEER])
     known = rx_at >= 0
     expected = rca.receiver_steps(rx_at, table[rx, F_STEPS])
-    # proxy: per send flow whose receiving end we know, the time it spent in neither GPU nor network wait
-    # (its steps ready, waiting for credit; a lower bound: the two waits overlap when steps are in flight
-    # together) beyond the time its receiver's GPU held the buffers (a slow or blocked receiver returns
-    # credit late), as far as the receiver's buffer was posted meanwhile (its RecvWait busy time)
+    # proxy: per send flow whose receiving end we know, its credit wait (steps ready, SendPeerWait)
+    # beyond the time its receiver's GPU held the buffers (a slow or blocked receiver returns credit
+    # late), as far as the receiver's buffer was posted meanwhile (its RecvWait busy time). An agent
+    # before peer_busy_ns exports none: its proxies read 0 (not named from this measure)
     fr, rr = table[out_rows[known]], table[rx[rx_at[known]]]
-    span = np.where((fr[:, F_END] > fr[:, F_START]) & (fr[:, F_START] > 0), fr[:, F_END] - fr[:, F_START], 0)
-    credit = span - _busy(fr, F_GPU_BUSY, F_GPU_WAIT) - _busy(fr, F_NET_BUSY, F_NET_WAIT)
-    held = np.clip(credit - _busy(rr, F_GPU_BUSY, F_GPU_WAIT), 0.0, _busy(rr, F_NET_BUSY, F_NET_WAIT))
+    held = np.clip(fr[:, F_PEER_BUSY] - _busy(rr, F_GPU_BUSY, F_GPU_WAIT), 0.0, _busy(rr, F_NET_BUSY, F_NET_WAIT))
     by = src[known]
     sent_of = np.flatnonzero(np.bincount(by, minlength=len(refs)))
     unsent = (np.bincount(by, weights=held, minlength=len(refs))[sent_of]

@@ -31,7 +31,7 @@ PYBIND11_MODULE(_native, m) {
 
   PYBIND11_NUMPY_DTYPE(Flow, version, peer, channel, dir, wait_state, n_proxy_ops, n_steps, posted, ready,
                        transmitted, done, wait_step, chunk_size, bytes, first_ns, last_progress_ns, wait_since_ns,
-                       end_ns, gpu_wait_ns, net_wait_ns, gpu_busy_ns, net_busy_ns);
+                       end_ns, gpu_wait_ns, net_wait_ns, gpu_busy_ns, net_busy_ns, peer_busy_ns);
   PYBIND11_NUMPY_DTYPE(OpInfo, op_id, seq, nccl_seq, count, bytes, kind, func, datatype, algo, proto, n_channels,
                        n_flows, abi_version, root_or_peer, flags, api_ns, start_ns, launch_ns, end_ns,
                        kernel_start_ns, kernel_end_ns, proxy_ops_started, proxy_ops_stopped, kernel_ch_started,

@@ -81,11 +81,14 @@ struct alignas(64) ProxyEntry {
   std::atomic<uint8_t> is_send{0};
   std::atomic<uint32_t> oldest{UINT32_MAX};  // oldest unfinished step (UINT32_MAX: none)
   // Step slots (bit k: steps[k]) now waiting on the GPU / the network, and since when
-  // the first of them has: the flow's busy times (shm::Flow::gpu_busy_ns, net_busy_ns).
+  // the first of them has: the flow's busy times (shm::Flow::gpu_busy_ns, net_busy_ns,
+  // peer_busy_ns: waiting for credit).
   std::atomic<uint8_t> in_gpu{0};
   std::atomic<uint8_t> in_net{0};
+  std::atomic<uint8_t> in_peer{0};
   std::atomic<uint64_t> gpu_since{0};
   std::atomic<uint64_t> net_since{0};
+  std::atomic<uint64_t> peer_since{0};
   StepRec steps[kSteps];
 };
 

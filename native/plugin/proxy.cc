@@ -112,6 +112,7 @@ Result StartProxyOp(Context* c, void** handle, const Descr& d, uint64_t now) {
   pe.oldest.store(UINT32_MAX, std::memory_order_relaxed);
   pe.in_gpu.store(0, std::memory_order_relaxed);
   pe.in_net.store(0, std::memory_order_relaxed);
+  pe.in_peer.store(0, std::memory_order_relaxed);
   LiveOp& L = c->live[r.slot];
   if (fi >= 0) {
     Flow& f = L.flows[fi];
@@ -183,6 +184,7 @@ bool IsGpuWait(uint8_t w) {
 bool IsNetWait(uint8_t w) {
   return w == uint8_t(shm::WaitState::kSendWait) || w == uint8_t(shm::WaitState::kRecvWait);
 }
+bool IsPeerWait(uint8_t w) { return w == uint8_t(shm::WaitState::kSendPeerWait); }
 
 // Step slot k now in (or out of) one kind of wait: the op's busy interval it closes, in ns,
 // when it was the last of its steps in that wait (0 otherwise). Only the proxy thread that
@@ -248,12 +250,13 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
   if (new_level == 3) st.active.store(0, std::memory_order_relaxed);
   // The busy times: the step's slot leaves the wait it was in and enters the new one (a start,
   // also of a slot NCCL reused while its old step was unfinished, and a stop leave every wait).
-  uint64_t gpu_busy_add = 0, net_busy_add = 0;
+  uint64_t gpu_busy_add = 0, net_busy_add = 0, peer_busy_add = 0;
   if (!same_state) {
     uint32_t k = uint32_t(&st - pe.steps);
     uint8_t now_in = new_level == 3 ? uint8_t(shm::WaitState::kNone) : wait;
     gpu_busy_add = BusyEdge(pe.in_gpu, pe.gpu_since, k, IsGpuWait(now_in), now);
     net_busy_add = BusyEdge(pe.in_net, pe.net_since, k, IsNetWait(now_in), now);
+    peer_busy_add = BusyEdge(pe.in_peer, pe.peer_since, k, IsPeerWait(now_in), now);
   }
   // A re-recorded state that moves no counter is a retry (NCCL records SendPeerWait
   // before every isend attempt), not progress: leaving last_progress_ns alone is what
@@ -305,6 +308,7 @@ void StepUpdate(const ProxyRef& r, StepRec& st, bool start, uint8_t wait, uint8_
     if (net_add) St(f.net_wait_ns, Ld(f.net_wait_ns) + net_add);
     if (gpu_busy_add) St(f.gpu_busy_ns, Ld(f.gpu_busy_ns) + gpu_busy_add);
     if (net_busy_add) St(f.net_busy_ns, Ld(f.net_busy_ns) + net_busy_add);
+    if (peer_busy_add) St(f.peer_busy_ns, Ld(f.peer_busy_ns) + peer_busy_add);
     St(f.last_progress_ns, now);
     if (best_step == UINT32_MAX) {
       St(f.wait_state, uint8_t(shm::WaitState::kNone));

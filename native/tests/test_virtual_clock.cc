@@ -185,8 +185,12 @@ TEST(VirtualClock, BusyTimesAreTheUnionOfTheStepsWaits) {
   void* s4 = p.Start(ctx, e);
   p.Record(s4, kSendGPUWait, 0);
   clk.Set(t0 + 5010);
+  p.Record(s4, kSendPeerWait, 0);  // ready, but the receiver has no buffer free yet (credit)
+  clk.Set(t0 + 5100);
+  p.Record(s4, kSendPeerWait, 0);  // NCCL records it again on every refused isend: one interval
+  clk.Set(t0 + 5210);
   p.Record(s4, kSendWait, 4096);
-  clk.Set(t0 + 5510);
+  clk.Set(t0 + 5710);
   p.Stop(s4);
   p.Stop(op);
   clk.Set(t0 + 6000);
@@ -198,6 +202,7 @@ TEST(VirtualClock, BusyTimesAreTheUnionOfTheStepsWaits) {
   EXPECT_EQ(f.gpu_busy_ns, 300u + 10u);
   EXPECT_EQ(f.net_wait_ns, 1000u + 1900u + 2800u + 500u);
   EXPECT_EQ(f.net_busy_ns, (3100u - 100u) + 500u);
+  EXPECT_EQ(f.peer_busy_ns, 200u);  // the credit wait on its own, apart from the GPU and network waits
   EXPECT_EQ(p.Finalize(ctx), nabi::Result::Success);
   set_clock(nullptr, 0);  // the clock dies with this test
 }

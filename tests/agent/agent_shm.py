@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = 0x315446524359434D
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 MAX_FLOWS = 64
 MAX_KERNEL_CHANNELS = 32
 BAD_HANDLE_KINDS = 11
@@ -27,7 +27,8 @@ FLOW = np.dtype([
     ("n_proxy_ops", "u1"), ("n_steps", "<u4"), ("posted", "<u4"), ("ready", "<u4"), ("transmitted", "<u4"),
     ("done", "<u4"), ("wait_step", "<u4"), ("chunk_size", "<u4"), ("bytes", "<u8"), ("first_ns", "<u8"),
     ("last_progress_ns", "<u8"), ("wait_since_ns", "<u8"), ("end_ns", "<u8"), ("gpu_wait_ns", "<u8"),
-    ("net_wait_ns", "<u8"), ("gpu_busy_ns", "<u8"), ("net_busy_ns", "<u8")], align=True)
+    ("net_wait_ns", "<u8"), ("gpu_busy_ns", "<u8"), ("net_busy_ns", "<u8"), ("peer_busy_ns", "<u8")],
+    align=True)
 OP = np.dtype([
     ("op_id", "<u8"), ("seq", "<u8"), ("nccl_seq", "<u8"), ("count", "<u8"), ("bytes", "<u8"), ("kind", "u1"),
     ("func", "u1"), ("datatype", "u1"), ("algo", "u1"), ("proto", "u1"), ("n_channels", "u1"), ("n_flows", "u1"),
@@ -38,7 +39,7 @@ OP = np.dtype([
     ("reserved", "<u4")], align=True)
 KCH = np.dtype([("start_ns", "<u8"), ("end_ns", "<u8"), ("phase_start_ns", "<u8", (3,)),
                 ("phase_end_ns", "<u8", (3,))], align=True)
-assert FLOW.itemsize == 112 and OP.itemsize == 144 and KCH.itemsize == 64
+assert FLOW.itemsize == 120 and OP.itemsize == 144 and KCH.itemsize == 64
 
 
 def _pad64(dt: np.dtype) -> np.dtype:

@@ -97,6 +97,7 @@ class F:
     since: int = 0
     gpu_wait: int = 0
     net_wait: int = 0
+    peer_wait: int = 0  # a send flow's time with a step waiting for credit (mycroft.flow.peer_busy_ns)
 
 
 @dataclass
@@ -151,7 +152,7 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
                 sc.FLOW_END: [f.end for f in fl], sc.FLOW_LAST_PROGRESS: [f.last or r.last_progress for f in fl],
                 sc.FLOW_WAIT_STATE: [f.wait for f in fl], sc.FLOW_WAIT_STEP: [f.done for f in fl],
                 sc.FLOW_WAIT_SINCE: [f.since for f in fl], sc.FLOW_GPU_WAIT: [f.gpu_wait for f in fl],
-                sc.FLOW_NET_WAIT: [f.net_wait for f in fl],
+                sc.FLOW_NET_WAIT: [f.net_wait for f in fl], sc.FLOW_PEER_BUSY: [f.peer_wait for f in fl],
             })
             for f in fl:
                 links.append(trace_pb2.Span.Link(
@@ -333,13 +334,14 @@ class Ring:
     def slow_proxy(self, c: int, late_ns: int | None = None) -> None:
         """Rank c's proxy posts its ready steps ``late_ns`` late (default: 4 collective durations, and
         everybody's span is flagged slow): its send flows last that much longer with their steps ready,
-        waiting for credit (neither GPU nor network wait), while its receivers' buffers are posted and wait
-        for the data (RecvWait)."""
+        waiting for credit (SendPeerWait), while its receivers' buffers are posted and wait for the data
+        (RecvWait)."""
         if late_ns is None:
             late_ns = 4 * self.dur
             self.slow()
         for f in self.flows(c, True):
             f.end += late_ns
+            f.peer_wait += late_ns
             for g in self.flows(f.peer, False, f.channel):
                 if g.peer == c:
                     g.net_wait += late_ns

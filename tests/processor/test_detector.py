@@ -146,6 +146,7 @@ def test_a_slow_gpus_upstream_waiting_for_credit_is_not_read_as_a_proxy():
             held = sum(f.gpu_wait for f in ring.flows(3, False)) - held
             for f in ring.flows(2, True):
                 f.end += held // len(ring.flows(2, True))
+                f.peer_wait += held // len(ring.flows(2, True))
     out = _collectives(range(1, 100), inject, CAPTURE, seed=5)
     assert out and out[0][:2] == ("slow_gpu", [3]), out
     assert ("slow_proxy", [2]) not in [v[:2] for v in out], out

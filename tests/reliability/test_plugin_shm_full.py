@@ -67,7 +67,7 @@ def test_small_rings_fill_a_1mib_tmpfs_and_training_exits_0(plugin_so, tiny_tmpf
 
 def test_default_geometry_on_a_1mib_tmpfs_declines_every_communicator(plugin_so, tiny_tmpfs):
     ring_dir = tiny_tmpfs / "rings"
-    out, _ = _train(plugin_so, ring_dir, slots="64", records="512")  # 3.5 MiB per communicator: none fits
+    out, _ = _train(plugin_so, ring_dir, slots="64", records="512")  # 5.4 MiB per communicator: none fits
     assert out["ok"] == 0 and len(out["declined"]) == 40
     assert all("ENOSPC" in m for m in out["declined"])
     assert os.listdir(ring_dir) == []

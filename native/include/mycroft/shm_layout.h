@@ -33,8 +33,8 @@
 namespace mycroft::shm {
 
 inline constexpr uint64_t kMagic = 0x315446524359434dULL;  // "MCYCRFT1" little-endian
-inline constexpr uint32_t kLayoutVersion = 3;  // 2: user tag, per-channel kernel times/phases, bad handles by kind;
-                                               // 3: per-flow busy times
+inline constexpr uint32_t kLayoutVersion = 4;  // 2: user tag, per-channel kernel times/phases, bad handles by kind;
+                                               // 3: per-flow busy times; 4: per-flow credit (SendPeerWait) busy time
 
 inline constexpr uint32_t kMaxFlows = 64;          // (channel, direction) pairs per operation
 inline constexpr uint32_t kDefaultLiveSlots = 64;  // operations in flight at once per context
@@ -150,8 +150,13 @@ struct alignas(8) Flow {
   // union is the link's (the GPU's) own time, whatever the burst.
   uint64_t gpu_busy_ns;
   uint64_t net_busy_ns;
+  // The time at least one send step waited for credit (SendPeerWait: the chunk ready, the
+  // receiver's buffer not yet free, or the proxy not yet posting it). Measured on its own, not
+  // as what the GPU and network busy times leave of the flow's span: those two overlap while
+  // steps are in flight together, by more than a short stall of the proxy lasts.
+  uint64_t peer_busy_ns;
 };
-static_assert(sizeof(Flow) == 112, "Flow layout changed: bump kLayoutVersion");
+static_assert(sizeof(Flow) == 120, "Flow layout changed: bump kLayoutVersion");
 
 // The operation part shared by the live table and the completion ring.
 struct alignas(8) OpInfo {
