@@ -19,7 +19,8 @@ touching it is slow (its kernel queued behind the collective that flow delayed);
 flows; a proxy unless a late rank (its senders wait for credit too) or a link gathers.
 
 Two findings bypass the test: a straggler that everybody waited >= 1 s for (slowdown.straggler) and a
-stall that recovered naming a rank that had not started (a late rank too); any other recovered stall adds
+stall that recovered naming a rank that had not started (a late rank too), unless that rank spent its
+lateness in another communicator's collective (held back there, not late); any other recovered stall adds
 one capped score to its candidate, once per distinct stall (collectives in flight together stall together
 when one process is descheduled once).
 """
@@ -45,7 +46,7 @@ _ORDER = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slo
 # kernel blocked on a send FIFO slot behind any slower hop), so a mild fault anywhere shifts them a little
 # at its neighbours, and only the strong test judges them
 _MILD = (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)
-_WAITS_KEPT = 4  # in-flight waits remembered per process (a straggler's consequences follow it within seconds)
+_WAITS_KEPT = 4  # long waits remembered per process (a straggler's consequences follow it within seconds)
 _NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
 _MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
 
