@@ -267,6 +267,7 @@ def run_case(case: Case, stall_ms: int, plugin: str | None = None) -> dict:
     return {
         "scenario": sc.name, "fault": case.fault, "spec": sc.fault, "topology": case.topology, "noise": case.noise,
         "seed": sc.seed, "magnitude": case.magnitude, "param": case.param, "world": o.world,
+        "slowdown": o.slowdown,
         "category": truth.get("category", ""),
         "detected": r["detected"], "named_right": bool(r["detected"] and r["culprit_ok"] and r["category_ok"]),
         "culprit_ok": r["culprit_ok"], "category_ok": r["category_ok"], "any_right": r.get("any_right"),
@@ -280,8 +281,13 @@ def run_case(case: Case, stall_ms: int, plugin: str | None = None) -> dict:
 
 
 def _run_indexed(args: tuple) -> tuple[int, dict]:
+    """One case; a case that raises becomes a row naming the error (the others' results are kept)."""
     i, case, stall_ms, plugin = args
-    return i, run_case(case, stall_ms, plugin)
+    try:
+        return i, run_case(case, stall_ms, plugin)
+    except Exception as exc:  # noqa: BLE001 -- any failure of one run is reported with its case, not fatal
+        return i, {"scenario": case.scenario.name, "fault": case.fault, "topology": case.topology,
+                   "noise": case.noise, "seed": case.scenario.seed, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | None = None,
@@ -293,8 +299,13 @@ def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | Non
     def done(i: int, row: dict) -> None:
         rows[i] = row
         n = sum(r is not None for r in rows)
+        if "error" in row:
+            log(f"[{n}/{len(todo)}] {row['scenario']}: FAILED: {row['error']}")
+            return
         log(f"[{n}/{len(todo)}] {row['scenario']}: {row['top'] or 'no verdict'}"
-            f"{' (named right)' if row['named_right'] else ''} [{row['sim_s']} s simulated in {row['wall_s']} s]")
+            f"{' (named right)' if row['named_right'] else ''}"
+            f"{' false verdicts: ' + str(row['false_verdicts']) if row['false_verdicts'] else ''}"
+            f" [{row['sim_s']} s simulated in {row['wall_s']} s]")
 
     work = [(i, c, stall_ms, plugin) for i, c in enumerate(todo)]
     if jobs <= 1:
@@ -335,8 +346,9 @@ def report(rows: list[dict]) -> dict:
         by_m: dict[str, dict] = {}
         for m in mags:
             rs = [r for r in faulty if r["fault"] == f and r["magnitude"] == m]
+            measured = [r["slowdown"] for r in rs if r.get("slowdown") is not None]
             by_m[f"{m:g}"] = {"runs": len(rs), "named_right": _rate(rs, "named_right"),
-                              "detected": _rate(rs, "detected")}
+                              "detected": _rate(rs, "detected"), "measured_slowdown": _pct(measured, 0.5)}
         curve[f] = by_m
     per_fault = {}
     for f in faults:
@@ -357,6 +369,10 @@ def report(rows: list[dict]) -> dict:
     def per_m(rs: list[dict], lo: float) -> float | None:
         return _rate([r for r in rs if r["magnitude"] >= lo], "named_right")
 
+    def per_measured(lo: float) -> dict:  # by how much slower the collectives really ran (the noise included)
+        rs = [r for r in sustained if (r.get("slowdown") or 0.0) >= lo]
+        return {"runs": len(rs), "named_right": _rate(rs, "named_right")}
+
     return {
         "runs": len(rows), "fault_runs": len(faulty), "healthy_runs": len(healthy),
         "hangs_named_right": _rate([r for r in faulty if r["fault"] in HANGS], "named_right"),
@@ -366,6 +382,7 @@ def report(rows: list[dict]) -> dict:
         "sustained_named_right_ge_1_5x": per_m(sustained, 1.5),
         "sustained_named_right_ge_1_25x": per_m(sustained, 1.25),
         "sustained_named_right_ge_3x": per_m(sustained, 3.0),
+        "sustained_by_measured_slowdown": {f"{lo:g}": per_measured(lo) for lo in (1.1, 1.25, 1.5, 3.0)},
         "culprit_accuracy": _rate([r for r in faulty if r["detected"]], "culprit_ok"),
         "category_accuracy": _rate([r for r in faulty if r["detected"]], "category_ok"),
         "latency_collectives_median": _pct(lat_all, 0.5), "latency_collectives_p90": _pct(lat_all, 0.9),
@@ -401,6 +418,14 @@ def text(rep: dict, spec_name: str) -> str:
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    lines += ["", "how much slower the faulty communicator's collectives really ran (median over the runs of "
+              "after / before the onset; the magnitude sets the fault without noise):"]
+    table = [head]
+    for f, by_m in rep["curve"].items():
+        cells = [(by_m.get(f"{m:g}") or {}).get("measured_slowdown") for m in mags]
+        table.append([f] + ["" if c is None else f"{c:.2f}x" for c in cells])
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
     lines += ["", "per fault: runs, named right, detected, culprit / category accuracy of the first verdict, "
               "collectives from onset to the first right verdict (median, p90):"]
     for f, p in rep["per_fault"].items():
@@ -414,6 +439,9 @@ def text(rep: dict, spec_name: str) -> str:
               f"{rep['late_once_ge_1s_named_right']}; sustained slowdowns named right at >= 1.25x: "
               f"{rep['sustained_named_right_ge_1_25x']}, >= 1.5x: {rep['sustained_named_right_ge_1_5x']}, >= 3x: "
               f"{rep['sustained_named_right_ge_3x']}",
+              "  by how much slower the faulty collectives really ran: " + ", ".join(
+                  f">= {lo}x: {c['named_right']} of {c['runs']}"
+                  for lo, c in rep["sustained_by_measured_slowdown"].items()),
               f"onset to right verdict: median {rep['latency_collectives_median']}, p90 "
               f"{rep['latency_collectives_p90']} collectives of the faulty communicator",
               f"false verdicts: {rep['false_verdicts']} ({rep['false_verdicts_on_healthy_runs']} on healthy runs, "
@@ -535,7 +563,7 @@ def main_corpus(spec_name: str, stall_ms: int, jobs: int, as_json: bool, plot: s
             data = json.loads(Path(path).read_text())
             if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
                 raise ValueError(f"{path}: not the --json output of eval --corpus (no 'runs' list)")
-            rows += data["runs"]
+            rows += [r for r in data["runs"] if "error" not in r]  # a run that failed timed nothing
         est = estimate(spec, rows, stall_ms)
         return 0, json.dumps(dict(est, corpus=spec.name), indent=2) if as_json else (
             f"corpus {spec.name}: {est['runs']} runs, about {est['wall_s_one_core']} s "
@@ -549,17 +577,21 @@ def main_corpus(spec_name: str, stall_ms: int, jobs: int, as_json: bool, plot: s
     if list_only:
         return 0, "\n".join(f"{c.scenario.name:48s} {c.scenario.fault}" for c in todo)
     log(f"corpus {spec.name}: {len(todo)} runs, --jobs {jobs}")
-    rows = run_corpus(todo, stall_ms, jobs=jobs, log=log)
+    runs = run_corpus(todo, stall_ms, jobs=jobs, log=log)
+    rows = [r for r in runs if "error" not in r]
     rep = report(rows)
+    rep["failed_runs"] = {r["scenario"]: r["error"] for r in runs if "error" in r}
     rep["elapsed_s"] = round(time.monotonic() - t0, 1)
     rep["jobs"] = jobs
     if plot:
         Path(plot).write_text(curve_svg(rep, f"mycroft-otel detection curve (corpus {spec.name}, "
                                              f"{rep['fault_runs']} fault runs)"))
         log(f"detection curve written to {plot}")
+    rc = 1 if rep["failed_runs"] else 0  # a corpus with a run that failed measured less than it says
     if as_json:
-        return 0, json.dumps({"corpus": asdict(spec), "report": rep, "runs": rows}, indent=2, default=str)
-    return 0, text(rep, spec.name) + f"\nelapsed {rep['elapsed_s']} s with --jobs {jobs} (load average " \
+        return rc, json.dumps({"corpus": asdict(spec), "report": rep, "runs": runs}, indent=2, default=str)
+    failed = "".join(f"\nFAILED {name}: {why}" for name, why in rep["failed_runs"].items())
+    return rc, text(rep, spec.name) + failed + f"\nelapsed {rep['elapsed_s']} s with --jobs {jobs} (load average " \
                                      f"{os.getloadavg()[0]:.1f})"
 
 

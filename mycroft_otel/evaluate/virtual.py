@@ -15,7 +15,9 @@ the real-time eval.
 
 from __future__ import annotations
 
+import math
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -79,6 +81,7 @@ class VirtualOutcome(Outcome):
     agent_bytes: int = 0
     n_collectives: int = 0        # NCCL operations (collectives and p2p groups) the job issued, per communicator
     collectives_before_onset: int = 0  # of them, issued before the fault's onset (all of them on a healthy run)
+    slowdown: float | None = None  # how much slower the faulty communicator's collectives ran after the onset
     noise_events: list = field(default_factory=list)  # healthy stragglers (Simulation.noise_events)
 
 
@@ -105,6 +108,24 @@ def collectives_since(sim: Simulation, truth: dict, t0_ns: float, t1_ns: float) 
             if t0_ns <= first <= t1_ns:
                 n += 1
     return n
+
+
+def measured_slowdown(sim: Simulation, truth: dict) -> float | None:
+    """The faulty communicator's median collective time (first kernel start to last end) after the fault's
+    onset over the median before it, as this run's noise made them: what the fault really did to the job
+    (the corpus sets a fault's parameter for its magnitude without noise, where NCCL's noise elsewhere may
+    already be the collective's bottleneck). None when unknown or either side is empty."""
+    kind, name, onset = truth.get("comm_kind"), truth.get("comm_name"), truth.get("onset_sim_ns")
+    idx = next((c.index for c in sim.comms.get(kind, ()) if c.name == name), None)
+    if idx is None or onset is None:
+        return None
+    before, after = [], []
+    for e in sim.log:
+        if e["kind"] == kind and e["comm"] == idx and all(math.isfinite(t) for t in e["end"]):
+            (after if min(e["issue"]) >= onset else before).append(max(e["end"]) - min(e["kstart"]))
+    if not before or not after:
+        return None
+    return round(statistics.median(after) / max(statistics.median(before), 1.0), 3)
 
 
 def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None,
@@ -165,6 +186,7 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
         out.collectives_before_onset = (len(sim.log) if onset_sim is None else
                                         sum(1 for e in sim.log if min(e["issue"]) < onset_sim))
         out.noise_events = list(sim.noise_events)
+        out.slowdown = measured_slowdown(sim, out.truth) if faults else None
         out.events = int(sim.n_rows)
         out.world = topo.world
         out.sim_s = end_ns / 1e9

@@ -27,6 +27,7 @@ when one process is descheduled once).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -37,6 +38,7 @@ from mycroft_otel.processor import rca, slowdown
 from mycroft_otel.processor.rca import Finding
 from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull
 from mycroft_otel.processor.settings import Settings
+from mycroft_otel.processor.spans import span_attributes
 from mycroft_otel.processor.state import P2P, TraceState
 
 # precedence when several candidates of one collective alarm (see the module docstring)
@@ -49,6 +51,7 @@ _MILD = (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)
 _WAITS_KEPT = 4  # long waits remembered per process (a straggler's consequences follow it within seconds)
 _NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
 _MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
+_KERNEL = frozenset({sc.KERNEL_DURATION})
 
 
 @dataclass(slots=True)
@@ -78,6 +81,20 @@ def _get_or_put(d: dict, key, make: Callable[[], object]):
     return v
 
 
+@dataclass(slots=True)
+class _Durations:
+    """A communicator's recent kernel times (per function and size), and when the test first judged it."""
+
+    recent: deque          # (start, log of the median rank's kernel time, healthy)
+    judged_from: int = -1  # start of the first collective whose every measure the test judged
+
+
+def _kind(st: TraceState) -> tuple[str, int]:
+    """(function, size bucket) a collective's nulls and durations are kept under: p2p transfers as one
+    function, sizes by their power of two."""
+    return ("p2p" if st.func in P2P else st.func), (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
+
+
 def _stall_window(st: TraceState) -> tuple[int, int]:
     """When a stall that recovered began and ended: its in-flight snapshots' earliest start, latest end."""
     return min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values())
@@ -103,6 +120,7 @@ class SlowdownDetector:
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
         self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
         self.own: dict[tuple, OwnSpreads] = {}       # null key + (mode,) -> its candidates' own healthy scores
+        self.durations: dict[tuple, _Durations] = {}  # (job, comm, func, bucket) -> its kernels' recent times
 
     # -- the per-measure scores -------------------------------------------------------------
     def _null(self, table: dict, key: tuple) -> RobustNull:
@@ -173,7 +191,8 @@ class SlowdownDetector:
                 return None
             rca.decorate(st, rca.build_views(st), f)
             return f
-        alarms = self._update(st, ev, at)
+        alarms, tested = self._update(st, ev, at)
+        history = self._note_duration(st, m, tested, not alarms and not self._explained(st))
         if recovered is not None:
             alarm = self._recovered(st, recovered, at)
             if alarm is not None:
@@ -184,10 +203,68 @@ class SlowdownDetector:
             for a in alarms:
                 a.cusum.reset()  # consequences (or the named fault itself, which its incident holds): spent
             return None
+        # the evidence stands, but nothing is slower for it (yet: judged again next collective)
+        if recovered is None and not self._slower(history, alarms):
+            return None
         f = self._name(st, m, ev, alarms, recovered)
         if f is not None:
             rca.decorate(st, rca.build_views(st), f)
         return f
+
+    def _note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> "_Durations":
+        """Remember how long this collective's kernels ran (the median over up to 16 of its ranks of the
+        kernel's GPU time, KernelCh start to stop), per communicator, function and size; the communicator's
+        recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
+        then waits on the stream behind the model's compute, often far longer than it runs. A kernel waits
+        for its peers once running, so a late rank, a slow link or GPU lengthens its peers' kernels too.
+        ``tested``: the test judged every measure (each had a null); ``healthy``: nothing alarmed and no
+        slowdown named in a joined communicator persists. Only healthy collectives stand for the
+        communicator's healthy time, so a fault that follows a named one is compared with the time before
+        that one. A collective whose agents export no kernel times (an NCCL without KernelCh events) adds
+        nothing."""
+        history = _get_or_put(self.durations, (st.job, st.comm) + _kind(st),
+                              lambda: _Durations(deque(maxlen=self.s.duration_history)))
+        if len(m.refs) >= 2:  # a rank flagged alone was exported for being slow: no fair sample
+            ran = [v for ref in m.refs[:16] if type(v := span_attributes(ref, _KERNEL).get(sc.KERNEL_DURATION)) is int]
+            if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
+                when = min(ref.start_ns for ref in m.refs)
+                history.recent.append((when, float(np.log(float(np.median(ran)) + 1.0)), healthy))
+                if tested and history.judged_from < 0:
+                    history.judged_from = when
+        return history
+
+    def _slower(self, history: "_Durations", alarms: list[Alarm]) -> bool:
+        """Whether the communicator's collectives since the alarms' evidence began take longer than its
+        healthy ones before (_note_duration): their median log-duration above the healthy median by 3
+        standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n_since + 1/n_healthy), the spread
+        at least min_scale). Since the latest onset among the alarms: a fault's culprit and symptoms start
+        gathering together, while a candidate that has crept up since the first collectives must not stretch
+        the window back.
+
+        A slowdown is named for making the job slower. The test compares candidates with each other; a
+        candidate can read off its peers for a while without slowing anything: in a healthy ring every
+        collective is paced by its slowest link of the moment, so two flows into one rank that happen to be
+        drawn slower than the median for a few collectives in a row change no duration. A fault that holds
+        a ring, a tree or a pipeline back shows in its collectives' durations; a mild one (1.1x) stands ~2
+        spreads out after a few collectives.
+
+        When the evidence began with the first collective the test could judge (a fault present from the
+        job's start, which every earlier collective felt too) or there are fewer than 8 healthy collectives
+        before it, there is nothing to compare with: then only the strong test names (a shift of >= 2
+        scales). The mild test's slow creep is what a candidate's role produces too when it sits half a
+        scale off its peers for good, short of what the role offset takes away (sequential.OwnSpreads)."""
+        onset_ns = max(a.cusum.onset_ns for a in alarms)
+        before = [d for t, d, healthy in history.recent if t < onset_ns and healthy][-self.s.own_size:]
+        if history.judged_from < 0 or onset_ns <= history.judged_from or len(before) < self.s.null_min_collectives:
+            return any(a.cusum.strong >= self.s.cusum.h for a in alarms)
+        since = [d for t, d, _ in history.recent if t >= onset_ns]
+        if not since:
+            return False
+        b = np.array(before)
+        mid = float(np.median(b))
+        scale = max(1.4826 * float(np.median(np.abs(b - mid))), self.s.min_scale)
+        err = 1.2533 * scale * np.sqrt(1.0 / len(since) + 1.0 / len(b))
+        return float(np.median(since)) - mid >= 3.0 * err
 
     def _first_straggler(self, st: TraceState, start: int, end: int) -> bool:
         """Whether this collective's wait for a straggler ([start, end], job time) is a new incident: not
@@ -268,12 +345,13 @@ class SlowdownDetector:
         return any((c.strong > 0 or c.z > k) and self._root(("c", st.job, comm)) == here
                    for comm, c in self.named.get(st.job, ()))
 
-    def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> list[Alarm]:
+    def _update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> tuple[list[Alarm], bool]:
+        """The candidates that alarm, and whether the test judged every measure (each had a null to judge by)."""
         job, comm = st.job, st.comm
-        func = "p2p" if st.func in P2P else st.func
-        bucket = (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
+        func, bucket = _kind(st)
         when = min((r.start_ns for r in st.op.values()), default=0)
         alarms: list[Alarm] = []
+        tested = True
         for name, (units, values) in ev.values.items():
             own, sizes = (job, comm, func, bucket, name), (job, comm, func, "*", name)
             if name == slowdown.LATE:
@@ -294,15 +372,18 @@ class SlowdownDetector:
             if got is None:
                 for key in levels:
                     self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
+                tested = False
                 continue
-            alarms += self._test(levels, nulls, name, units, values, got, when, at, comm, job)
-        return alarms
+            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job)
+            alarms += found
+            tested &= judged
+        return alarms, tested
 
     def _test(self, levels: tuple[tuple, ...], nulls: tuple[tuple, ...], name: str, units: list,
               values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, comm: str,
-              job: str) -> list[Alarm]:
+              job: str) -> tuple[list[Alarm], bool]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
-        the healthy ones; the candidates that alarm."""
+        the healthy ones; the candidates that alarm, and whether there was a null to judge them by."""
         d = self.s.cusum
         x, mode = got
         alarms: list[Alarm] = []
@@ -313,11 +394,24 @@ class SlowdownDetector:
         # standardized by its own spread, never by a narrower one: that only lengthens the run to a false alarm
         own = _get_or_put(self.own, nulls[0], lambda: OwnSpreads(self.s.own_size, self.s.own_min_values))
         rows = own.rows(units)
-        own_scale = own.scale(rows)
+        own_med, own_scale, own_n = own.stats(rows)
         prior = (0.0, self.s.late_prior_scale) if name == slowdown.LATE else None
+        role = np.zeros(len(units))
         if ready is not None or prior is not None:
             loc, scale = ready.location_scale() if ready is not None else prior
-            z = (x - loc) / np.maximum(scale, own_scale)
+            spread = np.maximum(scale, own_scale)
+            # A candidate's role can place it off the collective's median for good: a tree's root and inner
+            # ranks reduce what their children send while its leaves only receive the broadcast, a flow over
+            # NVLink waits less per step than one over the network. Its own healthy median says so; the part
+            # of its offset that stands clear of that median's sampling error (3 standard errors, sqrt(pi/2)
+            # x spread / sqrt(n)) is its role, and the test judges what it adds beyond. An offset within the
+            # error stays 0, so peers alike are still judged against each other, not each against its own
+            # past (a fault present from a candidate's first collectives is learned only when it is large
+            # enough to stand out and too mild for the test to name before its history fills).
+            dev = own_med - loc
+            err = 3.0 * 1.2533 * spread / np.sqrt(np.maximum(own_n, 1))
+            role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
+            z = (x - loc - role) / spread
             for i, u in enumerate(units):
                 ck = self._candidate(job, comm, name, u)
                 c = self.cusums.get(ck)
@@ -342,11 +436,11 @@ class SlowdownDetector:
                     alarms.append(Alarm(name, u, c, float(z[i])))
         own.add(rows[healthy], x[healthy])
         for key in nulls:
-            self._null(self.nulls, key).add(x[healthy])
+            self._null(self.nulls, key).add((x - role)[healthy])
         if name != slowdown.LATE:
             for key in levels:
                 self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
-        return alarms
+        return alarms, ready is not None or prior is not None
 
     def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:
         if name == slowdown.FLOW:

@@ -186,8 +186,8 @@ class Cusum:
 
 class OwnSpreads:
     """Each candidate's own recent healthy scores of one measure, one row of a ring buffer per
-    candidate (numpy, so a collective's candidates are read and taught at once): its own spread, MAD x
-    1.4826, once it holds ``min_values`` scores (0 before)."""
+    candidate (numpy, so a collective's candidates are read and taught at once): its own median and spread
+    (MAD x 1.4826) once it holds ``min_values`` scores."""
 
     __slots__ = ("size", "min_values", "_row", "_buf", "_n", "_at")
 
@@ -212,14 +212,17 @@ class OwnSpreads:
             self._at = np.concatenate((self._at, np.zeros(grow, dtype=np.int64)))
         return out
 
-    def scale(self, rows: np.ndarray) -> np.ndarray:
-        out = np.zeros(len(rows))
-        ready = self._n[rows] >= self.min_values
+    def stats(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row: (median, spread, scores held); median and spread 0 while it holds fewer than
+        ``min_values``."""
+        med, scale = np.zeros(len(rows)), np.zeros(len(rows))
+        n = self._n[rows]
+        ready = n >= self.min_values
         if ready.any():
             v = self._buf[rows[ready]]
-            med = np.nanmedian(v, axis=1)
-            out[ready] = 1.4826 * np.nanmedian(np.abs(v - med[:, None]), axis=1)
-        return out
+            med[ready] = np.nanmedian(v, axis=1)
+            scale[ready] = 1.4826 * np.nanmedian(np.abs(v - med[ready][:, None]), axis=1)
+        return med, scale, np.where(ready, n, 0)
 
     def add(self, rows: np.ndarray, values: np.ndarray) -> None:
         self._buf[rows, self._at[rows]] = values

@@ -28,6 +28,8 @@ class Settings:
     null_min_collectives: int = 8   # ... collectives, before a measure's null is trusted
     own_size: int = 64              # a candidate's own healthy scores kept, and ...
     own_min_values: int = 16        # ... how many before its own spread counts (the measure's null's until then)
+    duration_history: int = 256     # a communicator's recent collective durations kept per function and size:
+                                    #   a verdict needs those since the evidence began to be slower than before
     min_scale: float = 0.05         # log units: below a 5% spread the measure is treated as 5% noisy
     late_prior_scale: float = 0.2   # lateness (a share of the makespan, 0 for all but the last rank) is judged
                                     #   against (0, this) until its null is trusted: a late rank is usually

@@ -222,3 +222,25 @@ def test_bad_corpus_spec_is_named(tmp_path, spec, msg):
         arg = str(tmp_path / "c.json")
     r = _eval("--corpus", arg, "--list", timeout=120)
     assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_a_run_that_fails_is_reported_and_the_others_kept(monkeypatch):
+    """One case raising (a full disk, a bug) must not throw away the hours the other runs took: it comes
+    back as a row naming its error, the report lists it and the exit code says the corpus is incomplete."""
+    spec = corpus.CorpusSpec("two", slowdowns=(), hangs=(), late_once_ms=(), healthy_seeds=(11, 12))
+    todo = corpus.cases(spec)
+    real = corpus.run_case
+
+    def flaky(case, stall_ms, plugin=None):
+        if case.scenario.seed == 11:
+            raise OSError(28, "No space left on device")
+        return real(case, stall_ms, plugin)
+    monkeypatch.setattr(corpus, "run_case", flaky)
+    logged: list[str] = []
+    runs = corpus.run_corpus(todo, 3000, log=logged.append)
+    assert [("error" in r) for r in runs] == [True, False]
+    assert "No space left on device" in runs[0]["error"] and runs[1]["healthy_collectives"] > 0
+    assert any("FAILED" in m and todo[0].scenario.name in m for m in logged)
+    monkeypatch.setattr(corpus, "cases", lambda s, f=None: todo)
+    rc, out = corpus.main_corpus("ci", 3000, 1, False, None, None, False, lambda m: None)
+    assert rc == 1 and f"FAILED {todo[0].scenario.name}: OSError" in out

@@ -141,6 +141,8 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
                   sc.TIME_API: r.start, sc.TIME_ENQUEUE: r.start, sc.TIME_END: r.end if r.kind == "op" else 0,
                   sc.TIME_LAST_PROGRESS: r.last_progress or r.start,
                   sc.OP_STATE: "completed" if r.kind == "op" else "in_flight"})
+        if r.kind == "op" and r.end > r.start:  # the synthetic collective's kernel runs for its whole span
+            a[sc.KERNEL_DURATION] = r.end - r.start
         if r.flows:
             fl = r.flows
             flow_attrs.update({
@@ -311,6 +313,16 @@ class Ring:
         for f in self.flows((c + 1) % self.n, False):  # downstream waited for c's data
             f.net_wait += late_ns
 
+    def stretch(self, extra_ns: int) -> None:
+        """Every rank ends ``extra_ns`` later: a ring is paced by its slowest hop, so a slower GPU or link
+        anywhere makes the whole collective take longer."""
+        for rv in self.ranks.values():
+            rv.end += extra_ns
+            rv.last_progress = max(rv.last_progress, rv.end)
+            for f in rv.flows:
+                f.end += extra_ns
+                f.last = max(f.last, f.end)
+
     def slow(self) -> None:
         for rv in self.ranks.values():
             rv.end += 4 * self.dur
@@ -339,6 +351,9 @@ class Ring:
         if late_ns is None:
             late_ns = 4 * self.dur
             self.slow()
+        else:  # the ring waits for the chunks posted late: every rank ends that much later
+            for rv in self.ranks.values():
+                rv.end += late_ns
         for f in self.flows(c, True):
             f.end += late_ns
             f.peer_wait += late_ns
@@ -365,7 +380,10 @@ def jitter(ring: Ring, rng, sigma: float) -> None:
 def scaled(ring: Ring, fault: str, c: int, factor: float) -> None:
     """A mild fault at rank ``c``: its GPU waits (slow_gpu), one flow's network waits (slow_flow, channel 1),
     all its send flows' network waits (slow_nic) times ``factor``; or it starts late (late_rank), or its proxy
-    leaves its ready send steps unposted (slow_proxy), by (factor - 1) x the collective's duration."""
+    leaves its ready send steps unposted (slow_proxy), by (factor - 1) x the collective's duration. The
+    collective takes (factor - 1) x its duration longer."""
+    if fault in ("slow_gpu", "slow_flow", "slow_nic"):
+        ring.stretch(int((factor - 1) * ring.dur))
     if fault == "slow_gpu":
         for f in ring.flows(c, False):
             f.gpu_wait = int(f.gpu_wait * factor)

@@ -102,18 +102,55 @@ def test_one_outlier_alone_never_alarms():
 def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
     own = OwnSpreads(size=8, min_values=4)
     rows = own.rows(["quiet", "noisy"])
-    assert own.scale(rows).tolist() == [0.0, 0.0]  # nothing known yet: the measure's null alone
+    assert own.stats(rows)[2].tolist() == [0, 0]  # nothing known yet: the measure's null alone
     rng = np.random.default_rng(1)
     for _ in range(3):
         own.add(rows, np.array([rng.normal(0, 0.01), rng.normal(0, 1.0)]))
-    assert own.scale(rows).tolist() == [0.0, 0.0]  # 3 < min_values
+    assert own.stats(rows)[1].tolist() == [0.0, 0.0]  # 3 < min_values
     for _ in range(20):  # more than the ring holds: only the last 8 count
-        own.add(rows, np.array([rng.normal(0, 0.01), rng.normal(0, 1.0)]))
-    quiet, noisy = own.scale(rows)
-    assert 0 < quiet < 0.05 and noisy > 0.3
+        own.add(rows, np.array([rng.normal(2.0, 0.01), rng.normal(0, 1.0)]))
+    (med_q, _), (quiet, noisy), n = own.stats(rows)
+    assert 0 < quiet < 0.05 and noisy > 0.3 and n.tolist() == [8, 8] and abs(med_q - 2.0) < 0.05
     # a candidate seen later gets its own row; the others keep theirs
     again = own.rows(["noisy", "late"])
-    assert again[0] == rows[1] and own.scale(again)[1] == 0.0
+    assert again[0] == rows[1] and own.stats(again)[1][1] == 0.0
+
+
+@pytest.mark.parametrize("factor", [None, 1.5])
+def test_ranks_whose_role_sets_them_apart_are_judged_against_their_own_offset(factor):
+    """In a tree the inner ranks reduce what their children send while the leaves only receive the
+    broadcast: on a quiet job (the simulator's tree8 without noise) half the GPUs read 1.9x-2.4x the leaves'
+    in every collective. The roots sit above the collective's median by more than the (bimodal) null's
+    scale each time, so without their own offset their evidence creeps up to an alarm. It is their role, not
+    a fault: silent. A 1.5x slowdown of a root's GPU later is still named."""
+    def inject(ring, seq, rng):
+        for r, role in ((0, 2.4), (7, 2.4), (1, 1.9), (6, 1.9)):
+            scaled(ring, "slow_gpu", r, role)
+        if factor is not None and seq >= 100:
+            scaled(ring, "slow_gpu", 0, factor)
+    vs = _collectives(range(1, 200), inject, 0.01, seed=4)
+    if factor is None:
+        assert vs == []
+    else:
+        assert vs and vs[0][:2] == ("slow_gpu", [0]) and 100 <= vs[0][3] <= 115, vs
+
+
+@pytest.mark.parametrize("slower", [False, True])
+def test_a_verdict_needs_the_collectives_to_be_slower(slower):
+    """For 30 collectives rank 3's flows out wait 1.6x their peers' per step. When the collectives take no
+    longer for it (a healthy ring is paced by whichever link is slowest at the moment), that is chance, not
+    a slowdown: silent. When they take 1.6x as long, its NIC is named."""
+    def inject(ring, seq, rng):
+        if 40 <= seq < 70:
+            for f in ring.flows(3, True):
+                f.net_wait = int(f.net_wait * 1.6)
+            if slower:
+                ring.stretch(int(0.6 * ring.dur))
+    vs = _collectives(range(1, 120), inject, CAPTURE, seed=6)
+    if slower:
+        assert vs and vs[0][:2] == ("slow_nic", [3]) and 40 <= vs[0][3] <= 55, vs
+    else:
+        assert vs == []
 
 
 @pytest.mark.parametrize("fault,category,channel", [("slow_nic", "slow_nic", None), ("slow_flow", "slow_flow", 1)])
