@@ -6,10 +6,13 @@ its value to the collective's median (to the measure's recent healthy median whe
 than 2 candidates, e.g. only the flagged rank's span). A collective-wide effect -- a loaded host, a bigger
 message, a slow step of the model -- moves every candidate alike and cancels; a fault moves one.
 
-The scores are standardized by the measure's learned null (sequential.RobustNull, kept per job, communicator,
-function and size bucket; its other sizes' or its siblings' until it has its own, lateness a prior) and
-accumulated per candidate by CUSUMs (sequential.Cusum: one tuned for a shift of 2 null scales, and on the
-network measures a mild one tuned for 1). A candidate whose CUSUM reaches h is named. When several alarm in
+The scores, less each candidate's role (its own healthy offset from its peers, where it stands clear of its
+sampling error: a tree's inner ranks), are standardized by the measure's learned null (sequential.RobustNull,
+kept per job, communicator, function and size bucket; its other sizes' or its siblings' until it has its own,
+lateness a prior) and accumulated per candidate by CUSUMs (sequential.Cusum: one tuned for a shift of 2 null
+scales, and on the network measures a mild one tuned for 1). A candidate whose CUSUM reaches h is named once
+the communicator's kernels run measurably longer than while it was healthy (a slowdown slows the job; a
+candidate drifting off its peers while nothing slows is chance or a role). When several alarm in
 one collective, the most specific explanation wins: a late rank (everybody waited for it), unless a link, or
 its own GPU, that would have held it back gathers evidence in a joined communicator; a late rank over the
 GPUs before it (they block on its FIFO slots); a gathering proxy over the GPUs it blocks; a slow GPU over
@@ -103,8 +106,12 @@ def _stall_window(st: TraceState) -> tuple[int, int]:
 class SlowdownDetector:
     """Judges completed collectives one at a time, in completion order (the tests are sequential)."""
 
-    def __init__(self, settings: Settings, process_of: Callable[[str, int], tuple | None] = lambda c, r: None):
+    def __init__(self, settings: Settings, process_of: Callable[[str, int], tuple | None] = lambda c, r: None,
+                 waiting: Callable[[tuple], list[tuple]] = lambda proc: []):
         self.s = settings
+        # process -> (comm, start, last seen) of the collectives it is still seen in flight in (the store's
+        # in-flight snapshots): a wait whose completion has not reached the processor yet
+        self.waiting = waiting
         # (comm, rank) -> the rank's process (host, "g", global rank) or (host, "p", pid), None when unknown:
         # a GPU, a NIC, a proxy thread belong to a process, and a slow GPU slows every communicator of its
         # process, so their evidence accumulates across communicators; a flow is one communicator's
@@ -211,7 +218,7 @@ class SlowdownDetector:
             rca.decorate(st, rca.build_views(st), f)
         return f
 
-    def _note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> "_Durations":
+    def _note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> _Durations:
         """Remember how long this collective's kernels ran (the median over up to 16 of its ranks of the
         kernel's GPU time, KernelCh start to stop), per communicator, function and size; the communicator's
         recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
@@ -233,7 +240,7 @@ class SlowdownDetector:
                     history.judged_from = when
         return history
 
-    def _slower(self, history: "_Durations", alarms: list[Alarm]) -> bool:
+    def _slower(self, history: _Durations, alarms: list[Alarm]) -> bool:
         """Whether the communicator's collectives since the alarms' evidence began take longer than its
         healthy ones before (_note_duration): their median log-duration above the healthy median by 3
         standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n_since + 1/n_healthy), the spread
@@ -299,12 +306,14 @@ class SlowdownDetector:
         time) in a collective or transfer of another communicator: then it was not computing but held
         back, by a straggler or a slow path there (a pipeline stage's Recv from a straggling stage, a DP ring
         behind a slow proxy), and enters its TP group's next collective late by as much. Naming it would name
-        a consequence; the cause is judged where it waited."""
+        a consequence; the cause is judged where it waited. The wait counts completed or still in flight:
+        the held-back collective's completion can reach the processor after this one's (another agent's
+        export batch), while its in-flight snapshot is here already."""
         proc = self.process_of(st.comm, rank)
         if proc is None or until <= since:
             return False
         return any(c != st.comm and min(e, until) - max(s0, since) >= (until - since) / 2
-                   for c, s0, e in self.waits.get((st.job, proc), ()))
+                   for c, s0, e in (*self.waits.get((st.job, proc), ()), *self.waiting(proc)))
 
     def _root(self, node: tuple) -> tuple:
         up = self._joined.setdefault(node, node)

@@ -70,7 +70,8 @@ class Processor:
         self.listeners: list[Callable[[Verdict], None]] = []
         self.incidents = Incidents(self.store, s.incident_window_s)
         self.propagation = Propagation(self.store, s.stall_ms, clock_ns)
-        self.detector = SlowdownDetector(s, lambda comm, rank: self.store.proc_of.get((comm, rank)))
+        self.detector = SlowdownDetector(s, lambda comm, rank: self.store.proc_of.get((comm, rank)),
+                                         self.store.waiting)
         self._hang_cand: dict[bytes, None] = {}
         self._slow_cand: dict[bytes, float] = {}
         self._held: dict[bytes, _Held] = {}  # trace id -> slowdown finding waiting for a stall's outcome

@@ -291,6 +291,18 @@ class TraceStore:
                     del self.inflight_by_proc[key]
         return st
 
+    def waiting(self, proc: ProcKey) -> list[tuple[str, int, int]]:
+        """(communicator, start, last seen) of each collective the process is still seen in flight in."""
+        out = []
+        for tid in self.inflight_by_proc.get(proc, ()):
+            st = self.traces.get(tid)
+            if st is None:
+                continue
+            for r, ref in st.inflight.items():
+                if r not in st.op and self.proc_of.get((st.comm, r)) == proc:
+                    out.append((st.comm, ref.start_ns, ref.end_ns))
+        return out
+
     def _drop(self, trace_id: bytes) -> int:
         """Forget one trace; returns how many spans it held."""
         st = self.traces.pop(trace_id, None)
