@@ -88,7 +88,7 @@ def _get_or_put(d: dict, key, make: Callable[[], object]):
 class _Durations:
     """A communicator's recent kernel times (per function and size), and when the test first judged it."""
 
-    recent: deque          # (start, log of the median rank's kernel time, healthy)
+    recent: deque          # (start, size bucket, log of the median rank's kernel time, healthy)
     judged_from: int = -1  # start of the first collective whose every measure the test judged
 
 
@@ -127,7 +127,7 @@ class SlowdownDetector:
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
         self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
         self.own: dict[tuple, OwnSpreads] = {}       # null key + (mode,) -> its candidates' own healthy scores
-        self.durations: dict[tuple, _Durations] = {}  # (job, comm, func, bucket) -> its kernels' recent times
+        self.durations: dict[tuple, _Durations] = {}  # (job, comm, func) -> its kernels' recent times
 
     # -- the per-measure scores -------------------------------------------------------------
     def _null(self, table: dict, key: tuple) -> RobustNull:
@@ -220,8 +220,8 @@ class SlowdownDetector:
 
     def _note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> _Durations:
         """Remember how long this collective's kernels ran (the median over up to 16 of its ranks of the
-        kernel's GPU time, KernelCh start to stop), per communicator, function and size; the communicator's
-        recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
+        kernel's GPU time, KernelCh start to stop), per communicator and function, with its size; the
+        communicator's recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
         then waits on the stream behind the model's compute, often far longer than it runs. A kernel waits
         for its peers once running, so a late rank, a slow link or GPU lengthens its peers' kernels too.
         ``tested``: the test judged every measure (each had a null); ``healthy``: nothing alarmed and no
@@ -229,13 +229,14 @@ class SlowdownDetector:
         communicator's healthy time, so a fault that follows a named one is compared with the time before
         that one. A collective whose agents export no kernel times (an NCCL without KernelCh events) adds
         nothing."""
-        history = _get_or_put(self.durations, (st.job, st.comm) + _kind(st),
+        func, bucket = _kind(st)
+        history = _get_or_put(self.durations, (st.job, st.comm, func),
                               lambda: _Durations(deque(maxlen=self.s.duration_history)))
         if len(m.refs) >= 2:  # a rank flagged alone was exported for being slow: no fair sample
             ran = [v for ref in m.refs[:16] if type(v := span_attributes(ref, _KERNEL).get(sc.KERNEL_DURATION)) is int]
             if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
                 when = min(ref.start_ns for ref in m.refs)
-                history.recent.append((when, float(np.log(float(np.median(ran)) + 1.0)), healthy))
+                history.recent.append((when, bucket, float(np.log(float(np.median(ran)) + 1.0)), healthy))
                 if tested and history.judged_from < 0:
                     history.judged_from = when
         return history
@@ -261,10 +262,15 @@ class SlowdownDetector:
         scales). The mild test's slow creep is what a candidate's role produces too when it sits half a
         scale off its peers for good, short of what the role offset takes away (sequential.OwnSpreads)."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
-        before = [d for t, d, healthy in history.recent if t < onset_ns and healthy][-self.s.own_size:]
+        # a job moving several message sizes: each kernel time against its own size's healthy median, so
+        # that the sizes pool (a size with fewer than 3 healthy times before says nothing)
+        healthy = [(k, d) for t, k, d, ok in history.recent if t < onset_ns and ok][-self.s.own_size:]
+        level = {k: float(np.median([d for k2, d in healthy if k2 == k])) for k in {k for k, _ in healthy}
+                 if sum(k2 == k for k2, _ in healthy) >= 3}
+        before = [d - level[k] for k, d in healthy if k in level]
         if history.judged_from < 0 or onset_ns <= history.judged_from or len(before) < self.s.null_min_collectives:
             return any(a.cusum.strong >= self.s.cusum.h for a in alarms)
-        since = [d for t, d, _ in history.recent if t >= onset_ns]
+        since = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
         if not since:
             return False
         b = np.array(before)
