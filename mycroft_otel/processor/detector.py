@@ -84,6 +84,20 @@ def _get_or_put(d: dict, key, make: Callable[[], object]):
     return v
 
 
+def judged_by(null: RobustNull, mine: RobustNull | None) -> tuple[float, float]:
+    """(location, scale) of the null a measure's scores are judged by: ``null``, the first one ready (_ready),
+    whose scale is widened to ``mine``'s, the measure's own null at this size, when ``null`` is borrowed
+    (another size's, the siblings'). A borrowed null says where healthy scores sit, not how far they spread at
+    this size: a per-step wait averages over a different number of slices and steps at another size, so its
+    spread differs, severalfold between a latency-bound and a bandwidth-bound size. So the wider of the two,
+    however few scores this size has shown: another size's narrower spread would inflate every score by the
+    ratio, and a candidate a little off its peers would gather evidence at every collective."""
+    loc, scale = null.location_scale()
+    if mine is not None and mine is not null and len(mine):
+        scale = max(scale, mine.location_scale()[1])
+    return loc, scale
+
+
 @dataclass(slots=True)
 class _Durations:
     """A communicator's recent kernel times (per function and size), and when the test first judged it."""
@@ -258,9 +272,12 @@ class SlowdownDetector:
 
         When the evidence began with the first collective the test could judge (a fault present from the
         job's start, which every earlier collective felt too) or there are fewer than 8 healthy collectives
-        before it, there is nothing to compare with: then only the strong test names (a shift of >= 2
-        scales). The mild test's slow creep is what a candidate's role produces too when it sits half a
-        scale off its peers for good, short of what the role offset takes away (sequential.OwnSpreads)."""
+        before it, there is nothing to compare with: then only a shift of the size the strong test is
+        designed for names (2 scales, which add cap - k = 1 per collective and cross h in h / (cap - k)
+        collectives), seen as the strong test crossing h at half that pace or faster. A slow creep, of the
+        mild test or of the strong one, is what a candidate's role produces too when it sits a scale off its
+        peers for good (a tree's leaf, a flow on a longer route), short of what the role offset takes away
+        (sequential.OwnSpreads) while its own history is short."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
         # a job moving several message sizes: each kernel time against its own size's healthy median, so
         # that the sizes pool (a size with fewer than 3 healthy times before says nothing)
@@ -269,7 +286,8 @@ class SlowdownDetector:
                  if sum(k2 == k for k2, _ in healthy) >= 3}
         before = [d - level[k] for k, d in healthy if k in level]
         if history.judged_from < 0 or onset_ns <= history.judged_from or len(before) < self.s.null_min_collectives:
-            return any(a.cusum.strong >= self.s.cusum.h for a in alarms)
+            st = self.s.cusum.strong
+            return any(a.cusum.strong >= st.h and a.cusum.collectives <= 2 * st.h / (st.cap - st.k) for a in alarms)
         since = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
         if not since:
             return False
@@ -413,7 +431,7 @@ class SlowdownDetector:
         prior = (0.0, self.s.late_prior_scale) if name == slowdown.LATE else None
         role = np.zeros(len(units))
         if ready is not None or prior is not None:
-            loc, scale = ready.location_scale() if ready is not None else prior
+            loc, scale = judged_by(ready, self.nulls.get(nulls[0])) if ready is not None else prior
             spread = np.maximum(scale, own_scale)
             # A candidate's role can place it off the collective's median for good: a tree's root and inner
             # ranks reduce what their children send while its leaves only receive the broadcast, a flow over

@@ -10,7 +10,8 @@ import pytest
 from synth import Ring, jitter, scaled
 
 from mycroft_otel.processor import Processor
-from mycroft_otel.processor.sequential import CusumDesign, OwnSpreads, SequentialDesign, arl
+from mycroft_otel.processor.detector import judged_by
+from mycroft_otel.processor.sequential import CusumDesign, OwnSpreads, RobustNull, SequentialDesign, arl
 from mycroft_otel.processor.settings import Settings
 
 CAPTURE, LOADED = 0.15, 0.6  # healthy spread of per-step waits, log units (synth.jitter)
@@ -114,6 +115,37 @@ def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
     # a candidate seen later gets its own row; the others keep theirs
     again = own.rows(["noisy", "late"])
     assert again[0] == rows[1] and own.stats(again)[1][1] == 0.0
+
+
+def test_a_null_borrowed_from_another_size_never_narrows_this_sizes_spread():
+    """A communicator's 64 MiB all-reduces (bandwidth-bound, narrow) have taught a null; its first 16 KiB ones
+    (latency-bound, 6x wider) are judged by it until they have a null of their own, at the wider of the two
+    spreads, from their very first collective. The narrow null's own size keeps its spread."""
+    rng = np.random.default_rng(2)
+    large, small = RobustNull(), RobustNull()
+    for _ in range(40):
+        large.add(rng.normal(0.0, 0.05, 8))
+    small.add(rng.normal(0.0, 0.3, 8))  # one collective of 8 candidates
+    assert judged_by(large, small)[1] == small.location_scale()[1] > 3 * large.location_scale()[1]
+    assert judged_by(large, small)[0] == large.location_scale()[0]  # where healthy scores sit: the borrowed null
+    assert judged_by(large, large) == judged_by(large, None) == judged_by(large, RobustNull()) == \
+        large.location_scale()
+    assert judged_by(small, large) == small.location_scale()  # a narrower size never narrows a wider null
+
+
+@pytest.mark.parametrize("factor,named", [(1.07, False), (1.15, True)])
+def test_an_offset_from_the_jobs_start_is_named_only_at_the_pace_of_a_fault(factor, named):
+    """Rank 3's flow on channel 1 waits factor x its peers' per step from the first collective, in a quiet job
+    (the null's scale is its 5% floor), and no collective is slower for it. With no healthy time to compare
+    with, a shift the strong test is tuned for (>= 2 scales: 1.15x) is named at its pace (h in 6 collectives),
+    while one of 1.35 scales (1.07x), which only creeps to h, is what a candidate's role (a longer route)
+    produces too: silent."""
+    def inject(ring, seq, rng):
+        for f in ring.flows(3, True, 1):
+            f.net_wait = int(f.net_wait * factor)
+    for seed in (1, 2, 3):
+        out = _collectives(range(1, 120), inject, 0.01, seed=seed)
+        assert [v[:3] for v in out[:1]] == ([("slow_flow", [3], 1)] if named else []), (seed, out)
 
 
 @pytest.mark.parametrize("factor", [None, 1.5])
