@@ -64,6 +64,7 @@ class Alarm:
     cusum: Cusum
     z: float          # this collective's standardized score
     via: tuple[Cusum, ...] = ()  # the symptoms whose alarm led here (a held-back GPU): the same incident
+    twinned: bool = False  # its measure's gathering candidates stand in two places apart (_twinned)
 
     def led_to(self, measure: str, unit, cusum: Cusum, z: float | None = None) -> "Alarm":
         """The candidate this alarm's evidence points at, carrying this one as its symptom."""
@@ -104,6 +105,12 @@ class _Durations:
 
     recent: deque          # (start, size bucket, log of the median rank's kernel time, healthy)
     judged_from: int = -1  # start of the first collective whose every measure the test judged
+
+
+def _reach(unit, peers: dict[int, set[int]]) -> set[int]:
+    """The ranks a fault at a candidate moves: a flow's two ends; a rank and the ranks it exchanges data with
+    in the collective (``peers``, from its flows), whose waits its back-pressure or delay lengthens."""
+    return set(unit[:2]) if isinstance(unit, tuple) else {unit} | peers.get(unit, set())
 
 
 def _kind(st: TraceState) -> tuple[str, int]:
@@ -270,14 +277,20 @@ class SlowdownDetector:
         a ring, a tree or a pipeline back shows in its collectives' durations; a mild one (1.1x) stands ~2
         spreads out after a few collectives.
 
-        When the evidence began with the first collective the test could judge (a fault present from the
-        job's start, which every earlier collective felt too) or there are fewer than 8 healthy collectives
-        before it, there is nothing to compare with: then only a shift of the size the strong test is
-        designed for names (2 scales, which add cap - k = 1 per collective and cross h in h / (cap - k)
-        collectives), seen as the strong test crossing h at half that pace or faster. A slow creep, of the
-        mild test or of the strong one, is what a candidate's role produces too when it sits a scale off its
-        peers for good (a tree's leaf, a flow on a longer route), short of what the role offset takes away
-        (sequential.OwnSpreads) while its own history is short."""
+        The test's nulls take a few collectives to fill, so its evidence cannot begin before the first
+        collective it judged; the kernel times recorded before that (from the end of warm-up on) still say
+        whether a fault that began early slowed anything. A role never moved them: a tree's root GPU reduces
+        twice its leaves' data in every collective from the first.
+
+        When they did not move and the evidence began with the first judged collective, or there are fewer
+        than 8 healthy times before it, a fault present since the communicator's first collectives is left
+        (every one felt it). Then the test's pace and place decide: only a shift of the size the strong test
+        is designed for names (2 scales, which add cap - k = 1 per collective and cross h in h / (cap - k)
+        collectives), seen as the strong test crossing h at half that pace or faster, and only in a candidate
+        with no twin (_twinned). A slow creep, of the mild test or of the strong one, is what a role produces
+        when it sits a scale off its peers for good (a tree's leaf, a flow on a longer route), short of what
+        the role offset takes away (sequential.OwnSpreads) while its own history is short; a larger role
+        repeats where the algorithm repeats it."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
         # a job moving several message sizes: each kernel time against its own size's healthy median, so
         # that the sizes pool (a size with fewer than 3 healthy times before says nothing)
@@ -285,17 +298,20 @@ class SlowdownDetector:
         level = {k: float(np.median([d for k2, d in healthy if k2 == k])) for k in {k for k, _ in healthy}
                  if sum(k2 == k for k2, _ in healthy) >= 3}
         before = [d - level[k] for k, d in healthy if k in level]
-        if history.judged_from < 0 or onset_ns <= history.judged_from or len(before) < self.s.null_min_collectives:
-            st = self.s.cusum.strong
-            return any(a.cusum.strong >= st.h and a.cusum.collectives <= 2 * st.h / (st.cap - st.k) for a in alarms)
         since = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
-        if not since:
+        enough = len(before) >= self.s.null_min_collectives
+        if enough and since:
+            b = np.array(before)
+            mid = float(np.median(b))
+            scale = max(1.4826 * float(np.median(np.abs(b - mid))), self.s.min_scale)
+            err = 1.2533 * scale * np.sqrt(1.0 / len(since) + 1.0 / len(b))
+            if float(np.median(since)) - mid >= 3.0 * err:
+                return True
+        if enough and onset_ns > history.judged_from >= 0:
             return False
-        b = np.array(before)
-        mid = float(np.median(b))
-        scale = max(1.4826 * float(np.median(np.abs(b - mid))), self.s.min_scale)
-        err = 1.2533 * scale * np.sqrt(1.0 / len(since) + 1.0 / len(b))
-        return float(np.median(since)) - mid >= 3.0 * err
+        st = self.s.cusum.strong
+        return any(a.cusum.strong >= st.h and a.cusum.collectives <= 2 * st.h / (st.cap - st.k) and not a.twinned
+                   for a in alarms)
 
     def _first_straggler(self, st: TraceState, start: int, end: int) -> bool:
         """Whether this collective's wait for a straggler ([start, end], job time) is a new incident: not
@@ -385,6 +401,7 @@ class SlowdownDetector:
         when = min((r.start_ns for r in st.op.values()), default=0)
         alarms: list[Alarm] = []
         tested = True
+        flows = ev.values.get(slowdown.FLOW, ((), None))[0]  # who exchanges data with whom (_twinned)
         for name, (units, values) in ev.values.items():
             own, sizes = (job, comm, func, bucket, name), (job, comm, func, "*", name)
             if name == slowdown.LATE:
@@ -407,14 +424,14 @@ class SlowdownDetector:
                     self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
                 tested = False
                 continue
-            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job)
+            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job, flows)
             alarms += found
             tested &= judged
         return alarms, tested
 
     def _test(self, levels: tuple[tuple, ...], nulls: tuple[tuple, ...], name: str, units: list,
               values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, comm: str,
-              job: str) -> tuple[list[Alarm], bool]:
+              job: str, flows: list) -> tuple[list[Alarm], bool]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
         the healthy ones; the candidates that alarm, and whether there was a null to judge them by."""
         d = self.s.cusum
@@ -467,6 +484,9 @@ class SlowdownDetector:
                 healthy[i] = s < d.h / 2
                 if s >= d.h:
                     alarms.append(Alarm(name, u, c, float(z[i])))
+        twinned = bool(alarms) and self._twinned(job, comm, name, units, flows)
+        for a in alarms:
+            a.twinned = twinned
         own.add(rows[healthy], x[healthy])
         for key in nulls:
             self._null(self.nulls, key).add((x - role)[healthy])
@@ -474,6 +494,22 @@ class SlowdownDetector:
             for key in levels:
                 self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
         return alarms, ready is not None or prior is not None
+
+    def _twinned(self, job: str, comm: str, name: str, units: list, flows: list) -> bool:
+        """Whether this measure's candidates that gather evidence (S >= h/2) stand in two places out of each
+        other's reach (_reach: not even a neighbour in common). A role repeats where the algorithm repeats
+        it: NCCL's double binary tree has two roots, each reducing what its children send while leaves only
+        receive, and a ring or a rail gives every flow of a kind a twin on other ranks. A fault sits in one
+        place: the candidates it moves are its neighbours (a slow GPU's upstream peer blocks on its FIFO
+        slots), whose reach overlaps its own."""
+        peers: dict[int, set[int]] = {}  # rank -> the ranks its flows (sender, receiver, channel) join it to
+        for src, dst, _ in flows:
+            peers.setdefault(src, set()).add(dst)
+            peers.setdefault(dst, set()).add(src)
+        half = self.s.cusum.h / 2
+        gathering = [_reach(u, peers) for u in units
+                     if (c := self.cusums.get(self._candidate(job, comm, name, u))) is not None and c.s >= half]
+        return any(a.isdisjoint(b) for i, a in enumerate(gathering) for b in gathering[i + 1:])
 
     def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:
         if name == slowdown.FLOW:

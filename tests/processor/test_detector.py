@@ -148,6 +148,21 @@ def test_an_offset_from_the_jobs_start_is_named_only_at_the_pace_of_a_fault(fact
         assert [v[:3] for v in out[:1]] == ([("slow_flow", [3], 1)] if named else []), (seed, out)
 
 
+@pytest.mark.parametrize("twin", [False, True])
+def test_an_offset_from_the_jobs_start_that_repeats_on_ranks_apart_is_a_role(twin):
+    """Rank 0's GPU waits 1.5x its peers' per step from the first collective in a quiet job, and the
+    collectives take no longer than at their first (nothing to compare with). Alone, that is a fault
+    present from the start, named at the strong test's pace (its ring neighbours feel it too). Repeated on
+    rank 4, which has no neighbour in common with it (as a double binary tree's two roots), it is the
+    algorithm's role: silent."""
+    def inject(ring, seq, rng):
+        for r in (0, 4) if twin else (0,):
+            for f in ring.flows(r, False):
+                f.gpu_wait = int(f.gpu_wait * 1.5)
+    vs = _collectives(range(1, 120), inject, 0.01, seed=4)
+    assert [v[:2] for v in vs[:1]] == ([] if twin else [("slow_gpu", [0])]), vs
+
+
 @pytest.mark.parametrize("factor", [None, 1.5])
 def test_ranks_whose_role_sets_them_apart_are_judged_against_their_own_offset(factor):
     """In a tree the inner ranks reduce what their children send while the leaves only receive the
