@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite on a fresh machine (README's second command; .ci/run calls it).
 # Installs what the tests need, builds the native code (plus a ThreadSanitizer build),
-# builds or reuses the Collector/Tempo/Prometheus binaries, then runs ctest and pytest.
+# builds or reuses the Collector/Jaeger/Prometheus binaries, then runs ctest and pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -26,7 +26,7 @@ cmake -S . -B build/tsan -G Ninja -DMYCROFT_TSAN=ON -DMYCROFT_BUILD_TESTS=ON -DM
 cmake --build build/tsan
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build/tsan --output-on-failure -L tsan
 
-step "collector, Tempo, Prometheus (cached after the first run)"
+step "collector, Jaeger, Prometheus (cached after the first run)"
 bash scripts/build_stack.sh
 
 step "Alertmanager (alert delivery in tests/e2e) and Grafana's TraceQL grammar (tests/grafana)"
