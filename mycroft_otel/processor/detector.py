@@ -64,7 +64,6 @@ class Alarm:
     cusum: Cusum
     z: float          # this collective's standardized score
     via: tuple[Cusum, ...] = ()  # the symptoms whose alarm led here (a held-back GPU): the same incident
-    twinned: bool = False  # its measure's gathering candidates stand in two places apart (_twinned)
 
     def led_to(self, measure: str, unit, cusum: Cusum, z: float | None = None) -> "Alarm":
         """The candidate this alarm's evidence points at, carrying this one as its symptom."""
@@ -232,7 +231,7 @@ class SlowdownDetector:
                 a.cusum.reset()  # consequences (or the named fault itself, which its incident holds): spent
             return None
         # the evidence stands, but nothing is slower for it (yet: judged again next collective)
-        if recovered is None and not self._slower(history, alarms):
+        if recovered is None and not self._slower(st, ev, history, alarms):
             return None
         f = self._name(st, m, ev, alarms, recovered)
         if f is not None:
@@ -262,7 +261,7 @@ class SlowdownDetector:
                     history.judged_from = when
         return history
 
-    def _slower(self, history: _Durations, alarms: list[Alarm]) -> bool:
+    def _slower(self, st: TraceState, ev: slowdown.Evidence, history: _Durations, alarms: list[Alarm]) -> bool:
         """Whether the communicator's collectives since the alarms' evidence began take longer than its
         healthy ones before (_note_duration): their median log-duration above the healthy median by 3
         standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n_since + 1/n_healthy), the spread
@@ -309,9 +308,9 @@ class SlowdownDetector:
                 return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
-        st = self.s.cusum.strong
-        return any(a.cusum.strong >= st.h and a.cusum.collectives <= 2 * st.h / (st.cap - st.k) and not a.twinned
-                   for a in alarms)
+        d = self.s.cusum.strong
+        return any(a.cusum.strong >= d.h and a.cusum.collectives <= 2 * d.h / (d.cap - d.k)
+                   and not self._twinned(st, ev, a.measure) for a in alarms)
 
     def _first_straggler(self, st: TraceState, start: int, end: int) -> bool:
         """Whether this collective's wait for a straggler ([start, end], job time) is a new incident: not
@@ -401,7 +400,6 @@ class SlowdownDetector:
         when = min((r.start_ns for r in st.op.values()), default=0)
         alarms: list[Alarm] = []
         tested = True
-        flows = ev.values.get(slowdown.FLOW, ((), None))[0]  # who exchanges data with whom (_twinned)
         for name, (units, values) in ev.values.items():
             own, sizes = (job, comm, func, bucket, name), (job, comm, func, "*", name)
             if name == slowdown.LATE:
@@ -424,14 +422,14 @@ class SlowdownDetector:
                     self._null(self.levels, key).add(np.log(values + self.s.step_floor_ns))
                 tested = False
                 continue
-            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job, flows)
+            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job)
             alarms += found
             tested &= judged
         return alarms, tested
 
     def _test(self, levels: tuple[tuple, ...], nulls: tuple[tuple, ...], name: str, units: list,
               values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, comm: str,
-              job: str, flows: list) -> tuple[list[Alarm], bool]:
+              job: str) -> tuple[list[Alarm], bool]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
         the healthy ones; the candidates that alarm, and whether there was a null to judge them by."""
         d = self.s.cusum
@@ -484,9 +482,6 @@ class SlowdownDetector:
                 healthy[i] = s < d.h / 2
                 if s >= d.h:
                     alarms.append(Alarm(name, u, c, float(z[i])))
-        twinned = bool(alarms) and self._twinned(job, comm, name, units, flows)
-        for a in alarms:
-            a.twinned = twinned
         own.add(rows[healthy], x[healthy])
         for key in nulls:
             self._null(self.nulls, key).add((x - role)[healthy])
@@ -495,20 +490,20 @@ class SlowdownDetector:
                 self._null(self.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
         return alarms, ready is not None or prior is not None
 
-    def _twinned(self, job: str, comm: str, name: str, units: list, flows: list) -> bool:
-        """Whether this measure's candidates that gather evidence (S >= h/2) stand in two places out of each
-        other's reach (_reach: not even a neighbour in common). A role repeats where the algorithm repeats
-        it: NCCL's double binary tree has two roots, each reducing what its children send while leaves only
-        receive, and a ring or a rail gives every flow of a kind a twin on other ranks. A fault sits in one
-        place: the candidates it moves are its neighbours (a slow GPU's upstream peer blocks on its FIFO
-        slots), whose reach overlaps its own."""
+    def _twinned(self, st: TraceState, ev: slowdown.Evidence, name: str) -> bool:
+        """Whether the candidates of this collective's measure ``name`` that gather evidence (S >= h/2) stand in
+        two places out of each other's reach (_reach: not even a neighbour in common). A role repeats where the
+        algorithm repeats it: NCCL's double binary tree has two roots, each reducing what its children send
+        while leaves only receive, and a ring or a rail gives every flow of a kind a twin on other ranks. A
+        fault sits in one place: the candidates it moves are its neighbours (a slow GPU's upstream peer blocks
+        on its FIFO slots), whose reach overlaps its own."""
         peers: dict[int, set[int]] = {}  # rank -> the ranks its flows (sender, receiver, channel) join it to
-        for src, dst, _ in flows:
+        for src, dst, _ in ev.values.get(slowdown.FLOW, ((), None))[0]:
             peers.setdefault(src, set()).add(dst)
             peers.setdefault(dst, set()).add(src)
         half = self.s.cusum.h / 2
-        gathering = [_reach(u, peers) for u in units
-                     if (c := self.cusums.get(self._candidate(job, comm, name, u))) is not None and c.s >= half]
+        gathering = [_reach(u, peers) for u in ev.values[name][0]
+                     if (c := self.cusums.get(self._candidate(st.job, st.comm, name, u))) is not None and c.s >= half]
         return any(a.isdisjoint(b) for i, a in enumerate(gathering) for b in gathering[i + 1:])
 
     def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:
