@@ -370,14 +370,19 @@ def _wait_until(epoch: int, duration_ns: float, progress: Progress, stop) -> Non
         time.sleep(min(0.2, (end - now) / 1e9))
 
 
-def _wait_ready(ready: dict[int, int], host: int, timeout_s: float = 30.0) -> None:
-    """Block until ``host`` said its contexts exist (or it died, or ``timeout_s``); once per host."""
-    fd = ready.get(host, -1)
+def _wait_replayed(replayed: dict[int, int], host: int, timeout_s: float = 30.0) -> None:
+    """Block until ``host`` said it has replayed all its rows (or it died, or ``timeout_s``); once per host.
+
+    A host with a process fault has no row at or after the onset (the engine's ``dead_t``), so a host done
+    replaying is one whose collectives are in flight as they were at the onset: what a kill mid-collective
+    needs. On time that is just before the onset; a host forked late (a loaded machine) catches up at full
+    speed first, and signalling it as soon as its contexts existed would kill it before any collective."""
+    fd = replayed.get(host, -1)
     if fd < 0:
         return
     select.select([fd], [], [], timeout_s)
     os.close(fd)
-    ready[host] = -1
+    replayed[host] = -1
 
 
 def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truths) -> dict:
@@ -392,19 +397,18 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
     sys.stderr.flush()
     pids: dict[int, int] = {}
     pipes: dict[int, int] = {}
-    ready: dict[int, int] = {}  # host -> read end that gets one byte once its contexts (and rings) exist
+    replayed: dict[int, int] = {}  # host -> read end that gets one byte once it has replayed all its rows
     for host, ctxs in sorted(hosts_ctx.items()):
         rfd, wfd = os.pipe()
-        ready_r, ready_w = os.pipe()
+        replayed_r, replayed_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the simulated host: its own Driver, its ranks' contexts, two calling threads
             code = 0
             os.close(rfd)
-            os.close(ready_r)
+            os.close(replayed_r)
             try:
                 driver = _driver(cfg)
                 ctx_map = _init_contexts(driver, sim, ctxs, cfg)
-                os.write(ready_w, b"1")
                 mine = [_remap(streams[(host, th)], ctx_map) for th in (USER, PROXY, KERNEL) if (host, th) in streams]
                 got: list[dict] = []
                 ths = [threading.Thread(target=lambda r=rows: got.append(driver.replay(r, epoch)), daemon=True)
@@ -413,6 +417,7 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
                     th.start()
                 for th in ths:
                     th.join()
+                os.write(replayed_w, b"1")
                 st: dict = {}
                 for x in got:
                     _merge_stats(st, x)
@@ -424,10 +429,10 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
                 code = 1
             os._exit(code)
         os.close(wfd)
-        os.close(ready_w)
+        os.close(replayed_w)
         pids[host] = pid
         pipes[host] = rfd
-        ready[host] = ready_r
+        replayed[host] = replayed_r
     # Signals for the process faults, at their onset.
     actions = []
     for t in truths:
@@ -442,9 +447,7 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
         while actions and actions[0][0] <= now:
             _, host, sig, t = actions.pop(0)
             pid = pids[host]
-            # a host slow to start (a loaded machine) is signalled once its rings exist, not before: a
-            # process fault is about a process that had joined the job
-            _wait_ready(ready, host)
+            _wait_replayed(replayed, host)  # mid-collective, even on a host that started late
             try:
                 os.kill(pid, sig)
                 t["signal_sent_ns"] = time.time_ns()
@@ -480,7 +483,7 @@ def _run_multiprocess(sim, cfg, progress, streams, hosts_ctx, duration_ns, truth
                     pass
                 deadline = float("inf")
             time.sleep(0.01)
-    for fd in ready.values():
+    for fd in replayed.values():
         if fd >= 0:
             os.close(fd)
     stats: dict = {}

@@ -263,6 +263,25 @@ def test_multiprocess_really_signals_the_host_process(tmp_path, plugin, fault, s
     assert any(len(c.live) for c in dead)  # its in-flight state survived the process
 
 
+def test_a_host_that_starts_late_is_signalled_once_it_has_caught_up(tmp_path, plugin, monkeypatch):
+    # A loaded machine can fork a simulated host so late that the fault's onset has passed before its
+    # contexts exist; the replay then catches up at full speed. A process fault is a kill mid-collective,
+    # so the host is signalled once it has replayed up to the onset, not as soon as its contexts exist.
+    init = runner._init_contexts
+
+    def slow_init(driver, sim, ctxs, cfg):
+        time.sleep(2.0)  # far past the epoch and the onset (step 1 of a 3-step job)
+        return init(driver, sim, ctxs, cfg)
+
+    monkeypatch.setattr(runner, "_init_contexts", slow_init)  # inherited by the forked hosts
+    sim = make_sim("nodes=2,gpus=2,tp=2,dp=2", "process_exited:rank=1,step=1", steps=3)
+    res = runner.run(sim, runner.RunConfig(ring_dir=str(tmp_path), plugin=plugin, realtime=True,
+                                           multiprocess=True, duration_s=1.0))
+    pid = res["truth"][0]["pid"]
+    dead = [c for c in read_rings(tmp_path).by_key.values() if c.header.pid == pid]
+    assert len(dead) == 4 and any(len(c.live) for c in dead)
+
+
 def test_tree_allreduce_through_the_plugin(tmp_path, plugin):
     sim, res, rings = run_sim(tmp_path, plugin, steps=2, topology="nodes=8,gpus=1,tp=1,dp=8",
                               model=TimingModel().with_nccl(dp_algo="Tree"))
