@@ -53,13 +53,14 @@ _AGENT_DROPS = ("dropped_ring", "dropped_export_queue", "dropped_export_failed")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-# -- the simulated job (run in its own process: `run.py sim DURATION RING_DIR SEED`) ---------------------
+# -- the simulated job (run in its own process: `run.py sim DURATION RING_DIR SEED HOST_S`) ---------------------
 
-def load_model():
+def load_model(host_s: float = 2.5):
+    """The job's step; ``host_s``: its optimizer/host time per step (2.5 s: ~3.4 s steps)."""
     from mycroft_otel.sim.model import TimingModel
 
     return TimingModel().with_step(
-        forward_ns=150_000_000, backward_ns=300_000_000, optimizer_ns=2_500_000_000, layers=2,
+        forward_ns=150_000_000, backward_ns=300_000_000, optimizer_ns=int(host_s * 1e9), layers=2,
         tp_bytes=8 << 20, pp_bytes=512 << 10, dp_buckets=1, dp_bucket_bytes=4 << 20, jitter=0.005,
         initial_broadcast=False,
         # no CPU run-ahead: with the simulator's default (2 calls outstanding, since 24c72db) this healthy job
@@ -68,14 +69,15 @@ def load_model():
     ).with_nccl(dp_channels=1, pp_channels=1)  # fmt: skip
 
 
-def run_sim(duration_s: float, ring_dir: str, seed: int, job_id: str, ring_records: int = 64) -> dict:
+def run_sim(duration_s: float, ring_dir: str, seed: int, job_id: str, ring_records: int = 64,
+            host_s: float = 2.5) -> dict:
     from mycroft_otel.sim import runner
     from mycroft_otel.sim.runner import Progress, RunConfig
     from mycroft_otel.sim.simulation import Simulation
     from mycroft_otel.sim.topology import parse_topology
 
     topo = parse_topology(TOPOLOGY)
-    sim = Simulation(topo, load_model(), [], seed=seed, steps=None, duration_s=duration_s, predict=False)
+    sim = Simulation(topo, load_model(host_s), [], seed=seed, steps=None, duration_s=duration_s, predict=False)
     cfg = RunConfig(ring_dir=ring_dir, job_id=job_id, realtime=True, multiprocess=False, duration_s=duration_s,
                     plugin=None, abi_version=None, ring_records=ring_records, quantum_ns=20_000_000)  # fmt: skip
     t0 = time.monotonic()
@@ -182,8 +184,9 @@ def _stop(p: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 20) -> None:
 
 
 def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sample_ratio: float = 0.01,
-            seed: int = 5, bin_dir: Path | None = None, record: bool = True, log=print) -> dict:
-    """The load job through a fresh LocalStack; returns the numbers (see the module docstring)."""
+            seed: int = 5, bin_dir: Path | None = None, record: bool = True, log=print, host_s: float = 2.5) -> dict:
+    """The load job through a fresh LocalStack; returns the numbers (see the module docstring). ``host_s``:
+    the step's host time (load_model); longer steps, fewer collectives per second at the same scale."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ring_dir = Path("/dev/shm") / f"mycroft-stack-load-{os.getpid()}-{int(time.time())}"
@@ -220,7 +223,7 @@ def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sampl
             pids = {p.name: p.popen.pid for p in stack._procs}
             pids["agent"] = agent.pid
             sim = subprocess.Popen(
-                [sys.executable, __file__, "sim", str(duration_s), str(ring_dir), str(seed)],
+                [sys.executable, __file__, "sim", str(duration_s), str(ring_dir), str(seed), str(host_s)],
                 env=_clean_env(), stdout=subprocess.PIPE, stderr=open(run_dir / "sim.log", "wb"),
                 start_new_session=True,
             )  # fmt: skip
@@ -417,7 +420,8 @@ def run_throughput(recording: Path, run_dir: Path, seconds: float = 20.0, bin_di
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "sim":  # internal: the simulated job in its own process
-        print(json.dumps(run_sim(float(argv[1]), argv[2], int(argv[3]), job_id=f"load-{argv[3]}")))
+        print(json.dumps(run_sim(float(argv[1]), argv[2], int(argv[3]), job_id=f"load-{argv[3]}",
+                                 host_s=float(argv[4]))))
         return 0
     ap = argparse.ArgumentParser(prog="benchmarks/stack_load/run.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -1,13 +1,19 @@
 """Load: a healthy 1,024-rank simulated job for 2 minutes of real time through the real stack.
 
 benchmarks/stack_load/run.py (``job``) does the work: 1,024 ranks (nodes=128,gpus=8,tp=8,pp=16,dp=8; 3,072 plugin
-contexts), ~3 s training steps of ~9 collectives per rank (about 3,000 rank-collectives/s for the job; the rate the
+contexts), ~6.4 s training steps of ~9 collectives per rank (about 1,500 rank-collectives/s for the job; the rate the
 run reached is in its result), one agent (default sampling: 1 % of healthy collectives, plus per-context
 summaries, plus every anomaly) → gateway → 2 processors → Jaeger. Here we check its accounting:
 
 * spans sent (the agent's own counters) = accepted by the gateway = received by the processors (sum) = accepted
   by the trace store less the verdicts (the only other spans it gets); nothing dropped, refused or failed;
 * both processors get a share (trace-ID routing), the collector's and processors' private memory stays bounded.
+
+The benchmark's own job (~3.4 s steps, about 3,000 rank-collectives/s) keeps this machine's 2 cores at their
+limit: one agent process reads all 128 nodes' rings (~1.1 cores) beside the simulator, the gateway, 2 processors
+and Jaeger, and on a slow day its export queue overflows or the gateway's retries repeat batches. Those are
+capacity figures, which the benchmark reports; here the same job runs at half the rate, so the accounting is
+checked with headroom.
 
 Whether the detector stays silent on this healthy job is checked on virtual time
 (tests/evaluate/test_healthy_at_scale.py), not here: in real time on 2 shared cores the simulator's replay
@@ -30,7 +36,7 @@ DURATION_S = float(os.environ.get("MYCROFT_LOAD_SECONDS", "120"))
 @pytest.fixture(scope="module")
 def load(e2e_bin_dir, tmp_path_factory, stack_load):
     res = stack_load.run_job(tmp_path_factory.mktemp("stack-load"), duration_s=DURATION_S, bin_dir=e2e_bin_dir,
-                           record=False, log=print)  # fmt: skip
+                           record=False, log=print, host_s=5.5)  # fmt: skip
     print(json.dumps(res, indent=1))
     return res
 
