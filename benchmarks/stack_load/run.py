@@ -53,10 +53,13 @@ _AGENT_DROPS = ("dropped_ring", "dropped_export_queue", "dropped_export_failed")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-# -- the simulated job (run in its own process: `run.py sim DURATION RING_DIR SEED HOST_S`) ---------------------
+# -- the simulated job (run in its own process: `run.py sim DURATION RING_DIR SEED HOST_S`) ---------------
 
-def load_model(host_s: float = 2.5):
-    """The job's step; ``host_s``: its optimizer/host time per step (2.5 s: ~3.4 s steps)."""
+HOST_S = 2.5  # the step's optimizer/host time: ~3.4 s steps, ~3,000 rank-collectives/s
+
+
+def load_model(host_s: float = HOST_S):
+    """The job's step model; ``host_s``: its optimizer/host time per step."""
     from mycroft_otel.sim.model import TimingModel
 
     return TimingModel().with_step(
@@ -70,7 +73,7 @@ def load_model(host_s: float = 2.5):
 
 
 def run_sim(duration_s: float, ring_dir: str, seed: int, job_id: str, ring_records: int = 64,
-            host_s: float = 2.5) -> dict:
+            host_s: float = HOST_S) -> dict:
     from mycroft_otel.sim import runner
     from mycroft_otel.sim.runner import Progress, RunConfig
     from mycroft_otel.sim.simulation import Simulation
@@ -184,7 +187,7 @@ def _stop(p: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 20) -> None:
 
 
 def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sample_ratio: float = 0.01,
-            seed: int = 5, bin_dir: Path | None = None, record: bool = True, log=print, host_s: float = 2.5) -> dict:
+            seed: int = 5, bin_dir: Path | None = None, record: bool = True, log=print, host_s: float = HOST_S) -> dict:
     """The load job through a fresh LocalStack; returns the numbers (see the module docstring). ``host_s``:
     the step's host time (load_model); longer steps, fewer collectives per second at the same scale."""
     run_dir = Path(run_dir)
