@@ -3,12 +3,11 @@
 benchmarks/stack_load/run.py (``job``) does the work: 1,024 ranks (nodes=128,gpus=8,tp=8,pp=16,dp=8; 3,072 plugin
 contexts), ~6.4 s training steps of ~9 collectives per rank (about 1,500 rank-collectives/s for the job; the rate the
 run reached is in its result), one agent (default sampling: 1 % of healthy collectives, plus per-context
-summaries, plus every anomaly) → gateway → 2 processors → Jaeger. Here we check its accounting and silence:
+summaries, plus every anomaly) → gateway → 2 processors → Jaeger. Here we check its accounting:
 
 * spans sent (the agent's own counters) = accepted by the gateway = received by the processors (sum) = accepted
   by the trace store less the verdicts (the only other spans it gets); nothing dropped, refused or failed;
-* both processors get a share (trace-ID routing), the collector's and processors' private memory stays bounded;
-* the healthy job gets no verdict (the stack's stall threshold is 10 s: stack_load.STALL_MS).
+* both processors get a share (trace-ID routing), the collector's and processors' private memory stays bounded.
 
 The benchmark's own job (~3.4 s steps, about 3,000 rank-collectives/s) keeps this machine's 2 cores at their
 limit: one agent process reads all 128 nodes' rings (~1.1 cores) beside the simulator, the gateway, 2 processors
@@ -16,10 +15,10 @@ and Jaeger, and on a slow day its export queue overflows or the gateway's retrie
 capacity figures, which the benchmark reports; here the same job runs at half the rate, so the accounting is
 checked with headroom.
 
-The detector's silence on this job at the default stall threshold is checked on virtual time
-(tests/evaluate/test_healthy_at_scale.py): in real time on 2 shared cores the simulator's replay threads lag
-each other (by up to ~0.4 s at this rate; by seconds at the full rate, when the rings break causality: a rank
-completes an all-reduce before its peer launched it, and 103 hang verdicts in one run measured the machine).
+Whether the detector stays silent on this healthy job is checked on virtual time
+(tests/evaluate/test_healthy_at_scale.py), not here: in real time on 2 shared cores the simulator's replay
+threads fall seconds behind each other, so the rings break causality (a rank completes an all-reduce before its
+peer launched it) and a verdict would measure the machine, not the detector.
 """
 
 from __future__ import annotations
@@ -66,11 +65,6 @@ def test_load_spans_sent_equal_spans_received(load):
     # the trace store gets every agent span plus the processors' root-cause spans (through the gateway's
     # second receiver), nothing else
     assert c["store_accepted"] == c["agent_spans_exported"] + c["verdicts"], c
-
-
-def test_load_healthy_job_gets_no_verdict(load):
-    c = load["counts"]
-    assert c["verdicts"] == 0, (c, load["sim"])
 
 
 def test_load_both_processors_share_the_work(load):
