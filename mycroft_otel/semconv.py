@@ -141,6 +141,11 @@ RCA_CONFIDENCE = "mycroft.rca.confidence"
 RCA_EVIDENCE = "mycroft.rca.evidence"
 RCA_ONSET = "mycroft.rca.onset_ns"
 RCA_DETECTED = "mycroft.rca.detected_ns"
+# which explanation won and by how much over the best one of another place (outcome.py; the walks' vote share
+# for a hang, the CUSUM evidence for a slowdown)
+RCA_HYPOTHESIS = "mycroft.rca.hypothesis"
+RCA_RUNNER_UP = "mycroft.rca.runner_up"
+RCA_MARGIN = "mycroft.rca.margin"
 # the span's own trace id (32 hex digits) as an attribute: metrics made from spans (the gateway's
 # spanmetrics connector, and the alerts on them) see attributes only
 RCA_TRACE_ID = "mycroft.rca.trace_id"

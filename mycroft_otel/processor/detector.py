@@ -38,8 +38,9 @@ import numpy as np
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import rca, slowdown
+from mycroft_otel.processor.outcome import Decision, Outcome, silent
 from mycroft_otel.processor.rca import Finding
-from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull
+from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull, median
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import span_attributes
 from mycroft_otel.processor.state import P2P, TraceState
@@ -118,6 +119,13 @@ def _kind(st: TraceState) -> tuple[str, int]:
     return ("p2p" if st.func in P2P else st.func), (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
 
 
+def _label(measure: str, unit) -> str:
+    """A hypothesis in words: the measure and the place (a rank, or a flow sender -> receiver on a channel)."""
+    if isinstance(unit, tuple):
+        return f"{measure} {unit[0]}->{unit[1]} ch{unit[2]}"
+    return f"{measure} rank {unit}"
+
+
 def _stall_window(st: TraceState) -> tuple[int, int]:
     """When a stall that recovered began and ended: its in-flight snapshots' earliest start, latest end."""
     return min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values())
@@ -148,6 +156,7 @@ class SlowdownDetector:
         self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
         self.own: dict[tuple, OwnSpreads] = {}       # null key + (mode,) -> its candidates' own healthy scores
         self.durations: dict[tuple, _Durations] = {}  # (job, comm, func) -> its kernels' recent times
+        self._key_memo: dict[tuple, tuple[list, list[tuple]]] = {}  # (job, comm, measure) -> (units, keys)
 
     # -- the per-measure scores -------------------------------------------------------------
     def _null(self, table: dict, key: tuple) -> RobustNull:
@@ -173,7 +182,7 @@ class SlowdownDetector:
             return values, "x"
         lv = np.log(values + self.s.step_floor_ns)
         if len(values) >= 2 and not p2p:
-            ref, mode = float(np.median(lv)), "x"
+            ref, mode = median(lv), "x"
         else:
             level = self._ready(self.levels, keys)
             if level is None:
@@ -182,19 +191,20 @@ class SlowdownDetector:
         return lv - ref, mode
 
     # -- judging one collective -------------------------------------------------------------
-    def judge(self, st: TraceState, m: slowdown.Measures | None, at: float) -> Finding | None:
-        """The finding this collective completes (a mismatch, a straggler, or a candidate whose evidence
-        crossed h), else None. ``at``: the processor's monotonic clock (seconds)."""
+    def judge(self, st: TraceState, m: slowdown.Measures | None, at: float) -> Decision:
+        """What this collective decides (outcome.Outcome): a mismatch, a straggler, a candidate whose
+        evidence crossed h and slowed the communicator, or the reason for silence. ``at``: the processor's
+        monotonic clock (seconds)."""
         if m is None:
             m = slowdown.measure([st])[0] if st.op else None
         mm = slowdown.check_mismatch(st, m) if m is not None else rca.check_mismatch(st)
         if mm is not None:
             if m is None:
                 rca.decorate(st, rca.build_views(st), mm)
-            return mm
+            mm.hypothesis = mm.hypothesis or f"{mm.category} rank {mm.ranks[0]}"
+            return Decision(Outcome.MISMATCH, mm)
         if 0 <= st.seq < self.s.warmup_seq:
-            return None
-        job, comm = st.job, st.comm
+            return silent(Outcome.WARMUP, f"collective {st.seq} < {self.s.warmup_seq}")
         self._link(st)
         self._note_waits(st, m)
         recovered = slowdown.recovered_stall(st)
@@ -203,21 +213,32 @@ class SlowdownDetector:
             if end - start >= self.s.straggler_ns:
                 recovered.reason = "straggler"
                 late = st.op.get(recovered.ranks[0])
-                if self._held_back(st, recovered.ranks[0], start, late.start_ns if late else end) or \
-                        not self._first_straggler(st, start, end):
-                    return None
-                return recovered
+                return self._straggler(st, recovered, start, late.start_ns if late else end, end)
         if m is None:
-            return None
+            return silent(Outcome.NOT_MEASURED)
         ev = slowdown.evidence(st, m)
         f = slowdown.straggler(st, ev, self.s.straggler_ns)
         if f is not None:
             start = int(m.arrival.min())
-            if self._held_back(st, ev.late_rank, start, start + ev.lateness_ns) or \
-                    not self._first_straggler(st, start, m.end):
-                return None
-            rca.decorate(st, rca.build_views(st), f)
-            return f
+            d = self._straggler(st, f, start, start + ev.lateness_ns, m.end)
+            if d.finding is not None:
+                rca.decorate(st, rca.build_views(st), f)
+            return d
+        return self._sequential(st, m, ev, recovered, at)
+
+    def _straggler(self, st: TraceState, f: Finding, start: int, arrived: int, end: int) -> Decision:
+        """A straggler everybody waited for ([start, end], the late rank there at ``arrived``): named unless
+        the rank was held back elsewhere or the wait is a straggler's already named."""
+        if self._held_back(st, f.ranks[0], start, arrived):
+            return silent(Outcome.HELD_BACK, f"rank {f.ranks[0]} waited in another communicator")
+        if not self._first_straggler(st, start, end):
+            return silent(Outcome.SAME_STRAGGLER, f"rank {f.ranks[0]}'s wait overlaps a straggler named")
+        f.hypothesis = _label(slowdown.LATE, f.ranks[0])
+        return Decision(Outcome.STRAGGLER, f)
+
+    def _sequential(self, st: TraceState, m: slowdown.Measures, ev: slowdown.Evidence, recovered: Finding | None,
+                    at: float) -> Decision:
+        """The sequential test on this collective's candidates, then naming the alarm that explains them."""
         alarms, tested = self._update(st, ev, at)
         history = self._note_duration(st, m, tested, not alarms and not self._explained(st))
         if recovered is not None:
@@ -225,18 +246,32 @@ class SlowdownDetector:
             if alarm is not None:
                 alarms.append(alarm)
         if not alarms:
-            return None
+            return silent(Outcome.BELOW_BAR, self._closest(st, ev))
         if self._explained(st):
             for a in alarms:
                 a.cusum.reset()  # consequences (or the named fault itself, which its incident holds): spent
-            return None
+            return silent(Outcome.EXPLAINED, f"{_label(alarms[0].measure, alarms[0].unit)} alarms while a slowdown "
+                                             f"named in a joined communicator holds")
         # the evidence stands, but nothing is slower for it (yet: judged again next collective)
         if recovered is None and not self._slower(st, ev, history, alarms):
-            return None
+            return silent(Outcome.NOT_SLOWER, f"{_label(alarms[0].measure, alarms[0].unit)} alarms; the "
+                                              f"communicator's kernels are not slower than before")
         f = self._name(st, m, ev, alarms, recovered)
-        if f is not None:
-            rca.decorate(st, rca.build_views(st), f)
-        return f
+        if f is None:
+            return silent(Outcome.DEFERRED, f"{_label(alarms[0].measure, alarms[0].unit)} alarms; a likelier "
+                                            f"cause gathers evidence")
+        rca.decorate(st, rca.build_views(st), f)
+        return Decision(Outcome.NAMED, f)
+
+    def _closest(self, st: TraceState, ev: slowdown.Evidence) -> str:
+        """The candidate of this collective nearest to the bar, for a silence's reason."""
+        best: tuple[float, str] = (0.0, "")
+        for name, (units, _) in ev.values.items():
+            for u, k in zip(units, self._keys(st.job, st.comm, name, units)):
+                c = self.cusums.get(k)
+                if c is not None and c.s > best[0]:
+                    best = (c.s, _label(name, u))
+        return f"closest: {best[1]} at {best[0]:.1f} of {self.s.cusum.h:g}" if best[1] else "no candidate off its peers"
 
     def _note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> _Durations:
         """Remember how long this collective's kernels ran (the median over up to 16 of its ranks of the
@@ -256,7 +291,7 @@ class SlowdownDetector:
             ran = [v for ref in m.refs[:16] if type(v := span_attributes(ref, _KERNEL).get(sc.KERNEL_DURATION)) is int]
             if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
                 when = min(ref.start_ns for ref in m.refs)
-                history.recent.append((when, bucket, float(np.log(float(np.median(ran)) + 1.0)), healthy))
+                history.recent.append((when, bucket, float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0)), healthy))
                 if tested and history.judged_from < 0:
                     history.judged_from = when
         return history
@@ -301,10 +336,10 @@ class SlowdownDetector:
         enough = len(before) >= self.s.null_min_collectives
         if enough and since:
             b = np.array(before)
-            mid = float(np.median(b))
-            scale = max(1.4826 * float(np.median(np.abs(b - mid))), self.s.min_scale)
+            mid = median(b)
+            scale = max(1.4826 * median(np.abs(b - mid)), self.s.min_scale)
             err = 1.2533 * scale * np.sqrt(1.0 / len(since) + 1.0 / len(b))
-            if float(np.median(since)) - mid >= 3.0 * err:
+            if median(np.array(since)) - mid >= 3.0 * err:
                 return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
@@ -460,14 +495,15 @@ class SlowdownDetector:
             err = 3.0 * 1.2533 * spread / np.sqrt(np.maximum(own_n, 1))
             role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
             z = (x - loc - role) / spread
-            for i, u in enumerate(units):
-                ck = self._candidate(job, comm, name, u)
-                c = self.cusums.get(ck)
+            keys = self._keys(job, comm, name, units)
+            held = [self.cusums.get(k) for k in keys]
+            # a candidate with no evidence for either test and none held costs nothing
+            for i in sorted({i for i, c in enumerate(held) if c is not None}.union(
+                    np.flatnonzero(z > (d.mild.k if name in _MILD else d.k)).tolist())):
+                u, c = units[i], held[i]
                 if c is None:
-                    if z[i] <= (d.mild.k if name in _MILD else d.k):
-                        continue  # no evidence for either test: a healthy candidate costs nothing
                     c = Cusum()
-                    _bounded_put(self.cusums, ck, c)
+                    _bounded_put(self.cusums, keys[i], c)
                 elif when < c.last_when_ns:
                     # late news: a collective older than the candidate's latest evidence (flagged ones
                     # arrive at once, sampled ones of before the fault later); the test runs in the job's
@@ -505,6 +541,18 @@ class SlowdownDetector:
         gathering = [_reach(u, peers) for u in ev.values[name][0]
                      if (c := self.cusums.get(self._candidate(st.job, st.comm, name, u))) is not None and c.s >= half]
         return any(a.isdisjoint(b) for i, a in enumerate(gathering) for b in gathering[i + 1:])
+
+    def _keys(self, job: str, comm: str, name: str, units: list) -> list[tuple]:
+        """The candidates' keys (_candidate) for one measure of a collective; remembered per communicator
+        and measure while its candidates stay the same and every one's process is known (a process, once
+        learnt, stays the same: the key cannot change)."""
+        memo = self._key_memo.get((job, comm, name))
+        if memo is not None and memo[0] == units:
+            return memo[1]
+        keys = [self._candidate(job, comm, name, u) for u in units]
+        if name == slowdown.FLOW or all(self.process_of(comm, u) is not None for u in units):
+            _bounded_put(self._key_memo, (job, comm, name), (units, keys))
+        return keys
 
     def _candidate(self, job: str, comm: str, name: str, unit) -> tuple:
         if name == slowdown.FLOW:
@@ -573,7 +621,7 @@ class SlowdownDetector:
             late_one = self._waited_for(st, ev, g.unit)
             if late_one is not None:
                 g.cusum.reset()
-                return self._finding(st, g.led_to(slowdown.LATE, ev.late_rank, late_one), recovered)
+                return self._finding(st, ev, g.led_to(slowdown.LATE, ev.late_rank, late_one), recovered)
             proxy = self._proxy_behind(st, ev)
             if proxy is not None:
                 # a rank whose proxy leaves its ready data unposted blocks its kernel on the send FIFO slots
@@ -600,7 +648,7 @@ class SlowdownDetector:
             pick = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
         if pick is None:
             return None
-        return self._finding(st, pick, recovered)
+        return self._finding(st, ev, pick, recovered)
 
     def _proxy_behind(self, st: TraceState, ev: slowdown.Evidence) -> tuple[int, Cusum] | None:
         """The rank of this collective whose proxy gathers the most evidence (half way to an alarm), with it."""
@@ -732,9 +780,23 @@ class SlowdownDetector:
             return slowdown.NIC_SEND, sender, nic if nic is not None else c
         return slowdown.FLOW, u, c
 
-    def _finding(self, st: TraceState, a: Alarm, recovered: Finding | None) -> Finding:
+    def _runner_up(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> tuple[str, float]:
+        """The strongest other explanation in this collective: the candidate with the most evidence that is
+        neither the named one nor a symptom that led to it."""
+        mine = (a.cusum,) + a.via
+        best: tuple[str, float] = ("", 0.0)
+        for name, (units, _) in ev.values.items():
+            for u, k in zip(units, self._keys(st.job, st.comm, name, units)):
+                c = self.cusums.get(k)
+                if c is not None and c.s > best[1] and not any(c is m for m in mine):
+                    best = (_label(name, u), c.s)
+        return best
+
+    def _finding(self, st: TraceState, ev: slowdown.Evidence, a: Alarm, recovered: Finding | None) -> Finding:
         c = a.cusum
         n = c.collectives
+        runner_up, runner_s = self._runner_up(st, ev, a)
+        won_s = max(c.s, max((v.s for v in a.via), default=0.0))  # a path named for what it holds back
         cat = slowdown.CATEGORY_OF[a.measure]
         h = self.s.cusum.h
         # a path or source named for the evidence it explains may itself be only half way to h
@@ -768,4 +830,5 @@ class SlowdownDetector:
         return Finding(kind=sc.KIND_SLOWDOWN, category=cat, ranks=[who], channel=chan, peer=peer,
                        confidence=round(min(0.95, 0.6 + 0.02 * n), 3),
                        evidence=f"{what} in {st.func} {st.seq} {seen}", onset_ns=onset,
-                       reason=a.measure, recovered=recovered is not None)
+                       reason=a.measure, recovered=recovered is not None, hypothesis=_label(a.measure, a.unit),
+                       runner_up=runner_up, margin=round(won_s - runner_s, 2))

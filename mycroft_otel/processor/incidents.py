@@ -67,6 +67,11 @@ class Verdict:
             a[sc.RCA_CULPRIT_CHANNEL] = int(f.channel)
         if f.peer is not None:
             a[sc.RCA_CULPRIT_PEER] = int(f.peer)
+        if f.hypothesis:
+            a[sc.RCA_HYPOTHESIS] = f.hypothesis
+            a[sc.RCA_RUNNER_UP] = f.runner_up
+        if f.margin is not None:
+            a[sc.RCA_MARGIN] = float(f.margin)
         return a
 
     def summary(self) -> str:

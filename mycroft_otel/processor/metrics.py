@@ -22,6 +22,7 @@ import tornado.netutil
 import tornado.web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from mycroft_otel.processor.outcome import Outcome
 from mycroft_otel.processor.state import DROP_REASONS
 
 _LATENCY_BUCKETS = (0.5, 1, 2, 3, 3.5, 4, 4.5, 5, 6, 8, 10, 15, 20, 30, 60, 120)
@@ -54,6 +55,12 @@ class Metrics:
                                ["reason"], registry=r)
         for reason in DROP_REASONS:  # every series exists from the start: rate() and the panel read 0, not "no data"
             self.dropped.labels(reason)
+        self.decisions = Counter("mycroft_processor_decisions",
+                                 "What the slowdown analysis decided about each completed collective it judged: a "
+                                 "verdict (named, straggler, mismatch) or the reason for its silence (outcome.py).",
+                                 ["outcome"], registry=r)
+        for outcome in Outcome:
+            self.decisions.labels(outcome.value)
         self.rejected = Counter("mycroft_processor_requests_rejected", "OTLP requests answered with an error.",
                                 ["protocol", "reason"], registry=r)
         self.evicted = Gauge("mycroft_processor_traces_evicted", "Traces evicted from memory (cumulative).",
@@ -65,6 +72,9 @@ class Metrics:
                                         "Hung traces attributed to another trace's incident.", registry=r)
         self._server = None
         self._comms: set[str] = set()
+
+    def decided(self, outcome: Outcome) -> None:
+        self.decisions.labels(outcome.value).inc()
 
     def spans_received(self, n: int, unknown: int) -> None:
         self.received.inc(n)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter, deque
 from typing import Callable, NamedTuple
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
 from mycroft_otel.processor.detector import SlowdownDetector
 from mycroft_otel.processor.incidents import Incidents, Verdict
+from mycroft_otel.processor.outcome import Decided, Decision, Outcome, silent
 from mycroft_otel.processor.propagation import Propagation
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
@@ -34,13 +36,14 @@ log = logging.getLogger("mycroft_otel.processor")
 _SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
                            sc.SUMMARY_OPS})
 _HELD_KEPT = 4096
+_DECISIONS_KEPT = 4096  # decisions kept for `report` and tests (each a few hundred bytes)
 
 
 class _Held(NamedTuple):
     """A slowdown finding made while a collective of its job stalled."""
 
     since: float        # monotonic seconds
-    finding: rca.Finding
+    decision: Decision  # what the detector named
     analysis_s: float
     took: int           # ns, its ranks' first start to last end
 
@@ -78,8 +81,9 @@ class Processor:
         self._stalling: dict[str, int] | None = None  # job -> longest stall of its hang candidates, this tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.counts = {"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0, "analysis_errors": 0,
-                       "slow_candidates": 0}
+        self.counts = Counter({"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0,
+                               "analysis_errors": 0, "slow_candidates": 0})  # plus "decision:<outcome>"
+        self.decisions: deque[Decided] = deque(maxlen=_DECISIONS_KEPT)  # the latest, oldest first
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -279,16 +283,19 @@ class Processor:
     def _analyse_slow(self, st, m, now_ns: int, mono: float) -> Verdict | None:
         t0 = time.perf_counter()
         try:
-            f = self.detector.judge(st, m, mono)
+            d = self.detector.judge(st, m, mono)
         except Exception:
             log.exception("slowdown analysis failed for trace %s", st.trace_id.hex())
             self.counts["analysis_errors"] += 1
+            self._decided(st, silent(Outcome.ERROR))
             return None
         dt = time.perf_counter() - t0
+        f = d.finding
         if f is None:
+            self._decided(st, d)
             return None
-        if f.category == sc.CAT_COLL_MISMATCH:
-            return self._emit(st, f, now_ns, mono, dt)
+        if d.outcome == Outcome.MISMATCH:
+            return self._emit(st, f, now_ns, mono, dt, d)
         # while a collective of this job is stalling (for longer than this one took: under a heavy slowdown
         # every collective stalls a while), slow collectives around it may be its symptoms: this finding
         # waits until the stall is named a hang (then it was a symptom) or recovers
@@ -296,10 +303,20 @@ class Processor:
         if self._stall_of(st.job, now_ns) >= max(1_000_000_000, took):
             if len(self._held) >= _HELD_KEPT:
                 self._held.pop(next(iter(self._held)))
-            self._held[st.trace_id] = _Held(mono, f, dt, took)
+            self._held[st.trace_id] = _Held(mono, d, dt, took)
             self.counts["slow_candidates"] += 1
+            self._decided(st, silent(Outcome.HELD_FOR_STALL, d.finding.hypothesis if d.finding else ""))
             return None
-        return self._emit(st, f, now_ns, mono, dt)
+        return self._emit(st, f, now_ns, mono, dt, d)
+
+    def _decided(self, st, d: Decision) -> None:
+        """Count one decision about a collective (a verdict or a silence and its reason) and keep the latest
+        ones for `report` and tests (bounded)."""
+        self.counts["decision:" + d.outcome.value] += 1
+        self.decisions.append(Decided(st.comm, st.seq, d.outcome,
+                                      d.detail or (d.finding.hypothesis if d.finding else "")))
+        if self.metrics is not None:
+            self.metrics.decided(d.outcome)
 
     def _stall_of(self, job: str, now_ns: int) -> int:
         """The longest stall among the job's traces not named yet (ns; computed once a tick)."""
@@ -325,18 +342,22 @@ class Processor:
                 del self._held[tid]
                 st.explained_by = hang
                 self.counts["deduped"] += 1
+                self._decided(st, silent(Outcome.SAME_INCIDENT, "a hang named while it was held"))
             elif self._stall_of(st.job, now_ns) < max(1_000_000_000, d.took):
                 del self._held[tid]
-                v = self._emit(st, d.finding, now_ns, mono, d.analysis_s)
+                v = self._emit(st, d.decision.finding, now_ns, mono, d.analysis_s, d.decision)
                 if v is not None:
                     out.append(v)
         return out
 
     # -- verdicts -------------------------------------------------------------------------------
-    def _emit(self, st, f: rca.Finding, now_ns: int, mono: float, dt: float) -> Verdict | None:
+    def _emit(self, st, f: rca.Finding, now_ns: int, mono: float, dt: float,
+              d: Decision | None = None) -> Verdict | None:
         v = self.incidents.emit(st, f, now_ns, mono, dt)
         if v is None:
             self.counts["deduped"] += 1
+        if d is not None:  # a slowdown analysis's decision (hangs are counted by their own metrics)
+            self._decided(st, d if v is not None else silent(Outcome.SAME_INCIDENT, f.hypothesis))
         return v
 
     def _publish(self, v: Verdict) -> None:

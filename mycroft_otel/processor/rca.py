@@ -56,6 +56,11 @@ class Finding:
     job: str = ""                  # the job's MYCROFT_JOB_ID: incidents never merge across jobs
     recovered: bool = False        # a slowdown read from a stall that recovered (in-flight snapshots)
     waiting: list[int] = field(default_factory=list)  # ranks in flight that wait (the walk's start points)
+    # the explanation that won (a place and what went wrong there), the best one of another place, and by how
+    # much the winner led it: for a hang the share of the walks' votes, for a slowdown the CUSUM evidence S
+    hypothesis: str = ""
+    runner_up: str = ""
+    margin: float | None = None
 
 
 class RankView:
@@ -469,7 +474,8 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
     strong_rank = {t: w for t, w in rank_votes.items() if t[1] != "noflow"}
     best_rank = max(strong_rank.items(), key=lambda kv: (kv[1], -kv[0][2]), default=None)
     flow_total = sum(flow_votes.values())
-    if flow_votes and (best_rank is None or flow_total > best_rank[1]):
+    flow_won = bool(flow_votes) and (best_rank is None or flow_total > best_rank[1])
+    if flow_won:
         f = _flow_finding(st, views, flow_votes, flow_total / total)
     elif best_rank is not None:
         f = _rank_finding(st, views, best_rank[0], best_rank[1] / total)
@@ -482,9 +488,25 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
                               f"rank {v.rank} progressed last earliest"), onset_ns=onset, reason="noflow")
     if f.onset_ns == 0:
         f.onset_ns = onset
+    _contest(f, flow_won, flow_total, strong_rank, total)
     f.waiting = sorted(r for r, v in views.items() if v.state == IN_FLIGHT)
     decorate(st, views, f)
     return f
+
+
+def _contest(f: Finding, flow_won: bool, flow_total: float, rank_votes: dict[tuple, float], total: float) -> None:
+    """The hang's winning explanation against the best one elsewhere, as shares of the walks' votes: the
+    flows' stalls together, or each rank's own terminal (a rank that never entered, a GPU that stopped)."""
+    where = f" ch{f.channel}" if f.channel is not None else ""
+    f.hypothesis = f"{f.category} rank {f.ranks[0]}{where}" if f.ranks else f.category
+    others = [(w, f"{t[1]} rank {t[2]}") for t, w in rank_votes.items() if t[2] not in f.ranks]
+    if not flow_won and flow_total > 0:
+        others.append((flow_total, "network flows"))
+    won = flow_total if flow_won else max((w for t, w in rank_votes.items() if t[2] in f.ranks),
+                                                    default=0.0)
+    second = max(others, default=(0.0, ""))
+    f.runner_up = second[1]
+    f.margin = round((won - second[0]) / total, 3) if total > 0 else None
 
 
 def _flow_finding(st: TraceState, views: dict[int, RankView], flow_votes: dict[tuple, float],

@@ -106,6 +106,17 @@ def arl(design: CusumDesign, shift: float = 0.0, null: str = "normal", cells: in
     return float(n[0])
 
 
+def median(values: np.ndarray) -> float:
+    """The median of a 1-d array by partition (np.median's own checks cost more than the work on the few
+    hundred values a null or a collective holds)."""
+    n = len(values)
+    k = n // 2
+    if n % 2:
+        return float(np.partition(values, k)[k])
+    p = np.partition(values, (k - 1, k))
+    return (float(p[k - 1]) + float(p[k])) / 2
+
+
 class RobustNull:
     """The recent healthy scores of one measure (a ring of ``size``): median and scaled MAD."""
 
@@ -139,8 +150,8 @@ class RobustNull:
     def location_scale(self) -> tuple[float, float]:
         if self._cache is None:
             v = self._buf[:self._n]
-            med = float(np.median(v))
-            mad = float(np.median(np.abs(v - med)))
+            med = median(v)
+            mad = median(np.abs(v - med))
             self._cache = (med, max(1.4826 * mad, self.min_scale))
         return self._cache
 
@@ -189,7 +200,7 @@ class OwnSpreads:
     candidate (numpy, so a collective's candidates are read and taught at once): its own median and spread
     (MAD x 1.4826) once it holds ``min_values`` scores."""
 
-    __slots__ = ("size", "min_values", "_row", "_buf", "_n", "_at")
+    __slots__ = ("size", "min_values", "_row", "_buf", "_n", "_at", "_last")
 
     def __init__(self, size: int, min_values: int):
         self.size, self.min_values = size, min_values
@@ -197,8 +208,11 @@ class OwnSpreads:
         self._buf = np.full((0, size), np.nan)
         self._n = np.zeros(0, dtype=np.int64)
         self._at = np.zeros(0, dtype=np.int64)
+        self._last: tuple[list, np.ndarray] = ([], np.zeros(0, dtype=np.int64))  # a measure's candidates repeat
 
     def rows(self, units: list) -> np.ndarray:
+        if units == self._last[0]:
+            return self._last[1]
         out = np.empty(len(units), dtype=np.int64)
         for i, u in enumerate(units):
             r = self._row.get(u)
@@ -210,6 +224,7 @@ class OwnSpreads:
             self._buf = np.vstack((self._buf, np.full((grow, self.size), np.nan)))
             self._n = np.concatenate((self._n, np.zeros(grow, dtype=np.int64)))
             self._at = np.concatenate((self._at, np.zeros(grow, dtype=np.int64)))
+        self._last = (units, out)
         return out
 
     def stats(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ import numpy as np
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import rca
 from mycroft_otel.processor.rca import COMPLETED, IN_FLIGHT, Finding, RankView, build_views
+from mycroft_otel.processor.sequential import median
 from mycroft_otel.processor.spans import SpanRef, evidence_attributes, flow_table
 from mycroft_otel.processor.state import P2P, TraceState
 
@@ -159,12 +160,33 @@ def _busy(rows: np.ndarray, busy: int, wait: int) -> np.ndarray:
     return np.where((b > 0) | (rows[:, wait] == 0), b, rows[:, wait]).astype(np.float64)
 
 
-def _median(values: np.ndarray) -> float:
-    k = len(values) // 2
-    if len(values) % 2:
-        return float(np.partition(values, k)[k])
-    p = np.partition(values, (k - 1, k))
-    return (float(p[k - 1]) + float(p[k])) / 2
+def _leave_one_out_medians(values: np.ndarray) -> np.ndarray:
+    """Per element, the median of the others (one sort for all of them: the others' middle is the sorted
+    array's middle shifted by one place on the side the element is taken from)."""
+    n = len(values)
+    order = np.argsort(values, kind="stable")
+    s = values[order].astype(np.float64)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    m = n - 1  # how many remain
+
+    def kth(k: int) -> np.ndarray:  # the k-th smallest of the others, per element
+        return np.where(pos > k, s[k], s[min(k + 1, n - 1)])
+
+    if m % 2:
+        return kth(m // 2)
+    return (kth(m // 2 - 1) + kth(m // 2)) / 2
+
+
+def _distinct_per_group(group: np.ndarray, value: np.ndarray, groups: int) -> np.ndarray:
+    """Per group (``group`` holds each row's group, ranked 0..groups-1 in sorted order of its values), how
+    many distinct ``value``s its rows hold."""
+    order = np.lexsort((value, group))
+    g, v = group[order], value[order]
+    new = np.ones(len(g), dtype=bool)
+    new[1:] = (g[1:] != g[:-1]) | (v[1:] != v[:-1])
+    _, first = np.unique(g, return_index=True)
+    return np.add.reduceat(new.astype(np.int64), first) if len(g) else np.zeros(groups, dtype=np.int64)
 
 
 def _recovered_stall(st: TraceState) -> Finding | None:
@@ -257,8 +279,7 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
                 # flows into a rank from one sender only (a ring) read the same whether the sender's NIC or
                 # the receiver's is slow: the sender is named (NIC_SEND), the receive side only when the
                 # rank hears from several senders and all of them are slow
-                peers = np.array([len(np.unique(other[order][a:a + c])) for a, c in zip(first, count)])
-                many &= peers >= 2
+                many &= _distinct_per_group(side, other, len(keys)) >= 2
             if many.any():
                 least = np.minimum.reduceat(m.net[order], first)
                 vals[name] = ([int(ranks[k]) for k in keys[many]], least[many])
@@ -268,15 +289,14 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
     if n >= 2:
         last = int(np.argmax(m.arrival))
         rest = np.delete(m.arrival, last)
-        lateness = int(m.arrival[last] - _median(rest))
+        lateness = int(m.arrival[last] - median(rest))
         late_rank = int(ranks[last])
         waited = int(np.delete(m.duration, last).min())
         if n >= 3:
             # the share of the collective each rank's peers spent waiting for it to start: bounded, and
             # independent of how short the transfer after the last arrival was
             makespan = max(1.0, float(m.end - int(m.arrival.min())))
-            med = np.array([_median(np.delete(m.arrival, i)) for i in range(n)]) if n <= 64 else \
-                np.full(n, _median(m.arrival))
+            med = _leave_one_out_medians(m.arrival)
             vals[LATE] = ([int(r) for r in ranks], np.maximum(0.0, m.arrival - med) / makespan)
     return Evidence(vals, lateness, late_rank, waited)
 
