@@ -305,11 +305,11 @@ def run_job(run_dir: Path, duration_s: float = 120.0, processors: int = 2, sampl
 def _requests_from_recording(path: Path, limit: int = 400) -> list:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from mycroft_otel.processor.receiver import _decode, read_records
+    from mycroft_otel.processor.receiver import decode_export_request, read_records
 
     reqs = []
     for _, ctype, data in read_records(str(path)):
-        req = _decode(data, ctype)
+        req = decode_export_request(data, ctype)
         if isinstance(req, ExportTraceServiceRequest) and sum(
                 len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans):
             reqs.append(req)

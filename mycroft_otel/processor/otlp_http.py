@@ -14,6 +14,12 @@ Decoding and ingest run on the receiver's worker threads, off the loop -- except
 small uncompressed protobuf body that finds the processor's lock free, which is
 ingested at once on the loop (no thread hop; it cannot wait there, and its decode
 is bounded by INLINE_MAX_BYTES).
+
+The seam with :mod:`.receiver` runs one way: the receiver imports this module and
+builds an :class:`OtlpHttpServer` around itself; this module never imports the
+receiver and reaches it only through :class:`IngestTarget`, the public protocol it
+declares here (limits and token to enforce, the worker pool, ``handle`` to decode and
+ingest a body, ``reject`` to count a refusal).
 """
 
 from __future__ import annotations
@@ -22,15 +28,13 @@ import hmac
 import logging
 import ssl
 import zlib
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import tornado.httpserver
 import tornado.httputil
 import tornado.iostream
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mycroft_otel.processor.receiver import Receiver
 
 EXPORT_RESPONSE = b""  # an empty ExportTraceServiceResponse (no partial success) is zero bytes on the wire
 
@@ -52,6 +56,28 @@ class HttpLimits:
     max_connections: int = 1024         # open connections; more are closed at accept
     max_body_bytes_in_flight: int = 256 << 20  # bodies being received or queued for ingest, all connections
     max_pending_ingest: int = 64        # complete requests queued for the ingest threads
+
+
+class _Lock(Protocol):
+    """A threading.Lock or RLock: the inline path only tries it, never waits on it."""
+
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+
+
+class IngestTarget(Protocol):
+    """What the HTTP server needs from whoever owns it (:class:`~mycroft_otel.processor.receiver.Receiver`)."""
+
+    token: bytes | None                  # the bearer token clients must present, or None
+    max_bytes: int                       # largest request body, after gzip
+    ingest_lock: _Lock | None            # the processor's lock: free means a small body can be ingested inline
+    pool: Executor                       # the worker threads that decode and ingest
+
+    def handle(self, data: bytes, content_type: str) -> None:
+        """Decode and ingest one uncompressed body; ValueError when it is malformed."""
+
+    def reject(self, protocol: str, reason: str) -> None:
+        """Count one request answered with an error."""
 
 
 class _Request(tornado.httputil.HTTPMessageDelegate):
@@ -87,7 +113,7 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
     def _refuse(self, code: int, reason: str, text: bytes, close: bool = True, extra: dict | None = None) -> None:
         self.refused = True
         self._release()
-        self.rx._reject("http", reason)
+        self.rx.reject("http", reason)
         self._reply(code, text, close=close, extra=extra)
 
     def _release(self) -> None:
@@ -184,14 +210,14 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
         self._release()
         code, body, ctype, reason = result
         if reason:
-            self.rx._reject("http", reason)
+            self.rx.reject("http", reason)
         self._reply(code, body, ctype)
 
     def on_connection_close(self) -> None:
         self._release()
 
 
-def _ingest(rx: "Receiver", data: bytes, gzipped: bool, ctype: str) -> tuple[int, bytes, str, str]:
+def _ingest(rx: IngestTarget, data: bytes, gzipped: bool, ctype: str) -> tuple[int, bytes, str, str]:
     """On a worker thread: (status, body, content type, reject reason or "")."""
     if gzipped:
         try:
@@ -222,7 +248,7 @@ def bearer_ok(header: str, token: bytes) -> bool:
 class OtlpHttpServer(tornado.httpserver.HTTPServer):
     """Tornado's HTTP server with a cap on open connections; serves :class:`_Request`."""
 
-    def initialize(self, receiver: "Receiver", limits: HttpLimits, tls: ssl.SSLContext | None, loop) -> None:  # type: ignore[override]
+    def initialize(self, receiver: IngestTarget, limits: HttpLimits, tls: ssl.SSLContext | None, loop) -> None:  # type: ignore[override]
         self.receiver = receiver
         self.limits = limits
         self.loop = loop
@@ -235,7 +261,7 @@ class OtlpHttpServer(tornado.httpserver.HTTPServer):
 
     def handle_stream(self, stream, address) -> None:
         if len(self._connections) >= self.limits.max_connections:
-            self.receiver._reject("http", "connections")
+            self.receiver.reject("http", "connections")
             stream.close()
             return
         super().handle_stream(stream, address)

@@ -14,6 +14,13 @@ for a call's request message (from its headers on), queued ingest, streams per
 connection, connections, handshake time and connection idle/age. Loopback by default;
 TLS (certificate + key files) and a bearer token (``Authorization: Bearer``, on both
 protocols) are optional.
+
+Seams, each one way: this module builds :mod:`.otlp_http`'s server around a
+:class:`Receiver`, which serves it as the :class:`~mycroft_otel.processor.otlp_http.IngestTarget`
+that module declares (``handle``, ``reject``, limits, token, pool); :mod:`.otlp_http` never
+imports this one. :func:`decode_export_request` is the one OTLP trace-request decoder
+(protobuf or JSON), also used to read recordings (``--record``: :mod:`.replay`,
+:mod:`mycroft_otel.report`).
 """
 
 from __future__ import annotations
@@ -49,7 +56,12 @@ GRPC_MAX_CONNECTION_AGE_MS = 600_000   # then a GOAWAY; calls in progress get th
 GRPC_MAX_CONNECTION_AGE_GRACE_MS = 30_000
 
 
-def _decode(data: bytes, content_type: str = "application/x-protobuf"):
+def decode_export_request(data: bytes, content_type: str = "application/x-protobuf"
+                          ) -> trace_service_pb2.ExportTraceServiceRequest:
+    """An ``ExportTraceServiceRequest`` from its OTLP bytes: JSON when ``content_type`` says so, else protobuf.
+
+    Raises what the parsers raise (``DecodeError``, ``json_format.ParseError``, ``UnicodeDecodeError``,
+    ``RecursionError``) on a malformed payload."""
     req = trace_service_pb2.ExportTraceServiceRequest()
     if content_type.startswith("application/json"):
         json_format.Parse(data.decode("utf-8"), req, ignore_unknown_fields=True, max_recursion_depth=64)
@@ -100,7 +112,7 @@ class Receiver:
         self.token: bytes | None = token.encode() if token else None
         self.rejected = {"grpc": 0, "http": 0}
         self._grpc_pending = 0  # complete gRPC requests waiting for or in ingest (loop thread only)
-        # taken without waiting by the HTTP loop for small payloads (otlp_http.INLINE_MAX_BYTES)
+        # tried without waiting by the HTTP loop for small payloads (otlp_http.INLINE_MAX_BYTES)
         self.ingest_lock = getattr(processor, "lock", None)
         self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-ingest")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +123,8 @@ class Receiver:
         self._record_lock = threading.Lock()
 
     # -- shared ---------------------------------------------------------------------------------
-    def _reject(self, protocol: str, reason: str) -> None:
+    def reject(self, protocol: str, reason: str) -> None:
+        """Count one request answered with an error (also called by the HTTP server)."""
         self.rejected[protocol] += 1
         if self.metrics is not None:
             self.metrics.request_rejected(protocol, reason)
@@ -123,7 +136,7 @@ class Receiver:
                 write_record(self._record, data, content_type)
         try:
             if content_type.startswith("application/json"):
-                data = _decode(data, content_type).SerializeToString()
+                data = decode_export_request(data, content_type).SerializeToString()
             self.processor.ingest_payload(data)
         except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError, ValueError) as exc:
             raise ValueError(f"malformed ExportTraceServiceRequest: {exc}") from None
@@ -162,32 +175,32 @@ class Receiver:
         if self.token is not None:
             auth = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), "")
             if not bearer_ok(auth if isinstance(auth, str) else auth.decode("latin-1"), self.token):
-                self._reject("grpc", "unauthenticated")
+                self.reject("grpc", "unauthenticated")
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
             data = await asyncio.wait_for(context.read(), self.limits.request_timeout_s)
         except asyncio.TimeoutError:
-            self._reject("grpc", "timeout")
+            self.reject("grpc", "timeout")
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"request message not received within {self.limits.request_timeout_s:g} s")
         if data is grpc.aio.EOF or not isinstance(data, bytes):
-            self._reject("grpc", "malformed")
+            self.reject("grpc", "malformed")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
         if len(data) > self.max_bytes:
-            self._reject("grpc", "oversized")
+            self.reject("grpc", "oversized")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request too large")
         if self._grpc_pending >= self.limits.max_pending_ingest:
-            self._reject("grpc", "overloaded")
+            self.reject("grpc", "overloaded")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded")
         self._grpc_pending += 1
         try:
             await asyncio.get_running_loop().run_in_executor(self.pool, self.handle, data)
         except ValueError as exc:
-            self._reject("grpc", "malformed")
+            self.reject("grpc", "malformed")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception:  # noqa: BLE001 - an internal error must still be an answer
             log.exception("gRPC export failed")
-            self._reject("grpc", "internal")
+            self.reject("grpc", "internal")
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
         finally:
             self._grpc_pending -= 1

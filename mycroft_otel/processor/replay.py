@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from mycroft_otel.processor.pipeline import Processor
-from mycroft_otel.processor.receiver import _decode, read_records
+from mycroft_otel.processor.receiver import decode_export_request, read_records
 
 
 class VirtualClock:
@@ -44,7 +44,7 @@ def replay(path: str, env: dict | None = None, tick_s: float = 0.2, tail_s: floa
             next_tick += step
         clock.t_ns = t
         try:
-            req = _decode(data, ctype)
+            req = decode_export_request(data, ctype)
         except Exception:  # noqa: BLE001 - a recording may hold the fuzz too
             continue
         if keep is not None:

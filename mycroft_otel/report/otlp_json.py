@@ -197,13 +197,13 @@ def _read_record(path: str, raw: bytes, problems: list[Problem]) -> list[Span]:
     """A processor recording (``processor --record``): decode each payload."""
     from google.protobuf import json_format
 
-    from mycroft_otel.processor.receiver import _decode
+    from mycroft_otel.processor.receiver import decode_export_request
 
     out: list[Span] = []
     for i, (_t, ctype, data) in enumerate(read_records(raw)):
         where = f"{path}: payload {i}"
         try:
-            req = _decode(data, ctype)
+            req = decode_export_request(data, ctype)
         except Exception as exc:  # noqa: BLE001 - recordings may hold rejected payloads
             problems.append(Problem(where, f"undecodable OTLP payload ({type(exc).__name__})"))
             continue

@@ -105,14 +105,40 @@ def copy_source_tree(dst: Path) -> None:
             shutil.copy2(src, dst / rel.decode())
 
 
+def site_dirs_of_this_interpreter() -> list[str]:
+    """The site directories the running interpreter imports from, in its order: a venv's own, then what it
+    inherits (system site packages, the user site), whichever of them it has."""
+    out: list[str] = []
+    for entry in sys.path:
+        if entry and os.path.basename(entry) in ("site-packages", "dist-packages") and os.path.isdir(entry):
+            if entry not in out:
+                out.append(entry)
+    return out
+
+
+def venv_beside_this_interpreter(env_dir: Path) -> Path:
+    """A fresh venv whose packages come first and that otherwise imports what the running interpreter imports
+    (the build backend for --no-build-isolation, the runtime dependencies for --no-deps), whether that
+    interpreter is the system's or a venv's; its python.
+
+    ``system_site_packages`` would not do: a venv made from inside a venv inherits the base interpreter's site
+    directories, not the active venv's. A path file lists ours instead; plain directory lines, so the path files
+    inside them (an editable install of this package, say) are not run."""
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    Path(purelib, "running-interpreter.pth").write_text("".join(d + "\n" for d in site_dirs_of_this_interpreter()))
+    return py
+
+
 @pytest.mark.slow
 def test_pip_install_ships_plugin_and_native(tmp_path):
     """`pip install .` into a fresh venv builds both native pieces and installs them in the package."""
     if os.environ.get("MYCROFT_SKIP_PIP_TEST"):
         pytest.skip("MYCROFT_SKIP_PIP_TEST set")
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True, system_site_packages=True).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = venv_beside_this_interpreter(env_dir)
     src = tmp_path / "src"
     copy_source_tree(src)
     env = dict(os.environ, PIP_NO_INPUT="1", CMAKE_BUILD_PARALLEL_LEVEL="2")

@@ -255,3 +255,35 @@ def test_slow_and_broken_http_clients_do_not_wedge(rx):
     assert {v.seq for v in proc.tick()} == {5, 6}
     for s in socks:
         s.close()
+
+
+def test_http_server_reaches_the_receiver_only_through_its_protocol():
+    """otlp_http never imports receiver (the seam runs one way); Receiver has every member IngestTarget names."""
+    import subprocess
+    import sys
+
+    from mycroft_otel.processor.otlp_http import IngestTarget
+
+    res = subprocess.run([sys.executable, "-c",
+                          "import sys, mycroft_otel.processor.otlp_http; "
+                          "assert 'mycroft_otel.processor.receiver' not in sys.modules"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    wanted = {n for n in vars(IngestTarget) if not n.startswith("_")} | set(IngestTarget.__annotations__)
+    r = Receiver(Processor(env={}), grpc_port=None, http_port=None)
+    try:
+        assert {n for n in wanted if not hasattr(r, n)} == set()
+    finally:
+        r.shutdown()
+
+
+def test_decode_export_request_reads_protobuf_and_json():
+    from google.protobuf import json_format
+
+    from mycroft_otel.processor.receiver import decode_export_request
+
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    req.resource_spans.add().scope_spans.add().spans.add(name="x", trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+    assert decode_export_request(req.SerializeToString()) == req
+    as_json = json_format.MessageToJson(req).encode()
+    assert decode_export_request(as_json, "application/json; charset=utf-8") == req
