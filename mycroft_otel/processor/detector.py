@@ -38,7 +38,7 @@ import numpy as np
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import rca, slowdown
-from mycroft_otel.processor.outcome import Decision, Outcome, silent
+from mycroft_otel.processor.outcome import NO_CANDIDATE, Decision, Outcome, silent
 from mycroft_otel.processor.rca import Finding
 from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull, median
 from mycroft_otel.processor.settings import Settings
@@ -271,7 +271,7 @@ class SlowdownDetector:
                 c = self.cusums.get(k)
                 if c is not None and c.s > best[0]:
                     best = (c.s, _label(name, u))
-        return f"closest: {best[1]} at {best[0]:.1f} of {self.s.cusum.h:g}" if best[1] else "no candidate off its peers"
+        return f"closest: {best[1]} at {best[0]:.1f} of {self.s.cusum.h:g}" if best[1] else NO_CANDIDATE
 
     def _note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> _Durations:
         """Remember how long this collective's kernels ran (the median over up to 16 of its ranks of the

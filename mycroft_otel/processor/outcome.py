@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from mycroft_otel.processor.rca import Finding
+if TYPE_CHECKING:  # the report reads outcomes without loading the analysis
+    from mycroft_otel.processor.rca import Finding
 
 
 class Outcome(str, Enum):
@@ -40,6 +41,8 @@ class Outcome(str, Enum):
         return self in _VERDICTS
 
 
+NO_CANDIDATE = "no candidate off its peers"  # the detail of a silence where nothing gathers evidence
+
 _VERDICTS = frozenset({Outcome.NAMED, Outcome.STRAGGLER, Outcome.MISMATCH})
 
 
@@ -49,7 +52,7 @@ class Decision:
     for a silence a short reason a person can read (which candidate, how far from the bar)."""
 
     outcome: Outcome
-    finding: Finding | None = None
+    finding: "Finding | None" = None
     detail: str = ""
 
 

@@ -27,11 +27,12 @@ class VirtualClock:
 
 
 def replay(path: str, env: dict | None = None, tick_s: float = 0.2, tail_s: float = 6.0,
-           stall_ms: float | None = None, keep=None) -> tuple[Processor, list]:
-    """(processor, verdicts) after replaying ``path``; ``keep(trace_id) -> bool`` filters spans by trace."""
+           stall_ms: float | None = None, keep=None, metrics=None) -> tuple[Processor, list]:
+    """(processor, verdicts) after replaying ``path``; ``keep(trace_id) -> bool`` filters spans by trace;
+    ``metrics``: a processor Metrics to count into."""
     clock = VirtualClock()
     proc = Processor(env=env if env is not None else {}, clock_ns=clock.ns, mono_clock=clock.mono,
-                     stall_ms=stall_ms)
+                     stall_ms=stall_ms, metrics=metrics)
     step = int(tick_s * 1e9)
     next_tick = None
     verdicts = []

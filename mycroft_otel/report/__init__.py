@@ -45,8 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "processor on virtual time, for recordings made without the processor's output")
 
 
-def replayed_verdicts(recording: str, problems: list[Problem]) -> list:
-    """Root-cause spans (report Spans) the processor gives when ``recording`` is replayed through it."""
+def replayed_verdicts(recording: str, problems: list[Problem], decided: Run | None = None) -> list:
+    """Root-cause spans (report Spans) the processor gives when ``recording`` is replayed through it; its
+    decisions (processor/outcome.py) are added to ``decided``."""
     import logging
 
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -61,6 +62,12 @@ def replayed_verdicts(recording: str, problems: list[Problem]) -> list:
     except Exception as exc:  # noqa: BLE001 - reported, the rest of the report goes on
         problems.append(Problem(recording, f"replay failed: {type(exc).__name__}: {exc}"))
         return []
+    if decided is not None:
+        decided.decisions += list(_proc.decisions)
+        for key, n in _proc.counts.items():
+            if key.startswith("decision:"):
+                outcome = key.split(":", 1)[1]
+                decided.decision_counts[outcome] = decided.decision_counts.get(outcome, 0) + n
     if not verdicts:
         return []
     req = encode_spans([root_cause_span(v) for v in verdicts])
@@ -79,11 +86,13 @@ def render_report(path: str | list[str], max_traces: int = 20, replay: bool = Fa
         more, names = read_path(p, problems, evals, recordings)
         spans += more
         files += names
+    decided = Run(0, {}, [], [])
     if replay:
         for rec in recordings:
-            spans += replayed_verdicts(rec, problems)
+            spans += replayed_verdicts(rec, problems, decided)
     run_ = build(spans, files, problems)
     run_.evals = evals
+    run_.decisions, run_.decision_counts = decided.decisions, decided.decision_counts
     source = source or (path if isinstance(path, str) else ", ".join(path))
     return page(run_, problems, max_traces, source), run_, problems
 

@@ -320,6 +320,9 @@ class Run:
     files: list[str]
     other_spans: int = 0      # summaries and spans of no known shape
     evals: list = field(default_factory=list)  # (file, `mycroft-otel eval --json` document)
+    # what the processor decided about each collective it judged (replayed recordings only: processor/outcome.py)
+    decisions: list = field(default_factory=list)
+    decision_counts: dict[str, int] = field(default_factory=dict)
 
 
 def _checked(s: Span, problems: list[Problem] | None) -> bool:

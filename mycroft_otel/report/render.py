@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from mycroft_otel import semconv as sc
+from mycroft_otel.processor.outcome import NO_CANDIDATE
 from mycroft_otel.report.model import CollTrace, Run, Verdict
 from mycroft_otel.report.otlp_json import Problem
 from mycroft_otel.report.communicator import heatmap_svg, topology_svg, transfers_svg
@@ -34,6 +35,8 @@ _CULPRIT_CELL = ' class="culprit"'
 
 # --- verdicts -----------------------------------------------------------------------------------
 
+_DECISIONS_SHOWN = 60  # decisions listed (the counts cover all)
+
 def _where(v: Verdict) -> str:
     a = v.a
     parts = []
@@ -52,6 +55,36 @@ def _where(v: Verdict) -> str:
     return "; ".join(parts) or "unknown"
 
 
+def _contest(a: dict) -> str:
+    """The winning explanation, the best one elsewhere and the margin between them (processor/outcome.py)."""
+    won, second, margin = a.get(sc.RCA_HYPOTHESIS), a.get(sc.RCA_RUNNER_UP), a.get(sc.RCA_MARGIN)
+    if not isinstance(won, str) or not won:
+        return "- (not recorded)"
+    text = won
+    if isinstance(second, str) and second:
+        text += f", ahead of {second}"
+    if isinstance(margin, (int, float)) and not isinstance(margin, bool):
+        text += f" by {margin:g}"
+    return text
+
+
+def decisions_section(decisions: list, counts: dict) -> str:
+    """Why the processor decided what it did about each collective it judged (replayed recordings): the
+    count per outcome, then the latest decisions per communicator that were not warm-up."""
+    rows = "".join(f"<tr><td>{esc(o)}</td><td>{n}</td></tr>" for o, n in sorted(counts.items(), key=lambda x: -x[1]))
+    parts = ['<p>Every completed collective the slowdown analysis judged, by outcome (a verdict, or why it '
+             "stayed silent):</p><table><tr><th>outcome</th><th>collectives</th></tr>" + rows + "</table>"]
+    # the ones with something to say: a verdict, or a silence with a candidate gathering evidence
+    shown = [d for d in decisions if d.outcome.value != "warmup" and d.detail != NO_CANDIDATE][-_DECISIONS_SHOWN:]
+    if shown:
+        parts.append(f"<p>The latest {len(shown)} decisions:</p><table><tr><th>communicator</th><th>collective</th>"
+                     "<th>outcome</th><th>why</th></tr>")
+        parts += [f'<tr><td class="mono">{esc(d.comm)}</td><td>#{esc(d.seq)}</td><td>{esc(d.outcome.value)}</td>'
+                  f"<td>{esc(d.detail)}</td></tr>" for d in shown]
+        parts.append("</table>")
+    return "".join(parts)
+
+
 def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
     a = v.a
     conf = a.get(sc.RCA_CONFIDENCE)
@@ -60,6 +93,7 @@ def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
         ("culprit", _where(v)),   # the row the reader looks for first (class culprit)
         ("evidence", a.get(sc.RCA_EVIDENCE, "")),
         ("confidence", f"{conf:.2f}" if isinstance(conf, (int, float)) else "-"),
+        ("hypothesis", _contest(a)),
         ("detection latency", f"{lat:.2f} s after the estimated onset" if lat is not None else "- (no onset estimate)"),
         ("onset / detected", f"{fmt_time(v.onset_ns)} / {fmt_time(v.detected_ns)}"),
         ("collective", f"{a.get(sc.COLL_FUNC, '?')} #{a.get(sc.COLL_SEQ, '?')} on communicator "
@@ -205,6 +239,8 @@ def page(run: Run, problems: list[Problem], max_traces: int, source: str) -> str
         parts.append("</table>")
         for i, v in enumerate(run.verdicts):
             parts.append(verdict_card(v, i, run.traces.get(v.span.trace_id)))
+    if run.decision_counts:
+        parts.append("<h2>Decisions</h2>" + decisions_section(run.decisions, run.decision_counts))
     parts.append("<h2>Collectives</h2>")
     if not drawn:
         parts.append('<p class="muted">No rank spans (nccl.*, mycroft.inflight, mycroft.status) in the input.</p>')

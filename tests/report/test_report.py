@@ -215,3 +215,24 @@ def test_replay_of_recorded_pipeline_traffic(tmp_path):
     # without --replay the same recording gives the evidence but no verdict
     html2, run2, _ = render_report(str(tmp_path))
     assert not run2.verdicts and run2.traces
+
+
+def test_a_replayed_slowdown_shows_why_the_processor_was_silent_and_what_won(tmp_path):
+    """--replay lists the processor's decisions (processor/outcome.py): the count per outcome and, for the
+    culprit's communicator, the silences while its evidence gathered; the verdict card names the winning
+    hypothesis, the runner-up and the margin."""
+    import os
+    import shutil
+
+    data = os.path.join(os.path.dirname(__file__), os.pardir, "processor", "testdata")
+    truth = json.load(open(os.path.join(data, "truth.json")))["slow_gpu"]
+    shutil.copy(os.path.join(data, "slow_gpu.otlp.gz"), tmp_path)
+    html, run, problems = render_report(str(tmp_path), replay=True)
+    assert not problems, problems[:3]
+    assert run.decision_counts.get("named") == 1 and run.decision_counts.get("below_bar", 0) > 0
+    assert "<h2>Decisions</h2>" in html
+    hypothesis = run.verdicts[0].a["mycroft.rca.hypothesis"]
+    assert f"<td>{hypothesis}, ahead of " in html.replace("-&gt;", "->")
+    mine = [d for d in run.decisions if d.comm == truth["comm_hash"] and d.outcome.value == "below_bar"
+            and hypothesis in d.detail]
+    assert mine, "the silences before the verdict name the evidence that was gathering"

@@ -1,0 +1,80 @@
+"""Every decision the slowdown analysis takes is a named outcome (processor/outcome.py): replayed recordings of
+real pipeline traffic say why the processor stayed silent before a fault and what it named after, and the
+counts reach the processor's metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+from prometheus_client import generate_latest
+
+from mycroft_otel.processor import Processor
+from mycroft_otel.processor.metrics import Metrics
+from mycroft_otel.processor.outcome import Outcome
+from mycroft_otel.processor.replay import replay
+
+DATA = os.path.join(os.path.dirname(__file__), "testdata")
+TRUTH = json.load(open(os.path.join(DATA, "truth.json")))
+SLOWDOWNS = sorted(n for n, t in TRUTH.items() if t.get("kind") == "slowdown")
+SILENCES = {Outcome.WARMUP, Outcome.BELOW_BAR, Outcome.EXPLAINED, Outcome.NOT_SLOWER, Outcome.DEFERRED,
+            Outcome.HELD_FOR_STALL, Outcome.SAME_INCIDENT}
+
+
+def _replayed(name: str) -> tuple[Processor, list]:
+    logging.disable(logging.WARNING)
+    try:
+        return replay(os.path.join(DATA, f"{name}.otlp.gz"))
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_outcomes_name_verdicts_and_silences_apart():
+    assert {o for o in Outcome if o.verdict} == {Outcome.NAMED, Outcome.STRAGGLER, Outcome.MISMATCH}
+    assert not SILENCES & {o for o in Outcome if o.verdict}
+
+
+@pytest.mark.parametrize("name", SLOWDOWNS)
+def test_a_recorded_slowdown_says_why_it_was_silent_before_and_what_it_named_after(name):
+    """Before the fault's collective, the culprit's communicator is judged silent for a named reason; the
+    verdict's decision names the culprit's hypothesis, and the evidence it gathered in between is the
+    closest candidate of the silences just before it."""
+    t = TRUTH[name]
+    proc, verdicts = _replayed(name)
+    assert verdicts, "the fault was not named"
+    v = verdicts[0]
+    mine = [d for d in proc.decisions if d.comm == t["comm_hash"]]
+    before = [d for d in mine if d.seq < t["coll_seq"]]
+    assert before and all(d.outcome in SILENCES for d in before), before[-3:]
+    named = [d for d in mine if d.outcome.verdict]
+    assert named and named[0].seq == v.seq >= t["coll_seq"]
+    hypothesis = v.finding.hypothesis
+    assert named[0].detail == hypothesis and str(v.finding.ranks[0]) in hypothesis
+    assert v.finding.margin is not None and v.finding.margin > 0 and v.finding.runner_up
+    # the silences between the onset and the verdict were this hypothesis gathering evidence
+    leading = [d for d in mine if t["coll_seq"] <= d.seq < v.seq and d.outcome == Outcome.BELOW_BAR]
+    assert leading and hypothesis in leading[-1].detail, leading[-3:]
+
+
+def test_a_healthy_recording_is_silent_for_named_reasons_and_the_metrics_count_them():
+    metrics = Metrics()
+    logging.disable(logging.WARNING)
+    try:
+        proc, verdicts = replay(os.path.join(DATA, "healthy.otlp.gz"), metrics=metrics)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert verdicts == []
+    assert proc.decisions and all(d.outcome in SILENCES for d in proc.decisions)
+    text = generate_latest(metrics.registry).decode()
+    below = sum(d.outcome == Outcome.BELOW_BAR for d in proc.decisions)
+    assert f'mycroft_processor_decisions_total{{outcome="below_bar"}} {float(below)}' in text
+    assert 'mycroft_processor_decisions_total{outcome="named"} 0.0' in text
+
+
+def test_a_verdict_carries_its_hypothesis_on_the_root_cause_span():
+    _, verdicts = _replayed("slow_gpu")
+    a = verdicts[0].attributes()
+    assert a["mycroft.rca.hypothesis"].startswith("gpu rank ")
+    assert a["mycroft.rca.runner_up"] and a["mycroft.rca.margin"] > 0
