@@ -23,7 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mycroft_otel.evaluate.harness import free_port  # noqa: E402,F401  (the one port picker, for the scripts)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback: the evaluation harness's one port picker, imported when first needed so
+    that the ranks and a plan made before the drill's dependencies are installed never import the package."""
+    from mycroft_otel.evaluate.harness import free_port as pick
+
+    return pick()
 
 NRANKS = 4
 #: What makes four ranks on one GPU talk like four hosts: the socket transport over loopback, and NCCL 2.30+'s
@@ -140,6 +147,12 @@ def wait(ranks: list[Rank], deadline: float) -> list[tuple[int, int | str]]:
             failed.append((r, rc))
     end(ranks)
     return failed
+
+
+def wait_exit(ranks: list[Rank], deadline: float) -> None:
+    """Waits until every rank has exited or deadline (time.monotonic()) has passed; kills none."""
+    while time.monotonic() < deadline and any(rank.proc.poll() is None for rank in ranks):
+        time.sleep(0.05)
 
 
 def report(result: dict[str, Any]) -> None:
