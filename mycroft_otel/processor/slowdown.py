@@ -335,3 +335,8 @@ def check_mismatch(st: TraceState, m: Measures) -> Finding | None:
 def recovered_stall(st: TraceState) -> Finding | None:
     """What the in-flight snapshots of a collective that stalled and then completed show (None without)."""
     return _recovered_stall(st) if st.inflight else None
+
+
+def stall_window(st: TraceState) -> tuple[int, int]:
+    """When a stall that recovered began and ended: its in-flight snapshots' earliest start, latest end."""
+    return min(r.start_ns for r in st.inflight.values()), max(r.end_ns for r in st.inflight.values())

@@ -10,7 +10,7 @@ import pytest
 from synth import Ring, jitter, scaled
 
 from mycroft_otel.processor import Processor
-from mycroft_otel.processor.detector import judged_by
+from mycroft_otel.processor.candidates import judged_by
 from mycroft_otel.processor.sequential import CusumDesign, OwnSpreads, RobustNull, SequentialDesign, arl
 from mycroft_otel.processor.settings import Settings
 

@@ -1,0 +1,239 @@
+"""What the slowdown detector remembers of each job, and the questions it asks of that memory.
+
+Per job, communicator, function and size: the measures' learned nulls and healthy levels, each candidate's own
+healthy scores (its role), the communicator's recent kernel times; per candidate: its CUSUM evidence; per job:
+the slowdowns and stragglers named, each process's long waits, and the graph of communicators joined by shared
+processes (a TP group joins its ranks' DP rings: they wait for each other). Every table is bounded
+(:data:`MAX_KEYS`, oldest forgotten first), so a job of any size, or a hostile sender, costs bounded memory.
+
+A candidate is a place a fault can sit: a GPU, a NIC or a proxy thread belongs to a process, and a slow GPU
+slows every communicator of its process, so their evidence is kept per process (by its global rank) across
+communicators; a flow belongs to one communicator.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from mycroft_otel.processor import slowdown
+from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull
+from mycroft_otel.processor.settings import Settings
+from mycroft_otel.processor.state import P2P, TraceState
+
+WAITS_KEPT = 4  # long waits remembered per process (a straggler's consequences follow it within seconds)
+NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
+MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
+
+
+def bounded_put(d: dict, key, value) -> None:
+    if len(d) >= MAX_KEYS:
+        d.pop(next(iter(d)))
+    d[key] = value
+
+
+def get_or_put(d: dict, key, make: Callable[[], object]):
+    v = d.get(key)
+    if v is None:
+        v = make()
+        bounded_put(d, key, v)
+    return v
+
+
+def kind_of(st: TraceState) -> tuple[str, int]:
+    """(function, size bucket) a collective's nulls and durations are kept under: p2p transfers as one
+    function, sizes by their power of two."""
+    return ("p2p" if st.func in P2P else st.func), (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
+
+
+@dataclass(slots=True)
+class Durations:
+    """A communicator's recent kernel times (per function and size), and when the test first judged it."""
+
+    recent: deque          # (start, size bucket, log of the median rank's kernel time, healthy)
+    judged_from: int = -1  # start of the first collective whose every measure the test judged
+
+
+class JobMemory:
+    """The detector's state, shared by its stages (candidates, slower, naming)."""
+
+    def __init__(self, settings: Settings, process_of: Callable[[str, int], tuple | None],
+                 waiting: Callable[[tuple], list[tuple]]):
+        self.s = settings
+        # process -> (comm, start, last seen) of the collectives it is still seen in flight in (the store's
+        # in-flight snapshots): a wait whose completion has not reached the processor yet
+        self.waiting = waiting
+        # (comm, rank) -> the rank's process (host, "g", global rank) or (host, "p", pid), None when unknown:
+        # a GPU, a NIC, a proxy thread belong to a process, and a slow GPU slows every communicator of its
+        # process, so their evidence accumulates across communicators; a flow is one communicator's
+        self.process_of = process_of
+        self.nulls: dict[tuple, RobustNull] = {}     # (job, comm, func, bucket, measure, mode) -> scores
+        self.levels: dict[tuple, RobustNull] = {}    # (job, comm, func, bucket, measure) -> log(value + floor)
+        self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
+        self.named: dict[str, list[tuple]] = {}      # job -> (communicator, evidence) of the slowdowns named
+        self.stragglers: dict[str, list[tuple]] = {}  # job -> (start, end) of the stragglers' waits named
+        self.waits: dict[tuple, list[tuple]] = {}     # (job, process) -> (comm, start, end) of its long waits
+        # communicators and the processes in them, as one graph: communicators that share a process, or are
+        # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
+        self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
+        self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
+        self.own: dict[tuple, OwnSpreads] = {}       # null key + (mode,) -> its candidates' own healthy scores
+        self.durations: dict[tuple, Durations] = {}  # (job, comm, func) -> its kernels' recent times
+        self._key_memo: dict[tuple, tuple[list, list[tuple]]] = {}  # (job, comm, measure) -> (units, keys)
+
+
+    def null(self, table: dict, key: tuple) -> RobustNull:
+        return get_or_put(table, key, lambda: RobustNull(self.s.null_size, self.s.min_scale))
+
+    def ready(self, table: dict, keys: tuple[tuple, ...], collectives: int = 0) -> RobustNull | None:
+        """The first of ``keys``' nulls (the communicator's own, then its other sizes' or its siblings') that
+        holds enough."""
+        for key in keys:
+            null = table.get(key)
+            if null is not None and len(null) >= self.s.null_min_values and null.collectives >= collectives:
+                return null
+        return None
+
+    def keys(self, job: str, comm: str, name: str, units: list) -> list[tuple]:
+        """The candidates' keys (_candidate) for one measure of a collective; remembered per communicator
+        and measure while its candidates stay the same and every one's process is known (a process, once
+        learnt, stays the same: the key cannot change)."""
+        memo = self._key_memo.get((job, comm, name))
+        if memo is not None and memo[0] == units:
+            return memo[1]
+        keys = [self.candidate(job, comm, name, u) for u in units]
+        if name == slowdown.FLOW or all(self.process_of(comm, u) is not None for u in units):
+            bounded_put(self._key_memo, (job, comm, name), (units, keys))
+        return keys
+
+    def candidate(self, job: str, comm: str, name: str, unit) -> tuple:
+        if name == slowdown.FLOW:
+            return (job, name, comm, unit)
+        proc = self.process_of(comm, unit)
+        # a GPU is one rank: known by its global rank it is the same in every communicator; a process known
+        # only by its pid may drive several GPUs, so its ranks stay apart (per communicator)
+        return (job, name, proc if proc is not None and proc[1] == "g" else (comm, unit))
+
+    def cusum(self, st: TraceState, measure: str, unit) -> Cusum | None:
+        return self.cusums.get(self.candidate(st.job, st.comm, measure, unit))
+
+    def evidence(self, st: TraceState, measure: str, unit) -> float:
+        """The candidate's evidence S (0 when it never read slow)."""
+        c = self.cusum(st, measure, unit)
+        return 0.0 if c is None else c.s
+
+    def gathering(self, st: TraceState, measure: str, unit) -> Cusum | None:
+        """The candidate's evidence when it is half way to an alarm (S >= h/2), else None."""
+        c = self.cusum(st, measure, unit)
+        return c if c is not None and c.s >= self.s.cusum.h / 2 else None
+
+    def half_way(self, job: str, names: tuple[str, ...]) -> Iterator[tuple]:
+        """The keys of the job's candidates of these measures that are half way to an alarm (S >= h/2)."""
+        half = self.s.cusum.h / 2
+        return (k for k, c in self.cusums.items() if k[0] == job and k[1] in names and c.s >= half)
+
+    def accumulating(self, st: TraceState, names: tuple[str, ...]) -> bool:
+        """Some candidate of these measures in this communicator is half way to an alarm."""
+        mine = {self.candidate(st.job, st.comm, slowdown.GPU, r)[2] for r in st.op}
+        return any(k[2] in mine or k[2] == st.comm for k in self.half_way(st.job, names))
+
+    def link_gathers(self, st: TraceState, elsewhere: bool = False) -> bool:
+        """A link (a flow or a NIC) of this communicator or one joined to it is half way to an alarm;
+        ``elsewhere``: a flow of another joined communicator only."""
+        here = self.root(("c", st.job, st.comm))
+        for k in self.half_way(st.job, (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)):
+            if k[1] == slowdown.FLOW:
+                if elsewhere and k[2] == st.comm:
+                    continue
+                node = ("c", st.job, k[2])
+            elif elsewhere:
+                continue
+            else:
+                node = ("p", st.job, k[2])  # a NIC is a process's (or a rank's of a pid-only one), as _link joins
+            if self.root(node) == here:
+                return True
+        return False
+
+    def root(self, node: tuple) -> tuple:
+        up = self._joined.setdefault(node, node)
+        while up != node:
+            self._joined[node] = self._joined.setdefault(up, up)  # path halving
+            node, up = up, self._joined[up]
+        return node
+
+    def link(self, st: TraceState) -> None:
+        """Join this communicator with the processes of the ranks it reports (once per rank count seen)."""
+        key = (st.job, st.comm)
+        if self._linked.get(key, 0) >= len(st.op):
+            return
+        bounded_put(self._linked, key, len(st.op))
+        a = self.root(("c",) + key)
+        for r in st.op:
+            proc = self.process_of(st.comm, r)
+            b = self.root(("p", st.job, proc if proc is not None else (st.comm, r)))
+            if a != b:
+                self._joined[b] = a
+        if len(self._joined) > MAX_KEYS:
+            self._joined.clear()  # bounded: forgetting only makes later consequences name, never hides one
+            self._linked.clear()
+
+    def explained(self, st: TraceState) -> bool:
+        """A slowdown named in a communicator joined to this one persists: its culprit (or a symptom whose
+        alarm led to it) still reads slow (this collective's score beyond the mild test's drift) or keeps the
+        strong test's evidence. A ring or tree is a pipeline, so one slow GPU, flow or NIC slows its
+        neighbours' steps too (they wait for it, and the ones before it block on its credits), and a TP group
+        passes the wait on to its ranks' other rings; alarms there while it persists are its consequences,
+        not new faults. Every named one counts, not only the latest: a consequence named once must not hide
+        the fault that still holds it back."""
+        k = self.s.cusum.mild.k
+        here = self.root(("c", st.job, st.comm))
+        # a mild fault reads beyond the mild test's drift most collectives; the strong test's evidence, not the
+        # mild one's, carries a strong fault over a quiet collective (the mild test drains at half the rate
+        # and would outlive the fault by twice as many collectives, holding back a second fault's verdict)
+        return any((c.strong > 0 or c.z > k) and self.root(("c", st.job, comm)) == here
+                   for comm, c in self.named.get(st.job, ()))
+
+    def note_waits(self, st: TraceState, m: slowdown.Measures | None) -> None:
+        """Remember the processes that spent long in this collective or transfer (a quarter of the straggler
+        bar: what can hold a rank back enough to matter there), and when."""
+        if m is None:
+            return
+        for i in np.flatnonzero(m.duration >= self.s.straggler_ns // 4):
+            ref = m.refs[i]
+            proc = self.process_of(st.comm, ref.rank)
+            if proc is not None:
+                seen = get_or_put(self.waits, (st.job, proc), list)
+                seen.append((st.comm, ref.start_ns, ref.end_ns))
+                del seen[:-WAITS_KEPT]
+
+    def held_back(self, st: TraceState, rank: int, since: int, until: int) -> bool:
+        """Whether a rank that joined this collective late spent most of its lateness ([since, until], job
+        time) in a collective or transfer of another communicator: then it was not computing but held
+        back, by a straggler or a slow path there (a pipeline stage's Recv from a straggling stage, a DP ring
+        behind a slow proxy), and enters its TP group's next collective late by as much. Naming it would name
+        a consequence; the cause is judged where it waited. The wait counts completed or still in flight:
+        the held-back collective's completion can reach the processor after this one's (another agent's
+        export batch), while its in-flight snapshot is here already."""
+        proc = self.process_of(st.comm, rank)
+        if proc is None or until <= since:
+            return False
+        return any(c != st.comm and min(e, until) - max(s0, since) >= (until - since) / 2
+                   for c, s0, e in (*self.waits.get((st.job, proc), ()), *self.waiting(proc)))
+
+    def first_straggler(self, st: TraceState, start: int, end: int) -> bool:
+        """Whether this collective's wait for a straggler ([start, end], job time) is a new incident: not
+        one that overlaps a straggler's wait already named in the job. A rank late into one collective holds
+        back the next collective of each of its other communicators (its TP group's, its DP ring's), and each
+        of the ranks held back there then enters its own next collectives late by as much: those waits are
+        the first straggler's consequences. The job's communicators need not be known to be joined yet (a
+        straggler in the first seconds arrives before the agents' cadence exports a DP ring's collectives),
+        so the overlap in time is what ties them; the root's collective completes first."""
+        seen = get_or_put(self.stragglers, st.job, list)
+        if any(s0 <= end and start <= e0 for s0, e0 in seen):
+            return False
+        seen.append((start, end))
+        del seen[:-NAMED_KEPT]
+        return True

@@ -1,0 +1,128 @@
+"""Whether a communicator got slower: a slowdown is named for making the job slower.
+
+The test compares candidates with each other, and a candidate can read off its peers for a while without
+slowing anything (in a healthy ring every collective is paced by its slowest link of the moment). So an alarm
+names only once the communicator's kernels (KernelCh, GPU time) run measurably longer than while it was
+healthy; a fault present from the communicator's first collectives is judged by the test's pace and by where
+its candidates stand (a role repeats where the algorithm repeats it, a fault sits in one place).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor import slowdown
+from mycroft_otel.processor.candidates import Alarm
+from mycroft_otel.processor.memory import Durations, JobMemory, get_or_put, kind_of
+from mycroft_otel.processor.sequential import median
+from mycroft_otel.processor.settings import Settings
+from mycroft_otel.processor.spans import span_attributes
+from mycroft_otel.processor.state import TraceState
+
+_KERNEL = frozenset({sc.KERNEL_DURATION})
+
+
+def _reach(unit, peers: dict[int, set[int]]) -> set[int]:
+    """The ranks a fault at a candidate moves: a flow's two ends; a rank and the ranks it exchanges data with
+    in the collective (``peers``, from its flows), whose waits its back-pressure or delay lengthens."""
+    return set(unit[:2]) if isinstance(unit, tuple) else {unit} | peers.get(unit, set())
+
+
+class SlowerCheck:
+    """A communicator's kernel times, and whether they moved since an alarm's evidence began."""
+
+    def __init__(self, settings: Settings, memory: JobMemory):
+        self.s, self.mem = settings, memory
+
+    def note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> Durations:
+        """Remember how long this collective's kernels ran (the median over up to 16 of its ranks of the
+        kernel's GPU time, KernelCh start to stop), per communicator and function, with its size; the
+        communicator's recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
+        then waits on the stream behind the model's compute, often far longer than it runs. A kernel waits
+        for its peers once running, so a late rank, a slow link or GPU lengthens its peers' kernels too.
+        ``tested``: the test judged every measure (each had a null); ``healthy``: nothing alarmed and no
+        slowdown named in a joined communicator persists. Only healthy collectives stand for the
+        communicator's healthy time, so a fault that follows a named one is compared with the time before
+        that one. A collective whose agents export no kernel times (an NCCL without KernelCh events) adds
+        nothing."""
+        func, bucket = kind_of(st)
+        history = get_or_put(self.mem.durations, (st.job, st.comm, func),
+                              lambda: Durations(deque(maxlen=self.s.duration_history)))
+        if len(m.refs) >= 2:  # a rank flagged alone was exported for being slow: no fair sample
+            ran = [v for ref in m.refs[:16] if type(v := span_attributes(ref, _KERNEL).get(sc.KERNEL_DURATION)) is int]
+            if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
+                when = min(ref.start_ns for ref in m.refs)
+                history.recent.append((when, bucket, float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0)), healthy))
+                if tested and history.judged_from < 0:
+                    history.judged_from = when
+        return history
+
+    def is_slower(self, st: TraceState, ev: slowdown.Evidence, history: Durations, alarms: list[Alarm]) -> bool:
+        """Whether the communicator's collectives since the alarms' evidence began take longer than its
+        healthy ones before (_note_duration): their median log-duration above the healthy median by 3
+        standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n_since + 1/n_healthy), the spread
+        at least min_scale). Since the latest onset among the alarms: a fault's culprit and symptoms start
+        gathering together, while a candidate that has crept up since the first collectives must not stretch
+        the window back.
+
+        A slowdown is named for making the job slower. The test compares candidates with each other; a
+        candidate can read off its peers for a while without slowing anything: in a healthy ring every
+        collective is paced by its slowest link of the moment, so two flows into one rank that happen to be
+        drawn slower than the median for a few collectives in a row change no duration. A fault that holds
+        a ring, a tree or a pipeline back shows in its collectives' durations; a mild one (1.1x) stands ~2
+        spreads out after a few collectives.
+
+        The test's nulls take a few collectives to fill, so its evidence cannot begin before the first
+        collective it judged; the kernel times recorded before that (from the end of warm-up on) still say
+        whether a fault that began early slowed anything. A role never moved them: a tree's root GPU reduces
+        twice its leaves' data in every collective from the first.
+
+        When they did not move and the evidence began with the first judged collective, or there are fewer
+        than 8 healthy times before it, a fault present since the communicator's first collectives is left
+        (every one felt it). Then the test's pace and place decide: only a shift of the size the strong test
+        is designed for names (2 scales, which add cap - k = 1 per collective and cross h in h / (cap - k)
+        collectives), seen as the strong test crossing h at half that pace or faster, and only in a candidate
+        with no twin (_twinned). A slow creep, of the mild test or of the strong one, is what a role produces
+        when it sits a scale off its peers for good (a tree's leaf, a flow on a longer route), short of what
+        the role offset takes away (sequential.OwnSpreads) while its own history is short; a larger role
+        repeats where the algorithm repeats it."""
+        onset_ns = max(a.cusum.onset_ns for a in alarms)
+        # a job moving several message sizes: each kernel time against its own size's healthy median, so
+        # that the sizes pool (a size with fewer than 3 healthy times before says nothing)
+        healthy = [(k, d) for t, k, d, ok in history.recent if t < onset_ns and ok][-self.s.own_size:]
+        level = {k: float(np.median([d for k2, d in healthy if k2 == k])) for k in {k for k, _ in healthy}
+                 if sum(k2 == k for k2, _ in healthy) >= 3}
+        before = [d - level[k] for k, d in healthy if k in level]
+        since = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
+        enough = len(before) >= self.s.null_min_collectives
+        if enough and since:
+            b = np.array(before)
+            mid = median(b)
+            scale = max(1.4826 * median(np.abs(b - mid)), self.s.min_scale)
+            err = 1.2533 * scale * np.sqrt(1.0 / len(since) + 1.0 / len(b))
+            if median(np.array(since)) - mid >= 3.0 * err:
+                return True
+        if enough and onset_ns > history.judged_from >= 0:
+            return False
+        d = self.s.cusum.strong
+        return any(a.cusum.strong >= d.h and a.cusum.collectives <= 2 * d.h / (d.cap - d.k)
+                   and not self._twinned(st, ev, a.measure) for a in alarms)
+
+    def _twinned(self, st: TraceState, ev: slowdown.Evidence, name: str) -> bool:
+        """Whether the candidates of this collective's measure ``name`` that gather evidence (S >= h/2) stand in
+        two places out of each other's reach (_reach: not even a neighbour in common). A role repeats where the
+        algorithm repeats it: NCCL's double binary tree has two roots, each reducing what its children send
+        while leaves only receive, and a ring or a rail gives every flow of a kind a twin on other ranks. A
+        fault sits in one place: the candidates it moves are its neighbours (a slow GPU's upstream peer blocks
+        on its FIFO slots), whose reach overlaps its own."""
+        peers: dict[int, set[int]] = {}  # rank -> the ranks its flows (sender, receiver, channel) join it to
+        for src, dst, _ in ev.values.get(slowdown.FLOW, ((), None))[0]:
+            peers.setdefault(src, set()).add(dst)
+            peers.setdefault(dst, set()).add(src)
+        half = self.s.cusum.h / 2
+        gathering = [_reach(u, peers) for u in ev.values[name][0]
+                     if (c := self.mem.cusums.get(self.mem.candidate(st.job, st.comm, name, u))) is not None and c.s >= half]
+        return any(a.isdisjoint(b) for i, a in enumerate(gathering) for b in gathering[i + 1:])
