@@ -9,11 +9,15 @@ spans through the modules:
 - ``state``     per-trace state (one trace = one collective), bounded by TTL and size
 - ``settings``  the knobs (MYCROFT_*, read once) and the detector's design constants, one typed object
 - ``detect``    hangs (no progress for a learned threshold, MYCROFT_STALL_MS the floor), slowdown candidates
+- ``views``     each rank's view of a trace, and the ``Finding`` an analysis concludes
 - ``rca``       the walk over span links to the root cause of a hang, classification, confidence
+- ``mismatch``  ranks that called different collectives or step counts at one sequence number
 - ``propagation`` what other traces say about a hang (its culprit stuck elsewhere, or moved on)
 - ``slowdown``  a completed collective's evidence per measure (GPU, flow, NIC, proxy, lateness)
 - ``sequential`` the learned null and the CUSUM, with its average run length
-- ``detector``  the slowdown detector: per-candidate sequential tests, which alarm names the culprit
+- ``detector``  the slowdown detector: what one completed collective decides, over its stages:
+  ``memory`` (per-job state), ``candidates`` (the sequential test), ``slower`` (did the communicator
+  slow down), ``naming`` (which alarm names the culprit); ``outcome`` names every decision
 - ``incidents`` findings -> verdicts, one per incident
 - ``pipeline``  the :class:`Processor` that ties them together on a timer
 - ``exporter``  ``mycroft.root_cause`` spans over OTLP (OTEL_*)

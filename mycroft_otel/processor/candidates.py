@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mycroft_otel.processor import slowdown
-from mycroft_otel.processor.memory import JobMemory, bounded_put, get_or_put, kind_of
-from mycroft_otel.processor.rca import Finding
+from mycroft_otel.processor.memory import JobMemory, NullKey, bounded_put, get_or_put, kind_of
+from mycroft_otel.processor.views import Finding
 from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull, median
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.state import TraceState
@@ -73,7 +73,7 @@ class CandidateTest:
         alarms: list[Alarm] = []
         tested = True
         for name, (units, values) in ev.values.items():
-            own, sizes = (job, comm, func, bucket, name), (job, comm, func, "*", name)
+            own, sizes = NullKey(job, comm, func, bucket, name), NullKey(job, comm, func, "*", name)
             if name == slowdown.LATE:
                 # lateness is a share of the makespan, which is short on NVLink: only its own communicator
                 # says what is healthy, at its size once it has seen 8 collectives of it (until then, at all
@@ -86,7 +86,7 @@ class CandidateTest:
                 # job's communicators of its size moving the same function and size (a PP job's stage pairs,
                 # a TP x DP job's DP rings). A stage pair that transfers once per micro-batch, or a ring the
                 # agents rarely export, would otherwise learn a fault that starts early as its healthy level.
-                siblings = (job, ("*", st.nranks), func, bucket, name)
+                siblings = NullKey(job, ("*", st.nranks), func, bucket, name)
                 levels, nulls = (own, siblings), (own, sizes, siblings)
             got = self._scores(levels, name, values, func == "p2p")
             if got is None:
@@ -99,7 +99,7 @@ class CandidateTest:
             tested &= judged
         return alarms, tested
 
-    def _scores(self, keys: tuple[tuple, ...], name: str, values: np.ndarray,
+    def _scores(self, keys: tuple[NullKey, ...], name: str, values: np.ndarray,
                 p2p: bool) -> tuple[np.ndarray, str] | None:
         """(the candidates' scores, mode): log-ratios to the collective's median of all its
         candidates ("x"), or to the measure's recent healthy level ("h") when the trace holds too few
@@ -118,7 +118,7 @@ class CandidateTest:
             ref, mode = level.location_scale()[0], "h"
         return lv - ref, mode
 
-    def _test(self, levels: tuple[tuple, ...], nulls: tuple[tuple, ...], name: str, units: list,
+    def _test(self, levels: tuple[NullKey, ...], nulls: tuple[NullKey, ...], name: str, units: list,
               values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, comm: str,
               job: str) -> tuple[list[Alarm], bool]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
@@ -126,7 +126,7 @@ class CandidateTest:
         d = self.s.cusum
         x, mode = got
         alarms: list[Alarm] = []
-        nulls = tuple(key + (mode,) for key in nulls)
+        nulls = tuple(key._replace(mode=mode) for key in nulls)
         ready = self.mem.ready(self.mem.nulls, nulls, self.s.null_min_collectives)
         healthy = np.ones(len(units), dtype=bool)
         # a candidate noisier than the others (a flow on a longer route, a GPU that shares its host) is

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Callable
 
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor import rca, slowdown
+from mycroft_otel.processor import mismatch, slowdown
 from mycroft_otel.processor.candidates import CandidateTest
 from mycroft_otel.processor.memory import JobMemory
 from mycroft_otel.processor.naming import Naming, label
 from mycroft_otel.processor.outcome import NO_CANDIDATE, Decision, Outcome, silent
-from mycroft_otel.processor.rca import Finding
+from mycroft_otel.processor.views import Finding, build_views, decorate
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.slower import SlowerCheck
 from mycroft_otel.processor.state import TraceState
@@ -45,10 +45,10 @@ class SlowdownDetector:
         monotonic clock (seconds)."""
         if m is None:
             m = slowdown.measure([st])[0] if st.op else None
-        mm = slowdown.check_mismatch(st, m) if m is not None else rca.check_mismatch(st)
+        mm = slowdown.check_mismatch(st, m) if m is not None else mismatch.check_mismatch(st)
         if mm is not None:
             if m is None:
-                rca.decorate(st, rca.build_views(st), mm)
+                decorate(st, build_views(st), mm)
             mm.hypothesis = mm.hypothesis or f"{mm.category} rank {mm.ranks[0]}"
             return Decision(Outcome.MISMATCH, mm)
         if 0 <= st.seq < self.s.warmup_seq:
@@ -70,7 +70,7 @@ class SlowdownDetector:
             start = int(m.arrival.min())
             d = self._straggler(st, f, start, start + ev.lateness_ns, m.end)
             if d.finding is not None:
-                rca.decorate(st, rca.build_views(st), f)
+                decorate(st, build_views(st), f)
             return d
         return self._sequential(st, m, ev, recovered, at)
 
@@ -108,7 +108,7 @@ class SlowdownDetector:
         if f is None:
             return silent(Outcome.DEFERRED, f"{label(alarms[0].measure, alarms[0].unit)} alarms; a likelier "
                                             f"cause gathers evidence")
-        rca.decorate(st, rca.build_views(st), f)
+        decorate(st, build_views(st), f)
         return Decision(Outcome.NAMED, f)
 
     def _closest(self, st: TraceState, ev: slowdown.Evidence) -> str:

@@ -1,6 +1,6 @@
 """Incidents: which findings become root-cause spans, one per incident, and the verdict they carry.
 
-A finding is owned by the module that makes it (rca.py for hangs, detector.py for slowdowns); here it is
+A finding is owned by the module that makes it (rca.py for hangs, detector.py for slowdowns, mismatch.py); here it is
 completed with who the culprit is (job, global ranks, hosts from other traces of the communicator) and
 either emitted as a :class:`Verdict` or attributed to an incident already named:
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor.rca import Finding
+from mycroft_otel.processor.views import Finding
 from mycroft_otel.processor.state import TraceState, TraceStore
 
 _KEPT = 4096  # incidents remembered per table (oldest forgotten first)

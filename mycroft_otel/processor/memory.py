@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,31 @@ def kind_of(st: TraceState) -> tuple[str, int]:
     return ("p2p" if st.func in P2P else st.func), (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
 
 
+class NullKey(NamedTuple):
+    """Where a measure's null and healthy level are kept: per job, communicator, function, size bucket and
+    measure; ``comm`` ("*", ranks) for the siblings' (the job's communicators of that size moving the same
+    function), ``bucket`` "*" for all the communicator's sizes; ``mode`` how its scores were taken (candidates.py:
+    "x" against the collective's median, "h" against the healthy level; "" for a level)."""
+
+    job: str
+    comm: object
+    func: str
+    bucket: object
+    measure: str
+    mode: str = ""
+
+
+class CandidateKey(NamedTuple):
+    """Where a candidate's evidence is kept. ``place``: a flow's communicator (``unit`` the flow: sender,
+    receiver, channel); a GPU's, NIC's or proxy's process when it is known by its global rank (the same GPU
+    in every communicator), else (communicator, rank)."""
+
+    job: str
+    measure: str
+    place: object
+    unit: object = None
+
+
 @dataclass(slots=True)
 class Durations:
     """A communicator's recent kernel times (per function and size), and when the test first judged it."""
@@ -70,9 +95,9 @@ class JobMemory:
         # a GPU, a NIC, a proxy thread belong to a process, and a slow GPU slows every communicator of its
         # process, so their evidence accumulates across communicators; a flow is one communicator's
         self.process_of = process_of
-        self.nulls: dict[tuple, RobustNull] = {}     # (job, comm, func, bucket, measure, mode) -> scores
-        self.levels: dict[tuple, RobustNull] = {}    # (job, comm, func, bucket, measure) -> log(value + floor)
-        self.cusums: dict[tuple, Cusum] = {}         # (job, measure, candidate) -> evidence
+        self.nulls: dict[NullKey, RobustNull] = {}   # -> healthy scores
+        self.levels: dict[NullKey, RobustNull] = {}  # -> log(value + floor) of healthy values
+        self.cusums: dict[CandidateKey, Cusum] = {}  # -> evidence
         self.named: dict[str, list[tuple]] = {}      # job -> (communicator, evidence) of the slowdowns named
         self.stragglers: dict[str, list[tuple]] = {}  # job -> (start, end) of the stragglers' waits named
         self.waits: dict[tuple, list[tuple]] = {}     # (job, process) -> (comm, start, end) of its long waits
@@ -80,15 +105,15 @@ class JobMemory:
         # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
         self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
-        self.own: dict[tuple, OwnSpreads] = {}       # null key + (mode,) -> its candidates' own healthy scores
+        self.own: dict[NullKey, OwnSpreads] = {}     # -> its candidates' own healthy scores
         self.durations: dict[tuple, Durations] = {}  # (job, comm, func) -> its kernels' recent times
-        self._key_memo: dict[tuple, tuple[list, list[tuple]]] = {}  # (job, comm, measure) -> (units, keys)
+        self._key_memo: dict[tuple, tuple[list, list[CandidateKey]]] = {}  # (job, comm, measure) -> (units, keys)
 
 
     def null(self, table: dict, key: tuple) -> RobustNull:
         return get_or_put(table, key, lambda: RobustNull(self.s.null_size, self.s.min_scale))
 
-    def ready(self, table: dict, keys: tuple[tuple, ...], collectives: int = 0) -> RobustNull | None:
+    def ready(self, table: dict, keys: tuple[NullKey, ...], collectives: int = 0) -> RobustNull | None:
         """The first of ``keys``' nulls (the communicator's own, then its other sizes' or its siblings') that
         holds enough."""
         for key in keys:
@@ -97,7 +122,7 @@ class JobMemory:
                 return null
         return None
 
-    def keys(self, job: str, comm: str, name: str, units: list) -> list[tuple]:
+    def keys(self, job: str, comm: str, name: str, units: list) -> list[CandidateKey]:
         """The candidates' keys (_candidate) for one measure of a collective; remembered per communicator
         and measure while its candidates stay the same and every one's process is known (a process, once
         learnt, stays the same: the key cannot change)."""
@@ -109,13 +134,13 @@ class JobMemory:
             bounded_put(self._key_memo, (job, comm, name), (units, keys))
         return keys
 
-    def candidate(self, job: str, comm: str, name: str, unit) -> tuple:
+    def candidate(self, job: str, comm: str, name: str, unit) -> CandidateKey:
         if name == slowdown.FLOW:
-            return (job, name, comm, unit)
+            return CandidateKey(job, name, comm, unit)
         proc = self.process_of(comm, unit)
         # a GPU is one rank: known by its global rank it is the same in every communicator; a process known
         # only by its pid may drive several GPUs, so its ranks stay apart (per communicator)
-        return (job, name, proc if proc is not None and proc[1] == "g" else (comm, unit))
+        return CandidateKey(job, name, proc if proc is not None and proc[1] == "g" else (comm, unit))
 
     def cusum(self, st: TraceState, measure: str, unit) -> Cusum | None:
         return self.cusums.get(self.candidate(st.job, st.comm, measure, unit))
@@ -130,29 +155,29 @@ class JobMemory:
         c = self.cusum(st, measure, unit)
         return c if c is not None and c.s >= self.s.cusum.h / 2 else None
 
-    def half_way(self, job: str, names: tuple[str, ...]) -> Iterator[tuple]:
+    def half_way(self, job: str, names: tuple[str, ...]) -> Iterator[CandidateKey]:
         """The keys of the job's candidates of these measures that are half way to an alarm (S >= h/2)."""
         half = self.s.cusum.h / 2
-        return (k for k, c in self.cusums.items() if k[0] == job and k[1] in names and c.s >= half)
+        return (k for k, c in self.cusums.items() if k.job == job and k.measure in names and c.s >= half)
 
     def accumulating(self, st: TraceState, names: tuple[str, ...]) -> bool:
         """Some candidate of these measures in this communicator is half way to an alarm."""
-        mine = {self.candidate(st.job, st.comm, slowdown.GPU, r)[2] for r in st.op}
-        return any(k[2] in mine or k[2] == st.comm for k in self.half_way(st.job, names))
+        mine = {self.candidate(st.job, st.comm, slowdown.GPU, r).place for r in st.op}
+        return any(k.place in mine or k.place == st.comm for k in self.half_way(st.job, names))
 
     def link_gathers(self, st: TraceState, elsewhere: bool = False) -> bool:
         """A link (a flow or a NIC) of this communicator or one joined to it is half way to an alarm;
         ``elsewhere``: a flow of another joined communicator only."""
         here = self.root(("c", st.job, st.comm))
         for k in self.half_way(st.job, (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)):
-            if k[1] == slowdown.FLOW:
-                if elsewhere and k[2] == st.comm:
+            if k.measure == slowdown.FLOW:
+                if elsewhere and k.place == st.comm:
                     continue
-                node = ("c", st.job, k[2])
+                node = ("c", st.job, k.place)
             elif elsewhere:
                 continue
             else:
-                node = ("p", st.job, k[2])  # a NIC is a process's (or a rank's of a pid-only one), as _link joins
+                node = ("p", st.job, k.place)  # a NIC is a process's (or a rank's of a pid-only one), as _link joins
             if self.root(node) == here:
                 return True
         return False

@@ -18,7 +18,7 @@ from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
 from mycroft_otel.processor.memory import NAMED_KEPT, JobMemory, get_or_put
-from mycroft_otel.processor.rca import Finding
+from mycroft_otel.processor.views import Finding
 from mycroft_otel.processor.sequential import Cusum
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.state import TraceState

@@ -14,7 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # the report reads outcomes without loading the analysis
-    from mycroft_otel.processor.rca import Finding
+    from mycroft_otel.processor.views import Finding
 
 
 class Outcome(str, Enum):

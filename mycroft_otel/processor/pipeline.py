@@ -28,6 +28,7 @@ from mycroft_otel.processor.propagation import Propagation
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
 from mycroft_otel.processor.state import TraceStore, detach
+from mycroft_otel.processor.views import Finding
 
 __all__ = ["Processor", "Verdict"]
 
@@ -351,7 +352,7 @@ class Processor:
         return out
 
     # -- verdicts -------------------------------------------------------------------------------
-    def _emit(self, st, f: rca.Finding, now_ns: int, mono: float, dt: float,
+    def _emit(self, st, f: Finding, now_ns: int, mono: float, dt: float,
               d: Decision | None = None) -> Verdict | None:
         v = self.incidents.emit(st, f, now_ns, mono, dt)
         if v is None:

@@ -20,7 +20,7 @@ from typing import Callable
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca
-from mycroft_otel.processor.rca import Finding
+from mycroft_otel.processor.views import Finding, build_views, decorate
 from mycroft_otel.processor.state import TraceState, TraceStore, proc_key
 
 _KEPT = 4096
@@ -61,7 +61,7 @@ class Propagation:
                       f"{', '.join(map(str, moved[:8]))} completed it and moved on to collective {nxt}: "
                       f"they disagree on the collective's size"),
             onset_ns=f.onset_ns, reason="moved_on", waiting=list(stuck))
-        rca.decorate(st, rca.build_views(st), nf)
+        decorate(st, build_views(st), nf)
         return nf
 
     def _elsewhere(self, st: TraceState, ranks: list[int], missing: bool = True) -> list[TraceState]:

@@ -19,7 +19,7 @@ trace :func:`evidence` turns them into per-candidate values of the measures the 
   share of the collective's makespan.
 
 Two findings need no test: a stall that recovered (the trace holds in-flight snapshots; the hang walk on
-them names who was waited for) and a mismatch (rca.py).
+them names who was waited for) and a mismatch (mismatch.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor import rca
-from mycroft_otel.processor.rca import COMPLETED, IN_FLIGHT, Finding, RankView, build_views
+from mycroft_otel.processor import mismatch, rca
+from mycroft_otel.processor.views import COMPLETED, IN_FLIGHT, Finding, RankView, build_views, decorate
 from mycroft_otel.processor.sequential import median
 from mycroft_otel.processor.spans import SpanRef, evidence_attributes, flow_table
 from mycroft_otel.processor.state import P2P, TraceState
@@ -111,17 +111,17 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     out_rows = np.flatnonzero(send)
     src = row[out_rows]
     peer = table[out_rows, F_PEER]
-    at = rca.lookup((trace_of << _RANK_BITS) | ranks,
+    at = mismatch.lookup((trace_of << _RANK_BITS) | ranks,
                     (trace_of[src] << _RANK_BITS) | np.clip(peer, 0, (1 << _RANK_BITS) - 1))
     ok = (peer >= 0) & (peer < 1 << 20) & (at >= 0)
     out_rows, src, dst = out_rows[ok], src[ok], at[ok]
     net = _busy(table[out_rows], F_NET_BUSY, F_NET_WAIT) / steps[out_rows]
-    # the other end's flow: its step count (rca.step_mismatch) and its wait for data (proxy)
+    # the other end's flow: its step count (mismatch.step_mismatch) and its wait for data (proxy)
     rx = np.flatnonzero(recv)
-    rx_at = rca.receiver_flow(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
+    rx_at = mismatch.receiver_flow(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
                               table[rx, F_PEER])
     known = rx_at >= 0
-    expected = rca.receiver_steps(rx_at, table[rx, F_STEPS])
+    expected = mismatch.receiver_steps(rx_at, table[rx, F_STEPS])
     # proxy: per send flow whose receiving end we know, its credit wait (steps ready, SendPeerWait)
     # beyond the time its receiver's GPU held the buffers (a slow or blocked receiver returns credit
     # late), as far as the receiver's buffer was posted meanwhile (its RecvWait busy time). An agent
@@ -228,7 +228,7 @@ def _recovered_stall(st: TraceState) -> Finding | None:
                                   f"{', '.join(map(str, waiters[:8]))} waited {stall_s:.1f} s in {st.func} {st.seq} "
                                   f"on {n} flow{'s' if n > 1 else ''} of rank {y}, which {why}"),
                         onset_ns=min(ref.start_ns for ref in st.inflight.values()), recovered=True)
-            rca.decorate(st, views, f)
+            decorate(st, views, f)
             return f
     f = rca.analyse_hang(st, sviews)
     if f is None or f.category not in _FROM_HANG or f.reason == "silent":
@@ -323,12 +323,12 @@ def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:
 
 def check_mismatch(st: TraceState, m: Measures) -> Finding | None:
     """Ranks that called different collectives at this number, or connections whose two ends announce
-    different step counts (rca.py): named at once, slowdown or not."""
-    mm = rca.check_mismatch(st)
+    different step counts (mismatch.py): named at once, slowdown or not."""
+    mm = mismatch.check_mismatch(st)
     if mm is None and st.op:
-        mm = rca.step_mismatch(st, m.ranks[m.src], m.ranks[m.dst], m.channel, m.steps, m.expected)
+        mm = mismatch.step_mismatch(st, m.ranks[m.src], m.ranks[m.dst], m.channel, m.steps, m.expected)
     if mm is not None:
-        rca.decorate(st, build_views(st), mm)
+        decorate(st, build_views(st), mm)
     return mm
 
 
