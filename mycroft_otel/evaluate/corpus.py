@@ -1,29 +1,17 @@
-"""The accuracy corpus: ``mycroft-otel eval --virtual --corpus [ci|small|full|FILE.json]``.
+"""The accuracy corpus: ``mycroft-otel eval --virtual --corpus [ci|small|full|llm|llm-final|FILE.json]``.
 
 A corpus is the cross product of slowdown faults x magnitudes ("the faulty collective takes this many
 times its own time", converted into each fault's parameter by ``sim.faults.factor_for_slowdown``) x
-topologies (ring, tree, TP/DP/PP with p2p) x noise models x seeds, plus the catalogue's hangs and healthy
-runs. Every case runs on virtual time (evaluate/virtual.py: the real plugin, agent and processor, one
-process, deterministic for its seed), scenarios spread over a process pool of ``--jobs`` workers.
-
-The report (``report``) says, against the simulator's ground truth:
-
-* the detection curve: per slowdown fault and magnitude, the share of runs whose first verdict after the
-  onset names the true culprit with the true category ("named right"), and the share with any verdict;
-* culprit and category accuracy of the first verdict, per fault;
-* false verdicts per 10^6 healthy collectives: verdicts on healthy runs, verdicts before the onset of a
-  fault run, and verdicts after it naming a rank that is not the culprit, over every collective (and p2p
-  group) the healthy runs issued plus those the fault runs issued before their onset. A ``late_rank``
-  verdict naming a rank the ``stragglers`` noise really delayed (``Simulation.noise_events``) is excused;
-* collectives of the faulty communicator from the onset to the first right verdict (median, p90).
-
-``curve_svg`` draws the curve (named-right rate against magnitude, one line per fault) as an SVG.
+topologies (ring, tree, TP/DP/PP with p2p, the LLM training shapes) x the communicators faults target
+(DP, and TP where the fault means something inside a node) x noise models x seeds, plus the catalogue's
+hangs and healthy runs. Every case runs on virtual time (evaluate/virtual.py: the real plugin, agent and
+processor, one process, deterministic for its seed), scenarios spread over a process pool of ``--jobs``
+workers. What the report says about the rows: evaluate/corpus_report.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -33,6 +21,7 @@ from typing import Callable
 
 from mycroft_otel import semconv
 from mycroft_otel.evaluate import virtual
+from mycroft_otel.evaluate.corpus_report import HEALTHY, curve_svg, report, text
 from mycroft_otel.evaluate.harness import culprit_matches
 from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.sim.faults import CATALOGUE, SLOWDOWN_PARAM, FaultError, factor_for_slowdown
@@ -48,7 +37,7 @@ class CorpusTopology:
 
 
 #: name -> job shape. TP groups ride NVLink inside a node, DP rings/trees cross the network, PP stages
-#: exchange p2p send/recv; faults target the DP communicator (the catalogue's default).
+#: exchange p2p send/recv; faults target the communicators in CorpusSpec.fault_comms (default: DP).
 TOPOLOGIES: dict[str, CorpusTopology] = {
     "ring8": CorpusTopology("nodes=8,gpus=1,tp=1,dp=8"),
     "tree8": CorpusTopology("nodes=8,gpus=1,tp=1,dp=8", "Tree"),
@@ -56,6 +45,13 @@ TOPOLOGIES: dict[str, CorpusTopology] = {
     "ring16": CorpusTopology("nodes=16,gpus=1,tp=1,dp=16"),
     "tpdppp16": CorpusTopology("nodes=8,gpus=2,tp=2,pp=2,dp=4"),
     "tpdp64": CorpusTopology("nodes=8,gpus=8,tp=8,dp=8"),
+    # LLM training shapes (Megatron order: TP fastest, then DP, then PP). TP fills whole nodes, so its
+    # all-reduces stay on NVLink (kernel-only in the simulator) while every DP ring or tree and every PP
+    # send crosses the network; tpdp64 above is the 8 x 8 one (tp=8 dp=8).
+    "tp8dp2": CorpusTopology("nodes=2,gpus=8,tp=8,dp=2"),
+    "tp4dp4": CorpusTopology("nodes=4,gpus=4,tp=4,dp=4"),
+    "tp4dp4tree": CorpusTopology("nodes=4,gpus=4,tp=4,dp=4", "Tree"),
+    "tp4pp2dp2": CorpusTopology("nodes=4,gpus=4,tp=4,pp=2,dp=2"),
 }
 
 #: the slowdown faults of the sweep (every one in SLOWDOWN_PARAM) and the hangs (the catalogue's hangs
@@ -63,7 +59,21 @@ TOPOLOGIES: dict[str, CorpusTopology] = {
 SLOWDOWNS: tuple[str, ...] = ("slow_flow", "slow_nic", "congestion", "slow_gpu", "slow_proxy", "late_rank",
                               "late_once")
 HANGS: tuple[str, ...] = ("rank_absent", "gpu_stalled", "nic_down", "flow_stall", "coll_mismatch")
-HEALTHY = "healthy"
+#: the communicators a fault may target (CorpusSpec.fault_comms). PP is not one: a send/recv's span includes
+#: the receiving stage's wait for its sender, so a magnitude ("x of its time") cannot be set on it
+FAULT_COMMS: tuple[str, ...] = ("dp", "tp")
+#: faults that act on the network path alone, and why each means nothing on a TP group: TP stays inside a
+#: node (sim/topology.py), where NCCL's P2P transport moves the data over NVLink from the kernel itself
+#: (no network ProxyOps: the simulator times such a collective kernel-only, engine.simulate_batch)
+NETWORK_ONLY: dict[str, str] = {
+    "slow_nic": "no NIC on an NVLink path",
+    "congestion": "no NIC receive side on an NVLink path",
+    "nic_down": "no NIC on an NVLink path",
+    "slow_proxy": "NCCL's proxy thread drives network transfers only; NVLink copies run in the kernel",
+    "slow_flow": "the simulator times an NVLink collective kernel-only, with no per-channel link to slow "
+                 "(and NCCL posts no ProxySteps for it, so a link's only trace would be every rank's KernelCh)",
+    "flow_stall": "the simulator times an NVLink collective kernel-only, with no per-channel link to stall",
+}
 MAGNITUDES: tuple[float, ...] = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 # When faults strike and how long a run lasts, in simulated seconds: the eval's (scenarios.builtin): ~13
@@ -88,6 +98,9 @@ class CorpusSpec:
     healthy_seeds: tuple[int, ...] = (11,)
     healthy_topologies: tuple[str, ...] = ()   # default: the same as topologies
     healthy_noises: tuple[str, ...] = ()       # default: the same as noises
+    # the communicator kinds faults target (FAULT_COMMS); a shape without one (ring8 has no TP) and a fault
+    # that means nothing there (NETWORK_ONLY on TP) give no case
+    fault_comms: tuple[str, ...] = ("dp",)
     # one-off late calls of a fixed lateness besides the sweep: Mycroft's straggler bar is everybody waiting
     # >= 1 s, which the sweep's "x of the collective's time" does not reach on short collectives
     late_once_ms: tuple[float, ...] = (1000.0, 1500.0, 3000.0)
@@ -107,6 +120,10 @@ class CorpusSpec:
             if CATALOGUE.get(f, ("", ""))[1] != "hang" or CATALOGUE[f][3]:
                 raise ValueError(f"corpus {self.name}: {f!r} is not a hang that runs on virtual time; known: "
                                  f"{', '.join(HANGS)}")
+        for c in self.fault_comms:
+            if c not in FAULT_COMMS:
+                raise ValueError(f"corpus {self.name}: fault_comms {c!r} is not one of {', '.join(FAULT_COMMS)} "
+                                 "(a p2p transfer's time includes its pipeline wait: no magnitude to set)")
         for ms in self.late_once_ms:
             if not ms > 0:
                 raise ValueError(f"corpus {self.name}: late_once_ms {ms} must be > 0")
@@ -115,9 +132,16 @@ class CorpusSpec:
                 raise ValueError(f"corpus {self.name}: magnitude {m} must be > 1 (x of the collective's time)")
 
 
+#: the LLM training shapes: TP 8 and 4 inside a node, DP rings and a DP tree across nodes, TP x PP x DP
+LLM_TOPOLOGIES: tuple[str, ...] = ("tp8dp2", "tp4dp4", "tp4dp4tree", "tpdp64", "tp4pp2dp2")
+
 #: named sizes. ``ci``: a handful of deterministic 8-rank scenarios (tests/evaluate/test_corpus.py);
 #: ``small``: the baseline curve (every fault at every magnitude on three 8-rank shapes); ``full``: the
 #: issue's corpus (every shape, every noise model, 3 seeds, healthy runs for >= 10^6 healthy collectives).
+#: ``llm``: the LLM shapes with faults in TP and DP, for development (seed 1, healthy seed 11);
+#: ``llm-final``: the same on seeds never used while fixing the detector (101-103, healthy 111-160: >= 10^6
+#: healthy collectives, extrapolated): the
+#: figures a release quotes come from it alone.
 SIZES: dict[str, CorpusSpec] = {
     "ci": CorpusSpec("ci", slowdowns=("slow_flow", "slow_nic", "congestion", "slow_gpu", "late_rank"),
                      magnitudes=(3.0, 10.0), hangs=HANGS, topologies=("tpdp8",), noises=("nccl",), seeds=(1,),
@@ -127,6 +151,10 @@ SIZES: dict[str, CorpusSpec] = {
                         healthy_noises=("nccl", "jittery", "stragglers", "warmup", "mixed", "bubbles")),
     "full": CorpusSpec("full", topologies=tuple(TOPOLOGIES), noises=tuple(NOISE_MODELS), seeds=(1, 2, 3),
                        healthy_seeds=tuple(range(11, 41))),
+    **{name: CorpusSpec(name, magnitudes=(1.25, 1.5, 2.0, 3.0), topologies=LLM_TOPOLOGIES, noises=("nccl",),
+                        seeds=seeds, healthy_seeds=healthy, healthy_noises=("nccl", "jittery", "stragglers"),
+                        fault_comms=("tp", "dp"))
+       for name, seeds, healthy in (("llm", (1,), (11,)), ("llm-final", (101, 102, 103), tuple(range(111, 161))))},
 }
 
 
@@ -160,42 +188,98 @@ class Case:
     noise: str
     magnitude: float | None    # x of the collective's time (slowdowns), None for hangs and healthy runs
     param: float | None = None  # the fault parameter that magnitude took (SLOWDOWN_PARAM[fault])
+    comm: str = "dp"           # the communicator kind the fault targets (healthy runs: "dp", unused)
 
     def model(self) -> TimingModel:
         return eval_model().with_nccl(dp_algo=TOPOLOGIES[self.topology].algo).with_noise(self.noise)
 
 
 class FactorCache:
-    """factor_for_slowdown per (fault, topology, magnitude): it times the collective without noise, so one
-    value serves every noise model and seed of a shape (the noise then varies around it, as on a real job)."""
+    """factor_for_slowdown per (fault, topology, magnitude, communicator): it times the targeted communicator's
+    collective without noise, so one value serves every noise model and seed of a shape (the noise then varies
+    around it, as on a real job)."""
 
     def __init__(self) -> None:
-        self._values: dict[tuple[str, str, float], float | None] = {}
+        self._values: dict[tuple[str, str, float, str], float | None] = {}
         self.unreachable: list[str] = []  # "fault xM on topology: why", for the report
 
-    def get(self, fault: str, topology: str, magnitude: float) -> float | None:
+    def get(self, fault: str, topology: str, magnitude: float, comm: str = "dp") -> float | None:
         """The parameter, or None where the fault cannot slow that shape's collective so much."""
-        key = (fault, topology, magnitude)
+        key = (fault, topology, magnitude, comm)
         if key not in self._values:
             t = TOPOLOGIES[topology]
             model = eval_model().with_nccl(dp_algo=t.algo)
             try:
-                self._values[key] = factor_for_slowdown(fault, magnitude, t.spec, model=model)
+                self._values[key] = factor_for_slowdown(fault, magnitude, t.spec, model=model, comm=comm)
             except FaultError as exc:
                 self._values[key] = None
-                self.unreachable.append(f"{fault} x{magnitude:g} on {topology}: {exc}")
+                self.unreachable.append(f"{fault} x{magnitude:g} on {topology}{_comm_tag(comm)}: {exc}")
         return self._values[key]
 
 
-def _slow_spec(fault: str, param: float) -> str:
+def _comm_tag(comm: str) -> str:
+    """The communicator in a case name: none for DP (the catalogue's default, names as before), else ``-tp``."""
+    return "" if comm == "dp" else f"-{comm}"
+
+
+def _slow_spec(fault: str, param: float, comm: str = "dp") -> str:
     extra = ",p=1" if fault == "slow_proxy" else ""  # every collective after the onset: a sustained fault
+    extra += "" if comm == "dp" else f",comm={comm}"
     return f"{fault}:at={SLOW_AT_S:g},{SLOWDOWN_PARAM[fault]}={param:.6g}{extra}"
 
 
-def _job_seed(seed: int, fault_index: int, magnitude_index: int) -> int:
+def _job_seed(seed: int, fault_index: int, magnitude_index: int, comm: str = "dp") -> int:
     """Each case its own job seed (hence its own victim rank, channel and noise draws), fixed by the case's
-    place in the corpus: a curve over one victim and one noise draw would measure that draw."""
-    return seed * 1000 + fault_index * 10 + magnitude_index
+    place in the corpus: a curve over one victim and one noise draw would measure that draw. A TP case sits
+    10^7 above its DP twin (DP job seeds stay below that for corpus seeds < 10,000)."""
+    return seed * 1000 + fault_index * 10 + magnitude_index + 10_000_000 * FAULT_COMMS.index(comm)
+
+
+def skipped(fault: str, topology: str, comm: str) -> str | None:
+    """Why ``fault`` on ``topology``'s ``comm`` communicators gives no case (None: it gives one)."""
+    from mycroft_otel.sim.topology import build_comms, parse_topology
+
+    if not build_comms(parse_topology(TOPOLOGIES[topology].spec))[comm]:
+        return f"{topology} has no {comm.upper()} communicator"
+    if comm == "tp" and fault in NETWORK_ONLY:
+        return NETWORK_ONLY[fault]
+    return None
+
+
+def _fault_cases(spec: CorpusSpec, topo: str, comm: str, factors: FactorCache) -> list[Case]:
+    """The slowdown sweep, the one-off late calls and the hangs of one shape, faults on its ``comm``."""
+    spec_t, tag, out = TOPOLOGIES[topo].spec, _comm_tag(comm), []
+
+    def kept(fault: str) -> bool:
+        why = skipped(fault, topo, comm)
+        if why is not None and (note := f"{fault} on {topo}{tag}: {why}") not in factors.unreachable:
+            factors.unreachable.append(note)
+        return why is None
+
+    for noise in spec.noises:
+        for seed in spec.seeds:
+            for fi, fault in enumerate(spec.slowdowns):
+                for mi, m in enumerate(spec.magnitudes if kept(fault) else ()):
+                    param = factors.get(fault, topo, m, comm)
+                    if param is None:
+                        continue
+                    sc = Scenario(f"{fault}-x{m:g}-{topo}{tag}-{noise}-s{seed}", _slow_spec(fault, param, comm),
+                                  topology=spec_t, seed=_job_seed(seed, fi, mi, comm), duration_s=SLOW_DURATION_S)
+                    out.append(Case(sc, fault, topo, noise, m, param, comm))
+            for di, ms in enumerate(spec.late_once_ms if kept("late_once") else ()):
+                sc = Scenario(f"late_once-{ms:g}ms-{topo}{tag}-{noise}-s{seed}",
+                              f"late_once:at={SLOW_AT_S:g},delay_ms={ms:g}" + ("" if comm == "dp" else f",comm={comm}"),
+                              topology=spec_t, seed=_job_seed(seed, 40, di, comm), duration_s=SLOW_DURATION_S)
+                out.append(Case(sc, "late_once", topo, noise, None, ms, comm))
+            for fi, fault in enumerate(spec.hangs):
+                if not kept(fault):
+                    continue
+                sc = Scenario(f"{fault}-{topo}{tag}-{noise}-s{seed}",
+                              f"{fault}:at={HANG_AT_S:g}" + ("" if comm == "dp" else f",comm={comm}"), topology=spec_t,
+                              seed=_job_seed(seed, 50 + fi, 0, comm),
+                              duration_s=0.0)  # run_case sets it from the stall threshold
+                out.append(Case(sc, fault, topo, noise, None, comm=comm))
+    return out
 
 
 def cases(spec: CorpusSpec, factors: FactorCache | None = None) -> list[Case]:
@@ -204,27 +288,8 @@ def cases(spec: CorpusSpec, factors: FactorCache | None = None) -> list[Case]:
     factors = factors or FactorCache()
     out: list[Case] = []
     for topo in spec.topologies:
-        spec_t = TOPOLOGIES[topo].spec
-        for noise in spec.noises:
-            for seed in spec.seeds:
-                for fi, fault in enumerate(spec.slowdowns):
-                    for mi, m in enumerate(spec.magnitudes):
-                        param = factors.get(fault, topo, m)
-                        if param is None:
-                            continue
-                        sc = Scenario(f"{fault}-x{m:g}-{topo}-{noise}-s{seed}", _slow_spec(fault, param),
-                                      topology=spec_t, seed=_job_seed(seed, fi, mi), duration_s=SLOW_DURATION_S)
-                        out.append(Case(sc, fault, topo, noise, m, param))
-                for di, ms in enumerate(spec.late_once_ms):
-                    sc = Scenario(f"late_once-{ms:g}ms-{topo}-{noise}-s{seed}",
-                                  f"late_once:at={SLOW_AT_S:g},delay_ms={ms:g}", topology=spec_t,
-                                  seed=_job_seed(seed, 40, di), duration_s=SLOW_DURATION_S)
-                    out.append(Case(sc, "late_once", topo, noise, None, ms))
-                for fi, fault in enumerate(spec.hangs):
-                    sc = Scenario(f"{fault}-{topo}-{noise}-s{seed}", f"{fault}:at={HANG_AT_S:g}", topology=spec_t,
-                                  seed=_job_seed(seed, 50 + fi, 0),
-                                  duration_s=0.0)  # run_case sets it from the stall threshold
-                    out.append(Case(sc, fault, topo, noise, None))
+        for comm in spec.fault_comms:
+            out += _fault_cases(spec, topo, comm, factors)
     for topo in spec.healthy_topologies or spec.topologies:
         for noise in spec.healthy_noises or spec.noises:
             for seed in spec.healthy_seeds:
@@ -265,10 +330,10 @@ def run_case(case: Case, stall_ms: int, plugin: str | None = None) -> dict:
     right = [v for v in o.verdicts if not healthy and v.received_ns >= onset and culprit_matches(v, truth)
              and v.category == truth.get("category")]
     return {
-        "scenario": sc.name, "fault": case.fault, "spec": sc.fault, "topology": case.topology, "noise": case.noise,
-        "seed": sc.seed, "magnitude": case.magnitude, "param": case.param, "world": o.world,
+        "scenario": sc.name, "fault": case.fault, "spec": sc.fault, "topology": case.topology, "comm": case.comm,
+        "noise": case.noise, "seed": sc.seed, "magnitude": case.magnitude, "param": case.param, "world": o.world,
         "slowdown": o.slowdown,
-        "category": truth.get("category", ""),
+        "category": truth.get("category", ""), "culprit": truth.get("culprit_global_ranks", []),
         "detected": r["detected"], "named_right": bool(r["detected"] and r["culprit_ok"] and r["category_ok"]),
         "culprit_ok": r["culprit_ok"], "category_ok": r["category_ok"], "any_right": r.get("any_right"),
         "top": r["top"], "verdicts": len(o.verdicts),
@@ -287,7 +352,8 @@ def _run_indexed(args: tuple) -> tuple[int, dict]:
         return i, run_case(case, stall_ms, plugin)
     except Exception as exc:  # noqa: BLE001 -- any failure of one run is reported with its case, not fatal
         return i, {"scenario": case.scenario.name, "fault": case.fault, "topology": case.topology,
-                   "noise": case.noise, "seed": case.scenario.seed, "error": f"{type(exc).__name__}: {exc}"}
+                   "comm": case.comm, "noise": case.noise, "seed": case.scenario.seed,
+                   "error": f"{type(exc).__name__}: {exc}"}
 
 
 def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | None = None,
@@ -319,138 +385,6 @@ def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | Non
             for i, row in pool.map(_run_indexed, work, chunksize=1):
                 done(i, row)
     return [r for r in rows if r is not None]
-
-
-# --- the report ------------------------------------------------------------------------------------
-
-def _pct(values: list, q: float):
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))] if v else None
-
-
-def _rate(rows: list[dict], key: str) -> float | None:
-    return round(sum(bool(r[key]) for r in rows) / len(rows), 3) if rows else None
-
-
-def report(rows: list[dict]) -> dict:
-    faulty = [r for r in rows if r["fault"] != HEALTHY]
-    healthy = [r for r in rows if r["fault"] == HEALTHY]
-    faults = list(dict.fromkeys(r["fault"] for r in faulty))
-    curve: dict[str, dict[str, dict]] = {}
-    for f in faults:
-        if f not in SLOWDOWN_PARAM:
-            continue
-        mags = sorted({r["magnitude"] for r in faulty if r["fault"] == f and r["magnitude"] is not None})
-        if not mags:
-            continue
-        by_m: dict[str, dict] = {}
-        for m in mags:
-            rs = [r for r in faulty if r["fault"] == f and r["magnitude"] == m]
-            measured = [r["slowdown"] for r in rs if r.get("slowdown") is not None]
-            by_m[f"{m:g}"] = {"runs": len(rs), "named_right": _rate(rs, "named_right"),
-                              "detected": _rate(rs, "detected"), "measured_slowdown": _pct(measured, 0.5)}
-        curve[f] = by_m
-    per_fault = {}
-    for f in faults:
-        rs = [r for r in faulty if r["fault"] == f]
-        det = [r for r in rs if r["detected"]]
-        lat = [r["right_latency_collectives"] for r in rs if r["right_latency_collectives"] is not None]
-        per_fault[f] = {"runs": len(rs), "detected": _rate(rs, "detected"), "named_right": _rate(rs, "named_right"),
-                        "culprit_accuracy": _rate(det, "culprit_ok"), "category_accuracy": _rate(det, "category_ok"),
-                        "latency_collectives_median": _pct(lat, 0.5), "latency_collectives_p90": _pct(lat, 0.9)}
-    healthy_coll = sum(r["healthy_collectives"] for r in rows)
-    healthy_run_coll = sum(r["collectives"] for r in healthy)
-    fv_healthy = sum(r["false_verdicts"] for r in healthy)
-    fv_all = sum(r["false_verdicts"] for r in rows)
-    lat_all = [r["right_latency_collectives"] for r in faulty if r["right_latency_collectives"] is not None]
-    sustained = [r for r in faulty if r["fault"] in SLOWDOWN_PARAM and r["fault"] != "late_once"
-                 and r["magnitude"] is not None]
-
-    def per_m(rs: list[dict], lo: float) -> float | None:
-        return _rate([r for r in rs if r["magnitude"] >= lo], "named_right")
-
-    def per_measured(lo: float) -> dict:  # by how much slower the collectives really ran (the noise included)
-        rs = [r for r in sustained if (r.get("slowdown") or 0.0) >= lo]
-        return {"runs": len(rs), "named_right": _rate(rs, "named_right")}
-
-    return {
-        "runs": len(rows), "fault_runs": len(faulty), "healthy_runs": len(healthy),
-        "hangs_named_right": _rate([r for r in faulty if r["fault"] in HANGS], "named_right"),
-        # a one-off late call everybody waits >= 1 s for (Mycroft's straggler bar): the fixed late_once_ms cases
-        "late_once_ge_1s_named_right": _rate([r for r in faulty if r["fault"] == "late_once" and r["magnitude"] is None
-                                              and (r["param"] or 0) >= 1000.0], "named_right"),
-        "sustained_named_right_ge_1_5x": per_m(sustained, 1.5),
-        "sustained_named_right_ge_1_25x": per_m(sustained, 1.25),
-        "sustained_named_right_ge_3x": per_m(sustained, 3.0),
-        "sustained_by_measured_slowdown": {f"{lo:g}": per_measured(lo) for lo in (1.1, 1.25, 1.5, 3.0)},
-        "culprit_accuracy": _rate([r for r in faulty if r["detected"]], "culprit_ok"),
-        "category_accuracy": _rate([r for r in faulty if r["detected"]], "category_ok"),
-        "latency_collectives_median": _pct(lat_all, 0.5), "latency_collectives_p90": _pct(lat_all, 0.9),
-        "healthy_collectives": healthy_coll, "healthy_run_collectives": healthy_run_coll,
-        "false_verdicts": fv_all, "false_verdicts_on_healthy_runs": fv_healthy,
-        "false_verdicts_before_onset_or_wrong_culprit": fv_all - fv_healthy,
-        "excused_straggler_verdicts": sum(r["excused_verdicts"] for r in rows),
-        "false_per_1e6_healthy_collectives": round(fv_all * 1e6 / healthy_coll, 1) if healthy_coll else None,
-        "false_per_1e6_healthy_run_collectives": (round(fv_healthy * 1e6 / healthy_run_coll, 1)
-                                                  if healthy_run_coll else None),
-        "false_by_noise": {n: sum(r["false_verdicts"] for r in rows if r["noise"] == n)
-                           for n in dict.fromkeys(r["noise"] for r in rows)},
-        "sim_s": round(sum(r["sim_s"] for r in rows), 1), "wall_s": round(sum(r["wall_s"] for r in rows), 1),
-        "events": sum(r["events"] for r in rows),
-        "curve": curve, "per_fault": per_fault,
-    }
-
-
-def text(rep: dict, spec_name: str) -> str:
-    mags = sorted({float(m) for c in rep["curve"].values() for m in c}, key=float)
-    lines = [f"corpus {spec_name}: {rep['runs']} runs ({rep['fault_runs']} with a fault, "
-             f"{rep['healthy_runs']} healthy), "
-             f"{rep['sim_s']} s simulated in {rep['wall_s']} s of wall time (summed over runs)",
-             "", "named right (first verdict after the onset: true culprit and category) / any verdict, "
-             "by magnitude (x of the collective's time):"]
-    head = ["fault"] + [f"{m:g}x" for m in mags]
-    table = [head]
-    for f, by_m in rep["curve"].items():
-        row = [f]
-        for m in mags:
-            c = by_m.get(f"{m:g}")
-            row.append("" if c is None else f"{c['named_right']:.0%}/{c['detected']:.0%} (n={c['runs']})")
-        table.append(row)
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
-    lines += ["", "how much slower the faulty communicator's collectives really ran (median over the runs of "
-              "after / before the onset; the magnitude sets the fault without noise):"]
-    table = [head]
-    for f, by_m in rep["curve"].items():
-        cells = [(by_m.get(f"{m:g}") or {}).get("measured_slowdown") for m in mags]
-        table.append([f] + ["" if c is None else f"{c:.2f}x" for c in cells])
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
-    lines += ["", "per fault: runs, named right, detected, culprit / category accuracy of the first verdict, "
-              "collectives from onset to the first right verdict (median, p90):"]
-    for f, p in rep["per_fault"].items():
-        fmt = lambda x: "-" if x is None else (f"{x:.0%}" if isinstance(x, float) else str(x))  # noqa: E731
-        lines.append(f"  {f:14s} {p['runs']:4d}  named right {fmt(p['named_right']):>4s}  detected "
-                     f"{fmt(p['detected']):>4s}  culprit {fmt(p['culprit_accuracy']):>4s}  category "
-                     f"{fmt(p['category_accuracy']):>4s}  latency {p['latency_collectives_median']} / "
-                     f"{p['latency_collectives_p90']} collectives")
-    lines += ["",
-              f"hangs named right: {rep['hangs_named_right']}; one-off late call >= 1 s named right: "
-              f"{rep['late_once_ge_1s_named_right']}; sustained slowdowns named right at >= 1.25x: "
-              f"{rep['sustained_named_right_ge_1_25x']}, >= 1.5x: {rep['sustained_named_right_ge_1_5x']}, >= 3x: "
-              f"{rep['sustained_named_right_ge_3x']}",
-              "  by how much slower the faulty collectives really ran: " + ", ".join(
-                  f">= {lo}x: {c['named_right']} of {c['runs']}"
-                  for lo, c in rep["sustained_by_measured_slowdown"].items()),
-              f"onset to right verdict: median {rep['latency_collectives_median']}, p90 "
-              f"{rep['latency_collectives_p90']} collectives of the faulty communicator",
-              f"false verdicts: {rep['false_verdicts']} ({rep['false_verdicts_on_healthy_runs']} on healthy runs, "
-              f"{rep['false_verdicts_before_onset_or_wrong_culprit']} before the onset or naming a non-culprit; "
-              f"{rep['excused_straggler_verdicts']} naming a real straggler excused) over "
-              f"{rep['healthy_collectives']} healthy collectives: {rep['false_per_1e6_healthy_collectives']} per "
-              f"10^6 (healthy runs alone: {rep['false_per_1e6_healthy_run_collectives']} per 10^6 of "
-              f"{rep['healthy_run_collectives']}); by noise {rep['false_by_noise']}"]
-    return "\n".join(lines)
 
 
 def estimate(spec: CorpusSpec, measured: list[dict], stall_ms: int = 3000) -> dict:
@@ -497,60 +431,6 @@ def _n_comms(topology: str) -> int:
     from mycroft_otel.sim.topology import build_comms, parse_topology
 
     return sum(len(v) for v in build_comms(parse_topology(TOPOLOGIES[topology].spec)).values())
-
-
-# --- the picture -----------------------------------------------------------------------------------
-
-_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-
-
-def curve_svg(rep: dict, title: str, key: str = "named_right") -> str:
-    """The detection curve as a standalone SVG: x = magnitude (log scale), y = rate, one line per fault."""
-    w, h, left, right, top, bottom = 640, 400, 60, 150, 40, 50
-    pw, ph = w - left - right, h - top - bottom
-    mags = sorted({float(m) for c in rep["curve"].values() for m in c})
-    lo, hi = (math.log(min(mags)), math.log(max(mags))) if mags else (0.0, 1.0)
-    span = (hi - lo) or 1.0
-
-    def x(m: float) -> float:
-        return left + (math.log(m) - lo) / span * pw
-
-    def y(v: float) -> float:
-        return top + (1.0 - v) * ph
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-           'font-family="sans-serif" font-size="12">',
-           f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{left + pw / 2}" y="22" text-anchor="middle" font-size="14">{_esc(title)}</text>']
-    for v in (0.0, 0.25, 0.5, 0.75, 1.0):
-        out.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{left + pw}" y2="{y(v):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0%}</text>')
-    for m in mags:
-        out.append(f'<line x1="{x(m):.1f}" y1="{top}" x2="{x(m):.1f}" y2="{top + ph}" stroke="#eee"/>')
-        out.append(f'<text x="{x(m):.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="10">{m:g}x</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
-    out.append(f'<text x="{left + pw / 2}" y="{h - 10}" text-anchor="middle">slowdown of the faulty collective '
-               '(x of its own time)</text>')
-    out.append(f'<text x="16" y="{top + ph / 2}" text-anchor="middle" transform="rotate(-90 16 {top + ph / 2})">'
-               f'{"named right" if key == "named_right" else "detected"}</text>')
-    for i, (f, by_m) in enumerate(rep["curve"].items()):
-        c = _COLOURS[i % len(_COLOURS)]
-        pts = [(float(m), v[key]) for m, v in by_m.items() if v[key] is not None]
-        pts.sort()
-        if pts:
-            d = " ".join(f"{x(m):.1f},{y(v):.1f}" for m, v in pts)
-            out.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"/>')
-            out += [f'<circle cx="{x(m):.1f}" cy="{y(v):.1f}" r="3" fill="{c}"/>' for m, v in pts]
-        ly = top + 10 + i * 18
-        out.append(f'<line x1="{left + pw + 12}" y1="{ly}" x2="{left + pw + 32}" y2="{ly}" stroke="{c}" '
-                   'stroke-width="2"/>')
-        out.append(f'<text x="{left + pw + 36}" y="{ly + 4}">{_esc(f)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def _esc(s: str) -> str:
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def main_corpus(spec_name: str, stall_ms: int, jobs: int, as_json: bool, plot: str | None,

@@ -379,7 +379,9 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
                    "dead_t", "proxy_sleep_t")}
     m_sbw = cat([md.send_bw_factor[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
     m_deliver = cat([md.deliver_stall_t[:, i.members] for i, md in zip(insts, mods_list)], axis=1)
-    sleep_ns = max(md.proxy_sleep_ns for md in mods_list)
+    # the sleep of the instances whose proxy thread sleeps: a sibling's unused default (1 s) must not stretch
+    # a calibrated short sleep when the communicators of one schedule entry are timed as one batch
+    sleep_ns = max((md.proxy_sleep_ns for md in mods_list if np.isfinite(md.proxy_sleep_t).any()), default=0.0)
     horizon = min(md.horizon for md in mods_list)
     issue = cat([np.asarray(i.issue, dtype=np.float64) for i in insts]) + m["issue_delay"]
     issue = np.where(m_absent, INF, issue)

@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -244,3 +244,147 @@ def test_a_run_that_fails_is_reported_and_the_others_kept(monkeypatch):
     monkeypatch.setattr(corpus, "cases", lambda s, f=None: todo)
     rc, out = corpus.main_corpus("ci", 3000, 1, False, None, None, False, lambda m: None)
     assert rc == 1 and f"FAILED {todo[0].scenario.name}: OSError" in out
+
+
+# --- the LLM shapes: cases and per-shape report, without running the stack ------------------------------
+
+def _llm_cases(monkeypatch) -> tuple[list, list]:
+    """The llm size's cases with calibration stubbed (factor_for_slowdown times real collectives: seconds)."""
+    calls: list = []
+
+    def fake(name, target, topology, model=None, comm="dp", **kw):
+        calls.append((name, topology, comm))
+        return 2.0
+    monkeypatch.setattr(corpus, "factor_for_slowdown", fake)
+    return corpus.cases(corpus.SIZES["llm"]), calls
+
+
+def test_llm_corpus_has_every_llm_shape_with_faults_in_tp_and_dp(monkeypatch):
+    from mycroft_otel.sim.topology import parse_topology
+
+    todo, _ = _llm_cases(monkeypatch)
+    shapes = {c.topology: parse_topology(corpus.TOPOLOGIES[c.topology].spec) for c in todo}
+    assert set(shapes) == set(corpus.LLM_TOPOLOGIES)
+    # TP 8 and 4 fill their nodes (NVLink); a tree and a pipeline stage are among them
+    assert {(t.tp, t.gpus, t.dp, t.pp) for t in shapes.values()} >= {(8, 8, 2, 1), (4, 4, 4, 1), (8, 8, 8, 1),
+                                                                     (4, 4, 2, 2)}
+    assert any(corpus.TOPOLOGIES[t].algo == "Tree" for t in shapes)
+    for topo in shapes:
+        for comm in ("tp", "dp"):
+            faults = {c.fault for c in todo if c.topology == topo and c.comm == comm}
+            assert {"slow_gpu", "late_rank", "late_once", "rank_absent"} <= faults, (topo, comm)
+        assert any(c.fault == corpus.HEALTHY for c in todo if c.topology == topo)
+    assert len({c.scenario.name for c in todo}) == len(todo)
+
+
+def test_tp_faults_are_named_targeted_and_calibrated_on_tp(monkeypatch):
+    todo, calls = _llm_cases(monkeypatch)
+    tp = [c for c in todo if c.comm == "tp"]
+    assert tp and all("-tp-" in c.scenario.name and ",comm=tp" in c.scenario.fault for c in tp)
+    assert "slow_gpu-x2-tp4dp4-tp-nccl-s1" in {c.scenario.name for c in tp}
+    dp = [c for c in todo if c.comm == "dp" and c.fault != corpus.HEALTHY]
+    assert dp and not any("comm=" in c.scenario.fault or "-dp-" in c.scenario.name for c in dp)  # names as before
+    # a TP case and its DP twin draw different victims and noise
+    assert not {c.scenario.seed for c in tp} & {c.scenario.seed for c in dp}
+    # the magnitude is calibrated on the communicator the fault strikes
+    assert ("slow_gpu", corpus.TOPOLOGIES["tp4dp4"].spec, "tp") in calls
+    assert ("slow_gpu", corpus.TOPOLOGIES["tp4dp4"].spec, "dp") in calls
+
+
+def test_network_faults_give_no_tp_case(monkeypatch):
+    """Inside a node NCCL moves TP data over NVLink from the kernel: no NIC, proxy thread or network flow."""
+    todo, _ = _llm_cases(monkeypatch)
+    tp_faults = {c.fault for c in todo if c.comm == "tp"}
+    assert not tp_faults & set(corpus.NETWORK_ONLY)
+    assert set(corpus.NETWORK_ONLY) <= {c.fault for c in todo if c.comm == "dp"}
+    assert corpus.skipped("slow_nic", "tp4dp4", "tp") == corpus.NETWORK_ONLY["slow_nic"]
+    assert "no TP communicator" in corpus.skipped("slow_gpu", "ring8", "tp")
+    assert corpus.skipped("slow_gpu", "tp4dp4", "tp") is None
+
+
+def test_tp_faults_have_valid_ground_truth():
+    """A TP-targeted fault strikes a TP collective and names a culprit inside that TP group (a short run)."""
+    from mycroft_otel.sim.faults import parse_fault
+    from mycroft_otel.sim.model import eval_model
+    from mycroft_otel.sim.simulation import Simulation
+    from mycroft_otel.sim.topology import parse_topology
+
+    topo = parse_topology(corpus.TOPOLOGIES["tp4dp4"].spec)
+    for spec in ("slow_gpu:factor=3,comm=tp", "late_rank:delay_ms=80,comm=tp", "rank_absent:comm=tp"):
+        sim = Simulation(topo, eval_model().with_noise("quiet"), [parse_fault(spec)], seed=5, steps=3)
+        sim.run()
+        (truth,) = sim.truths()
+        assert truth["comm_kind"] == "tp" and truth["comm_name"].startswith("tp"), spec
+        g = truth["culprit_global_ranks"][0]
+        assert truth["culprit_ranks"] == [sim.comm_of("tp", g).comm_rank(g)]
+        assert truth["culprit_hosts"] == [topo.host_name(topo.host_of(g))]
+
+
+def test_factor_for_slowdown_calibrates_on_the_tp_collective():
+    from mycroft_otel.sim.faults import FaultError, factor_for_slowdown
+    from mycroft_otel.sim.model import eval_model
+
+    spec = corpus.TOPOLOGIES["tp8dp2"].spec
+    tp = factor_for_slowdown("slow_gpu", 2.0, spec, model=eval_model(), comm="tp")
+    dp = factor_for_slowdown("slow_gpu", 2.0, spec, model=eval_model(), comm="dp")
+    assert tp > 1.0 and dp > 1.0 and abs(tp - dp) > 0.05  # two collectives, two answers
+    # a late call's delay is mostly the CPU's run-ahead; magnitudes must still give different delays
+    lates = [factor_for_slowdown("late_rank", m, spec, model=eval_model(), comm="tp") for m in (1.25, 1.5)]
+    assert lates[0] < lates[1]
+    with pytest.raises(FaultError):
+        factor_for_slowdown("slow_nic", 1.5, spec, model=eval_model(), comm="tp")  # no NIC on NVLink
+    with pytest.raises(FaultError):
+        factor_for_slowdown("slow_gpu", 1.5, spec, comm="pp")
+
+
+def test_llm_final_keeps_its_seeds_apart_from_development():
+    dev, final = corpus.SIZES["llm"], corpus.SIZES["llm-final"]
+    assert not set(dev.seeds) & set(final.seeds) and not set(dev.healthy_seeds) & set(final.healthy_seeds)
+    assert (dev.topologies, dev.fault_comms, dev.magnitudes) == (final.topologies, final.fault_comms,
+                                                                 final.magnitudes)
+    with pytest.raises(ValueError, match="fault_comms"):
+        replace(dev, fault_comms=("pp",)).validate()
+
+
+def _row(topo: str, fault: str, comm: str = "dp", m: float | None = 2.0, right: bool = True, false: int = 0,
+         coll: int = 100, param: float | None = None) -> dict:
+    return {"scenario": f"{fault}-{topo}-{comm}-{m}", "fault": fault, "topology": topo, "comm": comm,
+            "noise": "nccl", "magnitude": m, "param": param, "named_right": right, "detected": right,
+            "culprit_ok": right, "category_ok": right, "slowdown": m, "right_latency_collectives": 3 if right else None,
+            "false_verdicts": false, "excused_verdicts": 0, "healthy_collectives": coll,
+            "collectives": coll if fault == corpus.HEALTHY else coll * 2, "sim_s": 1.0, "wall_s": 1.0, "events": 1}
+
+
+def test_report_gives_the_headline_per_shape_and_communicator():
+    rows = [_row("tp4dp4", "slow_gpu", "tp", 1.25, right=False), _row("tp4dp4", "slow_gpu", "tp", 1.5),
+            _row("tp4dp4", "slow_flow", "dp", 1.5), _row("tp4dp4", "rank_absent", "tp", None),
+            _row("tp4dp4", corpus.HEALTHY, m=None, false=1, coll=1000),
+            _row("ring8", "slow_flow", "dp", 1.25), _row("ring8", "rank_absent", "dp", None, right=False),
+            _row("ring8", "late_once", "dp", None, param=1500.0),
+            _row("ring8", corpus.HEALTHY, m=None, coll=4000)]
+    rep = corpus.report(rows)
+    tp4 = rep["per_shape"]["tp4dp4"]
+    assert (tp4["named_right_ge_1.25x"], tp4["runs_ge_1.25x"]) == (0.667, 3)
+    assert (tp4["named_right_ge_1.5x"], tp4["runs_ge_1.5x"]) == (1.0, 2)
+    assert tp4["hangs_named_right"] == 1.0 and tp4["late_once_ge_1s_named_right"] is None
+    assert tp4["false_verdicts"] == 1 and tp4["healthy_collectives"] == 1400
+    assert tp4["false_per_1e6_healthy_collectives"] == round(1e6 / 1400, 1)
+    assert tp4["by_comm"]["tp"]["named_right_ge_1.25x"] == 0.5 and tp4["by_comm"]["dp"]["named_right_ge_1.25x"] == 1.0
+    ring = rep["per_shape"]["ring8"]
+    assert set(ring["by_comm"]) == {"dp"} and ring["hangs_named_right"] == 0.0
+    assert ring["late_once_ge_1s_named_right"] == 1.0 and ring["false_per_1e6_healthy_collectives"] == 0.0
+    # every shape counts: the corpus's figure is its worst shape's
+    worst = rep["every_shape"]
+    assert worst["named_right_ge_1.25x"] == {"value": 0.667, "shape": "tp4dp4"}
+    assert worst["hangs_named_right"] == {"value": 0.0, "shape": "ring8"}
+    assert worst["false_per_1e6_healthy_collectives"]["shape"] == "tp4dp4"
+    # a TP fault draws its own line of the curve
+    assert set(rep["curve"]) == {"slow_gpu (tp)", "slow_flow"}
+    out = corpus.text(rep, "t")
+    assert "per shape" in out and "tp4dp4" in out and "worst shape" in out
+
+
+def test_report_reads_rows_written_before_faults_could_target_tp():
+    rows = [{k: v for k, v in _row("tpdp8", "slow_flow", m=3.0).items() if k != "comm"}]
+    rep = corpus.report(rows)
+    assert set(rep["per_shape"]["tpdp8"]["by_comm"]) == {"dp"} and set(rep["curve"]) == {"slow_flow"}
