@@ -94,7 +94,7 @@ class CandidateTest:
                     self.mem.null(self.mem.levels, key).add(np.log(values + self.s.step_floor_ns))
                 tested = False
                 continue
-            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job)
+            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job, ev)
             alarms += found
             tested &= judged
         return alarms, tested
@@ -102,14 +102,16 @@ class CandidateTest:
     def _scores(self, keys: tuple[NullKey, ...], name: str, values: np.ndarray,
                 p2p: bool) -> tuple[np.ndarray, str] | None:
         """(the candidates' scores, mode): log-ratios to the collective's median of all its
-        candidates ("x"), or to the measure's recent healthy level ("h") when the trace holds too few
+        candidates ("x"), or to the measure's recent healthy level ("h") when the trace holds fewer than 3
         candidates or is one p2p transfer (a slow transfer slows all its channels alike: it is compared with
         the communicator's other transfers, or its siblings' while it has had too few); None when there is
-        nothing to compare to yet."""
+        nothing to compare to yet. Two candidates' median is their midpoint: each would score half their
+        difference, the slow one and the fast one alike, and the fault would be learnt as the pair's roles
+        before its evidence gathered (a DP ring of two ranks, TP x DP on two nodes)."""
         if name == slowdown.LATE:
             return values, "x"
         lv = np.log(values + self.s.step_floor_ns)
-        if len(values) >= 2 and not p2p:
+        if len(values) >= 3 and not p2p:
             ref, mode = median(lv), "x"
         else:
             level = self.mem.ready(self.mem.levels, keys)
@@ -120,7 +122,7 @@ class CandidateTest:
 
     def _test(self, levels: tuple[NullKey, ...], nulls: tuple[NullKey, ...], name: str, units: list,
               values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, comm: str,
-              job: str) -> tuple[list[Alarm], bool]:
+              job: str, ev: slowdown.Evidence) -> tuple[list[Alarm], bool]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
         the healthy ones; the candidates that alarm, and whether there was a null to judge them by."""
         d = self.s.cusum
@@ -151,6 +153,7 @@ class CandidateTest:
             err = 3.0 * 1.2533 * spread / np.sqrt(np.maximum(own_n, 1))
             role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
             z = (x - loc - role) / spread
+            ev.z[name] = z
             keys = self.mem.keys(job, comm, name, units)
             held = [self.mem.cusums.get(k) for k in keys]
             # a candidate with no evidence for either test and none held costs nothing

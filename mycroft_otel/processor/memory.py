@@ -105,8 +105,13 @@ class JobMemory:
         # joined through others that do (a TP group joins its ranks' DP rings), wait for each other
         self._joined: dict[tuple, tuple] = {}        # node -> its parent (union-find); a root maps to itself
         self._linked: dict[tuple, int] = {}          # (job, comm) -> ranks linked so far
+        self._members: dict[tuple, set] = {}         # (job, comm) -> its ranks' places (CandidateKey.place)
+        self._comms_of: dict[tuple, set] = {}        # (job, place) -> the communicators it is in
         self.own: dict[NullKey, OwnSpreads] = {}     # -> its candidates' own healthy scores
         self.durations: dict[tuple, Durations] = {}  # (job, comm, func) -> its kernels' recent times
+        # (job, ranks, func, crosses hosts) -> recent (start, size bucket, log kernel time, comm) of every
+        # communicator of that shape: a communicator's siblings (slower.py)
+        self.sibling_durations: dict[tuple, deque] = {}
         self._key_memo: dict[tuple, tuple[list, list[CandidateKey]]] = {}  # (job, comm, measure) -> (units, keys)
 
 
@@ -196,14 +201,29 @@ class JobMemory:
             return
         bounded_put(self._linked, key, len(st.op))
         a = self.root(("c",) + key)
+        members = get_or_put(self._members, key, set)
         for r in st.op:
             proc = self.process_of(st.comm, r)
             b = self.root(("p", st.job, proc if proc is not None else (st.comm, r)))
             if a != b:
                 self._joined[b] = a
+            place = self.candidate(st.job, st.comm, slowdown.GPU, r).place
+            members.add(place)
+            get_or_put(self._comms_of, (st.job, place), set).add(st.comm)
         if len(self._joined) > MAX_KEYS:
-            self._joined.clear()  # bounded: forgetting only makes later consequences name, never hides one
-            self._linked.clear()
+            # bounded: forgetting only makes later consequences name, never hides one
+            for table in (self._joined, self._linked, self._members, self._comms_of):
+                table.clear()
+
+    def held_in_shared(self, st: TraceState, rank: int) -> bool:
+        """A GPU or a proxy thread in a communicator this rank is in (itself included) is half way to an
+        alarm: the rank's collective there ran long, and its kernels run in order on its stream."""
+        place = self.candidate(st.job, st.comm, slowdown.GPU, rank).place
+        near = {place}
+        for comm in self._comms_of.get((st.job, place), ()):
+            if comm != st.comm:
+                near |= self._members.get((st.job, comm), set())
+        return any(k.place in near for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY)))
 
     def explained(self, st: TraceState) -> bool:
         """A slowdown named in a communicator joined to this one persists: its culprit (or a symptom whose

@@ -74,15 +74,28 @@ class Naming:
         elif by[slowdown.FLOW]:
             f = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
             pick = self._path(f, self._network(st, ev, f.unit[0]))
-        elif by[slowdown.PROXY] and not self.mem.accumulating(
-                st, (slowdown.LATE, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)):
+        elif by[slowdown.PROXY]:
             # the ranks sending into a late rank wait for credit on buffers it posts late, and the network
             # may hold data it has not delivered yet: those verdicts come first (held-back GPUs are the
-            # proxy's own doing)
-            pick = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
+            # proxy's own doing, and so is its own rank's lateness elsewhere: _busy_before)
+            p = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
+            if not self._late_here(st, ev, besides=p.unit) and \
+                    not self.mem.accumulating(st, (slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)):
+                pick = p
         if pick is None:
             return None
         return self._finding(st, ev, pick, recovered)
+
+    def _late_here(self, st: TraceState, ev: slowdown.Evidence, besides: int) -> bool:
+        """Another rank of this collective started it late (its lateness score here beyond the strong test's
+        drift) and gathers evidence of lateness. Lateness is kept per process across its communicators; a rank
+        held back in one (its DP ring waiting on a proxy) is late only into its others (its TP group), so
+        only this collective says whether its senders' credit waits are that rank's doing."""
+        units = ev.values.get(slowdown.LATE, ([], None))[0]
+        z = ev.z.get(slowdown.LATE)
+        return z is not None and any(u != besides and z[i] > self.s.cusum.k and
+                                     self.mem.gathering(st, slowdown.LATE, u) is not None
+                                     for i, u in enumerate(units))
 
     def _proxy_behind(self, st: TraceState, ev: slowdown.Evidence) -> tuple[int, Cusum] | None:
         """The rank of this collective whose proxy gathers the most evidence (half way to an alarm), with it."""
@@ -97,8 +110,11 @@ class Naming:
         and through a TP group the start of its peers' next collectives too. The reverse never holds: a rank
         that calls late leaves its peers' sends waiting for its credit (SendPeerWait), not on the link, and
         its own GPU idle. (Another rank's GPU can read slow behind a late rank: the rank before it blocks on
-        a FIFO slot the late one has not freed.) So lateness waits for that verdict."""
-        return self.mem.gathering(st, slowdown.GPU, rank) is not None or self.mem.link_gathers(st)
+        a FIFO slot the late one has not freed.) So lateness waits for that verdict. Likewise a GPU or a proxy
+        thread gathering evidence in another communicator the rank is in, its own or a peer's there: a proxy
+        that posts ready chunks late, or a slow GPU, keeps every rank of that collective (a DP ring's) in it
+        longer, and each enters its TP group's next collective late by as much."""
+        return self.mem.held_in_shared(st, rank) or self.mem.link_gathers(st)
 
     def _waited_for(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> Cusum | None:
         """The evidence of another rank that started last and reads late, when it gathers: the ranks before

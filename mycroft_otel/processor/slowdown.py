@@ -24,7 +24,7 @@ them names who was waited for) and a mismatch (mismatch.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -259,6 +259,9 @@ class Evidence:
     lateness_ns: int        # the last rank's start after the others' median start
     late_rank: int          # that rank (-1: fewer than 2 ranks)
     others_waited_ns: int   # the shortest time any other rank spent in the collective
+    # per measure, the candidates' standardized scores in this collective (candidates.py fills it as it judges
+    # them): what this collective says of a candidate, apart from the evidence it carries from others
+    z: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def evidence(st: TraceState, m: Measures) -> Evidence:

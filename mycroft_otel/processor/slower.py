@@ -31,6 +31,14 @@ def _reach(unit, peers: dict[int, set[int]]) -> set[int]:
     return set(unit[:2]) if isinstance(unit, tuple) else {unit} | peers.get(unit, set())
 
 
+def _siblings(st: TraceState) -> tuple:
+    """Where a communicator's kernel times are pooled with its siblings': the job's communicators of its size
+    moving the same function, apart by whether they cross hosts (a TP group inside a node runs on NVLink,
+    a DP ring of as many ranks on the network: their times are not comparable)."""
+    hosts = {ref.resource.host for _, ref in zip(range(16), st.op.values())}
+    return st.job, st.nranks, kind_of(st)[0], len(hosts) > 1
+
+
 class SlowerCheck:
     """A communicator's kernel times, and whether they moved since an alarm's evidence began."""
 
@@ -55,10 +63,39 @@ class SlowerCheck:
             ran = [v for ref in m.refs[:16] if type(v := span_attributes(ref, _KERNEL).get(sc.KERNEL_DURATION)) is int]
             if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
                 when = min(ref.start_ns for ref in m.refs)
-                history.recent.append((when, bucket, float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0)), healthy))
+                took = float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0))
+                history.recent.append((when, bucket, took, healthy))
                 if tested and history.judged_from < 0:
                     history.judged_from = when
+                get_or_put(self.mem.sibling_durations, _siblings(st),
+                           lambda: deque(maxlen=4 * self.s.duration_history)).append((when, bucket, took, st.comm))
         return history
+
+    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int) -> bool | None:
+        """Whether this communicator's kernels since ``onset_ns`` ran longer than its siblings' over the same
+        time (the job's other communicators of its size and function, on the network or inside a node alike:
+        a TP x DP job's DP rings, or its TP groups), by 3 standard errors of the difference; None when there is
+        too little to compare (fewer than 2 siblings, 8 of their kernel times or 3 of its own). Siblings move
+        the same data at the same moments of the step, so a collective-wide effect (the model's step, a bigger
+        message, a loaded job) moves them alike, and they need no history of their own: a ring whose fault
+        began a few steps into the job is judged as soon as it has run a few slow collectives."""
+        sib = self.mem.sibling_durations.get(_siblings(st))
+        if sib is None:
+            return None
+        others = [(k, d, c) for t, k, d, c in sib if t >= onset_ns and c != st.comm]
+        level = {}
+        for k in {k for k, _, _ in others}:
+            ds = [d for k2, d, _ in others if k2 == k]
+            if len(ds) >= 3:
+                level[k] = median(np.array(ds))
+        theirs = np.array([d - level[k] for k, d, _ in others if k in level])
+        mine = np.array([d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level])
+        if len({c for k, _, c in others if k in level}) < 2 or len(theirs) < self.s.null_min_collectives or len(mine) < 3:
+            return None
+        mid = median(theirs)
+        scale = max(1.4826 * median(np.abs(theirs - mid)), self.s.min_scale)
+        err = 1.2533 * scale * np.sqrt(1.0 / len(mine) + 1.0 / len(theirs))
+        return median(mine) - mid >= 3.0 * err
 
     def is_slower(self, st: TraceState, ev: slowdown.Evidence, history: Durations, alarms: list[Alarm]) -> bool:
         """Whether the communicator's collectives since the alarms' evidence began take longer than its
@@ -107,6 +144,10 @@ class SlowerCheck:
                 return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
+        if not enough and self._than_siblings(st, history, onset_ns):
+            # slower than its siblings; not slower than them says nothing: a fault that slows a DP ring slows
+            # every TP group waiting on it, and through them every other ring
+            return True
         d = self.s.cusum.strong
         return any(a.cusum.strong >= d.h and a.cusum.collectives <= 2 * d.h / (d.cap - d.k)
                    and not self._twinned(st, ev, a.measure) for a in alarms)

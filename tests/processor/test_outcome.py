@@ -78,3 +78,19 @@ def test_a_verdict_carries_its_hypothesis_on_the_root_cause_span():
     a = verdicts[0].attributes()
     assert a["mycroft.rca.hypothesis"].startswith("gpu rank ")
     assert a["mycroft.rca.runner_up"] and a["mycroft.rca.margin"] > 0
+
+
+def test_every_root_cause_attribute_is_documented():
+    from pathlib import Path
+
+    schema = (Path(__file__).resolve().parents[2] / "docs" / "span-schema.md").read_text()
+    section = schema.split("## `mycroft.root_cause`", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for cell in (line.split("|")[1] for line in section.splitlines() if line.startswith("| `")):
+        names = [n.strip("` ") for n in cell.split(",")]
+        base = names[0].rsplit(".", 1)[0]
+        documented |= {n if not n.startswith(".") else base + n for n in names}
+    for name in ("slow_gpu", "gpu_stalled"):
+        _, verdicts = _replayed(name)
+        missing = set(verdicts[0].attributes()) - documented
+        assert not missing, missing

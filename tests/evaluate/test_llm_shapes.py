@@ -1,0 +1,44 @@
+"""Faults in jobs shaped like LLM training (TP inside a node, DP rings across nodes, PP stages), on virtual
+time through the real plugin, agent and processor: each mechanism that made a fault in one communicator go
+unnamed, or named as its consequence in another, has one case here (seeds and factors of `--corpus llm`'s
+development runs, docs/algorithm.md §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mycroft_otel.evaluate import corpus
+from mycroft_otel.evaluate.scenarios import Scenario
+
+# (name, fault spec, corpus shape, seed): what each case checks
+CASES = [
+    # DP rings of two ranks (2 nodes x 8 GPUs): too few healthy collectives of its own precede a fault at 4 s,
+    # so the ring's kernel times are compared with its 7 siblings'; and a pair's median is its midpoint, so
+    # each rank is scored against its healthy level, not against the other
+    ("dp-pair-nic-x1.5", "slow_nic:at=4,factor=1.83401", "tp8dp2", 1010),
+    # a DP tree of 4 across nodes: the same sibling comparison
+    ("dp-tree-flow-x1.5", "slow_flow:at=4,factor=1.68179", "tp4dp4tree", 1000),
+    # TP x PP x DP: a slow proxy in a DP pair holds both of its ranks in the DP all-reduce, and each enters
+    # its TP group's next collective late; that lateness is the proxy's consequence, not a late rank
+    ("dp-proxy-x1.5", "slow_proxy:at=4,sleep_ms=1.91623,p=1", "tp4pp2dp2", 1040),
+    ("dp-proxy-x3", "slow_proxy:at=4,sleep_ms=6.93491,p=1", "tp4pp2dp2", 1041),
+]
+
+
+@pytest.fixture(scope="module")
+def plugin() -> str:
+    try:
+        from mycroft_otel.sim.runner import find_plugin
+
+        return find_plugin()
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"native build missing: {exc}")
+
+
+@pytest.mark.parametrize("name,fault,shape,seed", CASES, ids=[c[0] for c in CASES])
+def test_a_fault_in_one_communicator_is_named_right_and_alone(plugin, name, fault, shape, seed):
+    sc = Scenario(name, fault, topology=corpus.TOPOLOGIES[shape].spec, seed=seed,
+                  duration_s=corpus.SLOW_DURATION_S)
+    row = corpus.run_case(corpus.Case(sc, fault.split(":")[0], shape, "nccl", None), 3000, plugin=plugin)
+    assert row["named_right"], (row["top"], row["category"], row["culprit"])
+    assert row["false_verdicts"] == 0, row["top"]
