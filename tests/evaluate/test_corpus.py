@@ -50,16 +50,6 @@ CI_LATENCY_MEDIAN_MAX = 10            # collectives from the onset to the first 
 CI_MAX_RUNS, CI_MAX_SIM_S, CI_MAX_WORLD = 25, 300.0, 8
 
 
-@pytest.fixture(scope="module")
-def plugin() -> str:
-    try:
-        from mycroft_otel.sim.runner import find_plugin
-
-        return find_plugin()
-    except (ImportError, FileNotFoundError) as exc:
-        pytest.skip(f"native build missing: {exc}")
-
-
 def _eval(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mycroft_otel", "eval", "--virtual", *args],
                           capture_output=True, text=True, timeout=timeout)

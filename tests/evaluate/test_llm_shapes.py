@@ -25,16 +25,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def plugin() -> str:
-    try:
-        from mycroft_otel.sim.runner import find_plugin
-
-        return find_plugin()
-    except (ImportError, FileNotFoundError) as exc:
-        pytest.skip(f"native build missing: {exc}")
-
-
 @pytest.mark.parametrize("name,fault,shape,seed", CASES, ids=[c[0] for c in CASES])
 def test_a_fault_in_one_communicator_is_named_right_and_alone(plugin, name, fault, shape, seed):
     sc = Scenario(name, fault, topology=corpus.TOPOLOGIES[shape].spec, seed=seed,

@@ -16,16 +16,6 @@ CATALOGUE = {s.name: s for s in scenarios.builtin(STALL_MS)}
 HANGS = ["rank_absent", "gpu_stalled", "nic_down", "flow_stall", "coll_mismatch"]
 
 
-@pytest.fixture(scope="module")
-def plugin() -> str:
-    try:
-        from mycroft_otel.sim.runner import find_plugin
-
-        return find_plugin()
-    except (ImportError, FileNotFoundError) as exc:
-        pytest.skip(f"native build missing: {exc}")
-
-
 def _run(name: str, plugin: str) -> dict:
     return virtual.score(virtual.run_scenario(CATALOGUE[name], STALL_MS, plugin=plugin))
 
