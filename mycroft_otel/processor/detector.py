@@ -113,10 +113,7 @@ class SlowdownDetector:
 
     def _closest(self, st: TraceState, ev: slowdown.Evidence) -> str:
         """The candidate of this collective nearest to the bar, for a silence's reason."""
-        best: tuple[float, str] = (0.0, "")
-        for name, (units, _) in ev.values.items():
-            for u, k in zip(units, self.mem.keys(st.job, st.comm, name, units)):
-                c = self.mem.cusums.get(k)
-                if c is not None and c.s > best[0]:
-                    best = (c.s, label(name, u))
-        return f"closest: {best[1]} at {best[0]:.1f} of {self.s.cusum.h:g}" if best[1] else NO_CANDIDATE
+        name, unit, c = max(self.mem.held(st, ev), key=lambda x: x[2].s, default=(None, None, None))
+        if c is None or c.s <= 0:
+            return NO_CANDIDATE
+        return f"closest: {label(name, unit)} at {c.s:.1f} of {self.s.cusum.h:g}"

@@ -147,6 +147,14 @@ class JobMemory:
         # only by its pid may drive several GPUs, so its ranks stay apart (per communicator)
         return CandidateKey(job, name, proc if proc is not None and proc[1] == "g" else (comm, unit))
 
+    def held(self, st: TraceState, ev: slowdown.Evidence) -> Iterator[tuple[str, object, Cusum]]:
+        """(measure, unit, its evidence) of this collective's candidates that hold any."""
+        for name, (units, _) in ev.values.items():
+            for u, k in zip(units, self.keys(st.job, st.comm, name, units)):
+                c = self.cusums.get(k)
+                if c is not None:
+                    yield name, u, c
+
     def cusum(self, st: TraceState, measure: str, unit) -> Cusum | None:
         return self.cusums.get(self.candidate(st.job, st.comm, measure, unit))
 

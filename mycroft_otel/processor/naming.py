@@ -221,13 +221,10 @@ class Naming:
         """The strongest other explanation in this collective: the candidate with the most evidence that is
         neither the named one nor a symptom that led to it."""
         mine = (a.cusum,) + a.via
-        best: tuple[str, float] = ("", 0.0)
-        for name, (units, _) in ev.values.items():
-            for u, k in zip(units, self.mem.keys(st.job, st.comm, name, units)):
-                c = self.mem.cusums.get(k)
-                if c is not None and c.s > best[1] and not any(c is m for m in mine):
-                    best = (label(name, u), c.s)
-        return best
+        others = [(c.s, label(name, u)) for name, u, c in self.mem.held(st, ev)
+                  if c.s > 0 and not any(c is m for m in mine)]
+        s, what = max(others, default=(0.0, ""))
+        return what, s
 
     def _finding(self, st: TraceState, ev: slowdown.Evidence, a: Alarm, recovered: Finding | None) -> Finding:
         c = a.cusum
