@@ -125,7 +125,6 @@ class CandidateTest:
               job: str, ev: slowdown.Evidence) -> tuple[list[Alarm], bool]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
         the healthy ones; the candidates that alarm, and whether there was a null to judge them by."""
-        d = self.s.cusum
         x, mode = got
         alarms: list[Alarm] = []
         nulls = tuple(key._replace(mode=mode) for key in nulls)
@@ -154,29 +153,7 @@ class CandidateTest:
             role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
             z = (x - loc - role) / spread
             ev.z[name] = z
-            keys = self.mem.keys(job, comm, name, units)
-            held = [self.mem.cusums.get(k) for k in keys]
-            # a candidate with no evidence for either test and none held costs nothing
-            for i in sorted({i for i, c in enumerate(held) if c is not None}.union(
-                    np.flatnonzero(z > (d.mild.k if name in MILD else d.k)).tolist())):
-                u, c = units[i], held[i]
-                if c is None:
-                    c = Cusum()
-                    bounded_put(self.mem.cusums, keys[i], c)
-                elif when < c.last_when_ns:
-                    # late news: a collective older than the candidate's latest evidence (flagged ones
-                    # arrive at once, sampled ones of before the fault later); the test runs in the job's
-                    # order, so it only teaches the null
-                    healthy[i] = c.s < d.h / 2
-                    continue
-                elif at - c.updated_at > self.s.evidence_ttl_s:
-                    c.reset()  # evidence from long ago says nothing about consecutive collectives
-                s = c.update(float(z[i]), d, when, at, mild=name in MILD)
-                c.x = float(x[i])
-                # a candidate gathering evidence does not teach the null what healthy looks like
-                healthy[i] = s < d.h / 2
-                if s >= d.h:
-                    alarms.append(Alarm(name, u, c, float(z[i])))
+            alarms = self._accumulate(job, comm, name, units, x, z, when, at, healthy)
         own.add(rows[healthy], x[healthy])
         for key in nulls:
             self.mem.null(self.mem.nulls, key).add((x - role)[healthy])
@@ -184,6 +161,36 @@ class CandidateTest:
             for key in levels:
                 self.mem.null(self.mem.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
         return alarms, ready is not None or prior is not None
+
+    def _accumulate(self, job: str, comm: str, name: str, units: list, x: np.ndarray, z: np.ndarray, when: int,
+                    at: float, healthy: np.ndarray) -> list[Alarm]:
+        """The candidates' CUSUMs updated with this collective's scores; ``healthy`` cleared where a candidate
+        gathers evidence (it does not teach the null what healthy looks like); the ones that alarm."""
+        d = self.s.cusum
+        alarms: list[Alarm] = []
+        keys = self.mem.keys(job, comm, name, units)
+        held = [self.mem.cusums.get(k) for k in keys]
+        # a candidate with no evidence for either test and none held costs nothing
+        for i in sorted({i for i, c in enumerate(held) if c is not None}.union(
+                np.flatnonzero(z > (d.mild.k if name in MILD else d.k)).tolist())):
+            c = held[i]
+            if c is None:
+                c = Cusum()
+                bounded_put(self.mem.cusums, keys[i], c)
+            elif when < c.last_when_ns:
+                # late news: a collective older than the candidate's latest evidence (flagged ones arrive at
+                # once, sampled ones of before the fault later); the test runs in the job's order, so it only
+                # teaches the null
+                healthy[i] = c.s < d.h / 2
+                continue
+            elif at - c.updated_at > self.s.evidence_ttl_s:
+                c.reset()  # evidence from long ago says nothing about consecutive collectives
+            s = c.update(float(z[i]), d, when, at, mild=name in MILD)
+            c.x = float(x[i])
+            healthy[i] = s < d.h / 2
+            if s >= d.h:
+                alarms.append(Alarm(name, units[i], c, float(z[i])))
+        return alarms
 
     def recovered(self, st: TraceState, f: Finding, at: float) -> Alarm | None:
         """A stall that recovered, naming a slow proxy, GPU or flow: one capped score for its candidate,

@@ -122,16 +122,8 @@ def measure(traces: list[TraceState]) -> list[Measures]:
                               table[rx, F_PEER])
     known = rx_at >= 0
     expected = mismatch.receiver_steps(rx_at, table[rx, F_STEPS])
-    # proxy: per send flow whose receiving end we know, its credit wait (steps ready, SendPeerWait)
-    # beyond the time its receiver's GPU held the buffers (a slow or blocked receiver returns credit
-    # late), as far as the receiver's buffer was posted meanwhile (its RecvWait busy time). An agent
-    # before peer_busy_ns exports none: its proxies read 0 (not named from this measure)
-    fr, rr = table[out_rows[known]], table[rx[rx_at[known]]]
-    held = np.clip(fr[:, F_PEER_BUSY] - _busy(rr, F_GPU_BUSY, F_GPU_WAIT), 0.0, _busy(rr, F_NET_BUSY, F_NET_WAIT))
-    by = src[known]
-    sent_of = np.flatnonzero(np.bincount(by, minlength=len(refs)))
-    unsent = (np.bincount(by, weights=held, minlength=len(refs))[sent_of]
-              / np.bincount(by, weights=steps[out_rows[known]], minlength=len(refs))[sent_of])
+    sent_of, unsent = _unsent(table[out_rows[known]], table[rx[rx_at[known]]], src[known], steps[out_rows[known]],
+                              len(refs))
     # per trace: its slice of each array, rank indices made local to the trace
     first = bounds[trace_of]  # per rank: the index of its trace's first rank
     gpu_at, src_at, dst_at, sent_at = (gpu_of - first[gpu_of], src - first[src], dst - first[src],
@@ -151,6 +143,21 @@ def measure(traces: list[TraceState]) -> list[Measures]:
             net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], unsent=unsent[p[t]:p[t + 1]],
             steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]]))
     return out
+
+
+def _unsent(sends: np.ndarray, receives: np.ndarray, by: np.ndarray, steps: np.ndarray,
+            nranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``proxy`` measure: per rank with send flows whose receiving end we know (``sends`` and their
+    ``receives``, rows of the flow table), the credit wait per step (steps ready, SendPeerWait) beyond the
+    time its receiver's GPU held the buffers (a slow or blocked receiver returns credit late), as far as the
+    receiver's buffer was posted meanwhile (its RecvWait busy time): ready data neither end moved. An agent
+    before peer_busy_ns exports none: its proxies read 0 (not named from this measure)."""
+    held = np.clip(sends[:, F_PEER_BUSY] - _busy(receives, F_GPU_BUSY, F_GPU_WAIT), 0.0,
+                   _busy(receives, F_NET_BUSY, F_NET_WAIT))
+    sent_of = np.flatnonzero(np.bincount(by, minlength=nranks))
+    unsent = (np.bincount(by, weights=held, minlength=nranks)[sent_of]
+              / np.bincount(by, weights=steps, minlength=nranks)[sent_of])
+    return sent_of, unsent
 
 
 def _busy(rows: np.ndarray, busy: int, wait: int) -> np.ndarray:
