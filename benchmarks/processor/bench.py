@@ -164,7 +164,9 @@ def main() -> int:
           f"{'met' if t['ratio'] >= TARGET_RATIO else 'NOT met'})")
     print(f"  ingest + analysis target >= {TARGET_SPANS_PER_S:,} spans/s: "
           f"{'met' if t['ingest_spans_per_s'] >= TARGET_SPANS_PER_S else 'NOT met'}; "
-          f"vs parse + read {t['ratio_full']:.2f} (for reference)")
+          f"vs parse + read {t['ratio_full']:.2f} (the earlier target >= 0.50 against parse + read: "
+          f"{'met' if t['ratio_full'] >= 0.5 else 'NOT met'}; kept beside the parse-only one, which is what a "
+          f"user compares with)")
     print(f"  of which the slowdown analysis: {t['analysis_us_per_collective']:.0f} us per 64-rank collective "
           f"({t['analysis_share']:.0%} of the processor's time)")
     print("hang analysis at scale (GPU stall in a ring, 2 channels):")

@@ -104,12 +104,10 @@ class SlowdownDetector:
         if recovered is None and not self.slower.is_slower(st, ev, history, alarms):
             return silent(Outcome.NOT_SLOWER, f"{label(alarms[0].measure, alarms[0].unit)} alarms; the "
                                               f"communicator's kernels are not slower than before")
-        f = self.naming.name(st, m, ev, alarms, recovered)
-        if f is None:
-            return silent(Outcome.DEFERRED, f"{label(alarms[0].measure, alarms[0].unit)} alarms; a likelier "
-                                            f"cause gathers evidence")
-        decorate(st, build_views(st), f)
-        return Decision(Outcome.NAMED, f)
+        d = self.naming.name(st, m, ev, alarms, recovered)
+        if d.finding is not None:
+            decorate(st, build_views(st), d.finding)
+        return d
 
     def _closest(self, st: TraceState, ev: slowdown.Evidence) -> str:
         """The candidate of this collective nearest to the bar, for a silence's reason."""

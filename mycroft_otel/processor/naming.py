@@ -18,6 +18,7 @@ from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
 from mycroft_otel.processor.memory import NAMED_KEPT, JobMemory, get_or_put
+from mycroft_otel.processor.outcome import Decision, Outcome, silent
 from mycroft_otel.processor.views import Finding
 from mycroft_otel.processor.sequential import Cusum
 from mycroft_otel.processor.settings import Settings
@@ -41,7 +42,8 @@ class Naming:
         self.s, self.mem = settings, memory
 
     def name(self, st: TraceState, m: slowdown.Measures, ev: slowdown.Evidence, alarms: list[Alarm],
-              recovered: Finding | None) -> Finding | None:
+              recovered: Finding | None) -> Decision:
+        """The alarm that names the culprit (Outcome.NAMED), or why none does yet (Outcome.DEFERRED)."""
         by = {name: [a for a in alarms if a.measure == name] for name in _ORDER}
         pick: Alarm | None = None
         late = [a for a in by[slowdown.LATE] if not self._busy_before(st, a.unit)]
@@ -51,11 +53,14 @@ class Naming:
             held = {a.unit for a in by[slowdown.GPU]}
             g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
             if self.mem.link_gathers(st, elsewhere=True):
-                return None  # its kernel queued behind a transfer of a joined communicator: that one's verdict
+                # its kernel queued behind a transfer of a joined communicator: that one's verdict
+                return silent(Outcome.DEFERRED, f"{label(g.measure, g.unit)} alarms while a link of a joined "
+                                                f"communicator gathers evidence")
             late_one = self._waited_for(st, ev, g.unit)
             if late_one is not None:
                 g.cusum.reset()
-                return self._finding(st, ev, g.led_to(slowdown.LATE, ev.late_rank, late_one), recovered)
+                return Decision(Outcome.NAMED,
+                                self._finding(st, ev, g.led_to(slowdown.LATE, ev.late_rank, late_one), recovered))
             proxy = self._proxy_behind(st, ev)
             if proxy is not None:
                 # a rank whose proxy leaves its ready data unposted blocks its kernel on the send FIFO slots
@@ -79,12 +84,16 @@ class Naming:
             # may hold data it has not delivered yet: those verdicts come first (held-back GPUs are the
             # proxy's own doing, and so is its own rank's lateness elsewhere: _busy_before)
             p = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
-            if not self._late_here(st, ev, besides=p.unit) and \
-                    not self.mem.accumulating(st, (slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)):
-                pick = p
-        if pick is None:
-            return None
-        return self._finding(st, ev, pick, recovered)
+            if self._late_here(st, ev, besides=p.unit) or \
+                    self.mem.accumulating(st, (slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)):
+                return silent(Outcome.DEFERRED, f"{label(p.measure, p.unit)} alarms; a rank late into this "
+                                                f"collective or a link gathers evidence")
+            pick = p
+        if pick is None:  # only late ranks alarmed, each held back by what it waited for
+            first = by[slowdown.LATE][0]
+            return silent(Outcome.DEFERRED, f"{label(first.measure, first.unit)} alarms; a GPU, proxy or link "
+                                            f"that held it back gathers evidence")
+        return Decision(Outcome.NAMED, self._finding(st, ev, pick, recovered))
 
     def _late_here(self, st: TraceState, ev: slowdown.Evidence, besides: int) -> bool:
         """Another rank of this collective started it late (its lateness score here beyond the strong test's

@@ -39,6 +39,16 @@ def _siblings(st: TraceState) -> tuple:
     return st.job, st.nranks, kind_of(st)[0], len(hosts) > 1
 
 
+def _levels(times: list[tuple[int, float]]) -> dict[int, float]:
+    """Per size bucket, the median of its (bucket, log kernel time) pairs; a size with fewer than 3 says
+    nothing. A job moving several message sizes: each time is read against its own size's level, so that
+    the sizes pool."""
+    by: dict[int, list[float]] = {}
+    for k, d in times:
+        by.setdefault(k, []).append(d)
+    return {k: median(np.array(ds)) for k, ds in by.items() if len(ds) >= 3}
+
+
 class SlowerCheck:
     """A communicator's kernel times, and whether they moved since an alarm's evidence began."""
 
@@ -71,10 +81,10 @@ class SlowerCheck:
                            lambda: deque(maxlen=4 * self.s.duration_history)).append((when, bucket, took, st.comm))
         return history
 
-    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int) -> bool | None:
+    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int) -> bool:
         """Whether this communicator's kernels since ``onset_ns`` ran longer than its siblings' over the same
         time (the job's other communicators of its size and function, on the network or inside a node alike:
-        a TP x DP job's DP rings, or its TP groups), by 3 standard errors of the difference; None when there is
+        a TP x DP job's DP rings, or its TP groups), by 3 standard errors of the difference; False when there is
         too little to compare (fewer than 2 siblings, 8 of their kernel times or 3 of its own). Siblings move
         the same data at the same moments of the step, so a collective-wide effect (the model's step, a bigger
         message, a loaded job) moves them alike, and they need no history of their own: a ring whose fault
@@ -83,19 +93,22 @@ class SlowerCheck:
         if sib is None:
             return None
         others = [(k, d, c) for t, k, d, c in sib if t >= onset_ns and c != st.comm]
-        level = {}
-        for k in {k for k, _, _ in others}:
-            ds = [d for k2, d, _ in others if k2 == k]
-            if len(ds) >= 3:
-                level[k] = median(np.array(ds))
-        theirs = np.array([d - level[k] for k, d, _ in others if k in level])
-        mine = np.array([d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level])
+        level = _levels([(k, d) for k, d, _ in others])
+        theirs = [d - level[k] for k, d, _ in others if k in level]
+        mine = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
         if len({c for k, _, c in others if k in level}) < 2 or len(theirs) < self.s.null_min_collectives or len(mine) < 3:
-            return None
-        mid = median(theirs)
-        scale = max(1.4826 * median(np.abs(theirs - mid)), self.s.min_scale)
-        err = 1.2533 * scale * np.sqrt(1.0 / len(mine) + 1.0 / len(theirs))
-        return median(mine) - mid >= 3.0 * err
+            return False
+        return self._longer(mine, theirs)
+
+    def _longer(self, mine: list[float], theirs: list[float]) -> bool:
+        """Whether the median of ``mine`` (log kernel times, less their size's level) stands above the median
+        of ``theirs`` by 3 standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n + 1/m), the
+        spread theirs, at least min_scale)."""
+        t = np.array(theirs)
+        mid = median(t)
+        scale = max(1.4826 * median(np.abs(t - mid)), self.s.min_scale)
+        err = 1.2533 * scale * np.sqrt(1.0 / len(mine) + 1.0 / len(t))
+        return median(np.array(mine)) - mid >= 3.0 * err
 
     def is_slower(self, st: TraceState, ev: slowdown.Evidence, history: Durations, alarms: list[Alarm]) -> bool:
         """Whether the communicator's collectives since the alarms' evidence began take longer than its
@@ -127,21 +140,13 @@ class SlowerCheck:
         the role offset takes away (sequential.OwnSpreads) while its own history is short; a larger role
         repeats where the algorithm repeats it."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
-        # a job moving several message sizes: each kernel time against its own size's healthy median, so
-        # that the sizes pool (a size with fewer than 3 healthy times before says nothing)
         healthy = [(k, d) for t, k, d, ok in history.recent if t < onset_ns and ok][-self.s.own_size:]
-        level = {k: float(np.median([d for k2, d in healthy if k2 == k])) for k in {k for k, _ in healthy}
-                 if sum(k2 == k for k2, _ in healthy) >= 3}
+        level = _levels(healthy)
         before = [d - level[k] for k, d in healthy if k in level]
         since = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
         enough = len(before) >= self.s.null_min_collectives
-        if enough and since:
-            b = np.array(before)
-            mid = median(b)
-            scale = max(1.4826 * median(np.abs(b - mid)), self.s.min_scale)
-            err = 1.2533 * scale * np.sqrt(1.0 / len(since) + 1.0 / len(b))
-            if median(np.array(since)) - mid >= 3.0 * err:
-                return True
+        if enough and since and self._longer(since, before):
+            return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
         if not enough and self._than_siblings(st, history, onset_ns):
