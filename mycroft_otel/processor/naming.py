@@ -1,18 +1,21 @@
-"""Which alarm names the culprit when several candidates of one collective alarm.
+"""Which hypothesis names the culprit when candidates of one collective alarm: one explanation table.
 
 A fault at one place moves the measures of its neighbours too: a slow GPU holds back the GPU before it in the
 ring (that one blocks on a FIFO slot), a slow link delays its sender's kernel and delivers in bursts that wait
 for its receiver's GPU, a late rank leaves its peers' sends waiting for credit, a proxy that posts ready data
-late holds its upstream's GPUs. So the most specific explanation wins: a late rank (everybody waited for it),
-unless a link, or its own GPU, that would have held it back gathers evidence in a joined communicator; a late
-rank over the GPUs before it; a gathering proxy over the GPUs it blocks; a slow GPU over slow flows into it
-unless a network path out of it, into it or out of a held-back GPU gathers evidence, or exactly one flow
-touching it is slow (its kernel queued behind the collective that flow delayed); a NIC over its single
-flows; a proxy unless a late rank or a link gathers. The verdict carries the winning hypothesis, the best
-other one in the collective, and the margin of evidence between them.
+late holds its upstream's GPUs, and a rank's kernels run in order on its stream, so whatever keeps it in one
+communicator's collective makes it late into its other communicators'. So an alarm is a symptom until the
+table (EXPLAINED_BY) finds nothing likelier behind it: the explanations of each measure, as data, each a
+place whose evidence (half way to h) the network and the stream order make a cause of that alarm. One
+resolver reads it for every collective. The verdict carries the winning hypothesis, the best other one in
+the collective, and the margin of evidence between them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
@@ -24,8 +27,109 @@ from mycroft_otel.processor.sequential import Cusum
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.state import TraceState
 
-# precedence when several candidates of one collective alarm (see the module docstring)
-_ORDER = (slowdown.LATE, slowdown.GPU, slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW, slowdown.PROXY)
+# The explanation table. A fault at one place moves its neighbours' measures too, so an alarm is a symptom
+# until nothing likelier explains it. Rows are tried in this order, each row's alarms strongest first (a
+# GPU row: the one whose data waits longest, _source_gpu); an alarm's explanations are tried in order. The
+# first that holds evidence decides: NAME names that explanation for the alarm's evidence (it may be only half
+# way to h: what it holds back reached h), WAIT leaves the alarm unnamed until that cause reaches a verdict of
+# its own (its communicator, or its own test). An alarm nothing explains is named itself; when every alarm
+# waits, the decision is DEFERRED with the first one's reason.
+
+
+class Act(Enum):
+    NAME = "name"   # the explanation is the culprit, named for the alarm's evidence
+    WAIT = "wait"   # the explanation must reach its own verdict; this alarm names nothing meanwhile
+
+
+@dataclass(frozen=True)
+class Explanation:
+    cause: str      # in words, for a DEFERRED decision's detail and docs/algorithm.md
+    find: Callable[["Naming", "_Collective", Alarm], "Alarm | bool | None"]  # NAME: the culprit; WAIT: truthy
+    act: Act
+
+
+@dataclass(slots=True)
+class _Collective:
+    st: TraceState
+    ev: slowdown.Evidence
+    by: dict[str, list[Alarm]]  # this collective's alarms per measure
+
+
+@dataclass(frozen=True)
+class Row:
+    measures: tuple[str, ...]
+    explanations: tuple[Explanation, ...] = ()
+    # the one alarm the row is judged by, given its strongest (its others are its symptoms); None: each
+    # alarm is tried, strongest first
+    first: Callable[["Naming", "_Collective", Alarm], Alarm] | None = None
+
+
+def _strongest(n: "Naming", c: _Collective, a: Alarm) -> Alarm:
+    return a
+
+
+def _source(n: "Naming", c: _Collective, a: Alarm) -> Alarm:
+    return n._source_gpu(c.st, c.ev, a)
+
+
+def _held_back(n: "Naming", c: _Collective, a: Alarm) -> bool:
+    return n._busy_before(c.st, a.unit)
+
+
+def _link_elsewhere(n: "Naming", c: _Collective, a: Alarm) -> bool:
+    return n.mem.link_gathers(c.st, elsewhere=True)
+
+
+def _late_rank(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    late = n._waited_for(c.st, c.ev, a.unit)
+    return None if late is None else a.led_to(slowdown.LATE, c.ev.late_rank, late)
+
+
+def _proxy(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    found = n._proxy_behind(c.st, c.ev)
+    return None if found is None else a.led_to(slowdown.PROXY, *found)
+
+
+def _gpu_path(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    held = {g.unit for g in c.by[slowdown.GPU]}
+    found = n._held_back_path(c.st, c.ev, a.unit, held)
+    return None if found is None else a.led_to(*found)
+
+
+def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    touching = [f for f in c.by[slowdown.FLOW] if a.unit in f.unit[:2]]
+    if len(touching) == 1 and not c.by[slowdown.NIC_SEND] and not c.by[slowdown.NIC_RECV]:
+        return touching[0]
+    return None
+
+
+def _flow_path(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    found = n._network(c.st, c.ev, a.unit[0])
+    return None if found is None else a.led_to(*found)
+
+
+def _late_or_link(n: "Naming", c: _Collective, a: Alarm) -> bool:
+    return n._late_here(c.st, c.ev, besides=a.unit) or \
+        n.mem.accumulating(c.st, (slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW))
+
+
+EXPLAINED_BY: tuple[Row, ...] = (
+    Row((slowdown.LATE,), (
+        Explanation("a GPU, proxy or link that held it back gathers evidence", _held_back, Act.WAIT),)),
+    Row((slowdown.GPU,), (
+        Explanation("a link of a joined communicator gathers evidence", _link_elsewhere, Act.WAIT),
+        Explanation("the rank that started last gathers lateness", _late_rank, Act.NAME),
+        Explanation("a proxy of this collective gathers evidence", _proxy, Act.NAME),
+        Explanation("a network path out of it, into it, or out of a GPU it holds back", _gpu_path, Act.NAME),
+        Explanation("the one flow that touches it alarms", _one_flow, Act.NAME)), first=_source),
+    Row((slowdown.NIC_SEND, slowdown.NIC_RECV)),
+    Row((slowdown.FLOW,), (
+        Explanation("its receiver's or its sender's NIC, or its sender's slowest flow", _flow_path, Act.NAME),),
+        first=_strongest),
+    Row((slowdown.PROXY,), (
+        Explanation("a rank late into this collective or a link gathers evidence", _late_or_link, Act.WAIT),),
+        first=_strongest),
+)
 
 
 def label(measure: str, unit) -> str:
@@ -36,7 +140,7 @@ def label(measure: str, unit) -> str:
 
 
 class Naming:
-    """Names the culprit behind a collective's alarms (None: a likelier cause still gathers evidence)."""
+    """Names the culprit behind a collective's alarms by the explanation table (EXPLAINED_BY)."""
 
     def __init__(self, settings: Settings, memory: JobMemory):
         self.s, self.mem = settings, memory
@@ -44,56 +148,32 @@ class Naming:
     def name(self, st: TraceState, m: slowdown.Measures, ev: slowdown.Evidence, alarms: list[Alarm],
               recovered: Finding | None) -> Decision:
         """The alarm that names the culprit (Outcome.NAMED), or why none does yet (Outcome.DEFERRED)."""
-        by = {name: [a for a in alarms if a.measure == name] for name in _ORDER}
-        pick: Alarm | None = None
-        late = [a for a in by[slowdown.LATE] if not self._busy_before(st, a.unit)]
-        if late:
-            pick = max(late, key=lambda a: a.cusum.s)
-        elif by[slowdown.GPU]:
-            held = {a.unit for a in by[slowdown.GPU]}
-            g = self._source_gpu(st, ev, max(by[slowdown.GPU], key=lambda a: a.cusum.s))
-            if self.mem.link_gathers(st, elsewhere=True):
-                # its kernel queued behind a transfer of a joined communicator: that one's verdict
-                return silent(Outcome.DEFERRED, f"{label(g.measure, g.unit)} alarms while a link of a joined "
-                                                f"communicator gathers evidence")
-            late_one = self._waited_for(st, ev, g.unit)
-            if late_one is not None:
-                g.cusum.reset()
-                return Decision(Outcome.NAMED,
-                                self._finding(st, ev, g.led_to(slowdown.LATE, ev.late_rank, late_one), recovered))
-            proxy = self._proxy_behind(st, ev)
-            if proxy is not None:
-                # a rank whose proxy leaves its ready data unposted blocks its kernel on the send FIFO slots
-                # that data holds, so its received data waits for that kernel, and the ranks sending into it
-                # block in turn, hop by hop: their GPUs read slow. A slow GPU never reads as a proxy (its
-                # upstream's credit wait is its own busy time)
-                g.cusum.reset()
-                g = g.led_to(slowdown.PROXY, *proxy)
-            pick = self._path(g, self._held_back_path(st, ev, g.unit, held)) if g.measure == slowdown.GPU else g
-            if pick is g:
-                touching = [a for a in by[slowdown.FLOW] if g.unit in a.unit[:2]]
-                if len(touching) == 1 and not by[slowdown.NIC_SEND] and not by[slowdown.NIC_RECV]:
-                    pick = touching[0]  # its kernel queued behind the collective that one flow delayed
-        elif by[slowdown.NIC_SEND] or by[slowdown.NIC_RECV]:
-            pick = max(by[slowdown.NIC_SEND] + by[slowdown.NIC_RECV], key=lambda a: a.cusum.s)
-        elif by[slowdown.FLOW]:
-            f = max(by[slowdown.FLOW], key=lambda a: a.cusum.s)
-            pick = self._path(f, self._network(st, ev, f.unit[0]))
-        elif by[slowdown.PROXY]:
-            # the ranks sending into a late rank wait for credit on buffers it posts late, and the network
-            # may hold data it has not delivered yet: those verdicts come first (held-back GPUs are the
-            # proxy's own doing, and so is its own rank's lateness elsewhere: _busy_before)
-            p = max(by[slowdown.PROXY], key=lambda a: a.cusum.s)
-            if self._late_here(st, ev, besides=p.unit) or \
-                    self.mem.accumulating(st, (slowdown.NIC_SEND, slowdown.NIC_RECV, slowdown.FLOW)):
-                return silent(Outcome.DEFERRED, f"{label(p.measure, p.unit)} alarms; a rank late into this "
-                                                f"collective or a link gathers evidence")
-            pick = p
-        if pick is None:  # only late ranks alarmed, each held back by what it waited for
-            first = by[slowdown.LATE][0]
-            return silent(Outcome.DEFERRED, f"{label(first.measure, first.unit)} alarms; a GPU, proxy or link "
-                                            f"that held it back gathers evidence")
-        return Decision(Outcome.NAMED, self._finding(st, ev, pick, recovered))
+        c = _Collective(st, ev, {name: [a for a in alarms if a.measure == name] for name in slowdown.CATEGORY_OF})
+        waits: list[str] = []
+        for row in EXPLAINED_BY:
+            tried = sorted((a for name in row.measures for a in c.by[name]), key=lambda a: -a.cusum.s)
+            if row.first is not None and tried:
+                tried = [row.first(self, c, tried[0])]
+            for a in tried:
+                culprit = self._explain(c, row, a, waits)
+                if culprit is not None:
+                    return Decision(Outcome.NAMED, self._finding(st, ev, culprit, recovered))
+        return silent(Outcome.DEFERRED, waits[0] if waits else "no alarm")
+
+    def _explain(self, c: _Collective, row: Row, a: Alarm, waits: list[str]) -> Alarm | None:
+        """The culprit ``a`` names by the first of its row's explanations that holds evidence (itself when none
+        does), or None when that explanation makes it wait (its reason appended to ``waits``)."""
+        for e in row.explanations:
+            found = e.find(self, c, a)
+            if not found:
+                continue
+            if e.act is Act.WAIT:
+                waits.append(f"{label(a.measure, a.unit)} alarms; {e.cause}")
+                return None
+            if found.cusum is not a.cusum and any(a.cusum is v for v in found.via):
+                a.cusum.reset()  # what it measured was the culprit's doing: named once, as the culprit
+            return found
+        return a
 
     def _late_here(self, st: TraceState, ev: slowdown.Evidence, besides: int) -> bool:
         """Another rank of this collective started it late (its lateness score here beyond the strong test's
