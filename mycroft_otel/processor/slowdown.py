@@ -89,16 +89,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
                                                                            dtype=np.float64))
     table, counts = flow_table(refs, MEASURE_COLUMNS)
     row = np.repeat(np.arange(len(refs)), counts)  # per flow: its rank (index into refs)
-    # arrival
-    starts = table[:, F_START]
-    posted = starts > 0
-    arrival = np.full(len(refs), _NO_ARRIVAL, dtype=np.int64)
-    np.minimum.at(arrival, row[posted], starts[posted])
-    for i in np.flatnonzero(arrival == _NO_ARRIVAL).tolist():
-        a = evidence_attributes(refs[i])
-        t = next((a[k] for k in (sc.TIME_LAUNCH, sc.TIME_ENQUEUE, sc.TIME_API) if type(a.get(k)) is int and a[k] > 0),
-                 refs[i].start_ns)
-        arrival[i] = min(t, _NO_ARRIVAL - 1)
+    arrival = _arrivals(refs, table, row)
     send = table[:, F_SEND] == 1
     steps = np.maximum(table[:, F_STEPS], 1).astype(np.float64)
     # GPU: receive side
@@ -133,16 +124,29 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     # flows come in rank order)
     r, g, f, p = (c.tolist() for c in (bounds, np.searchsorted(gpu_of, bounds), np.searchsorted(src, bounds),
                                        np.searchsorted(sent_of, bounds)))
-    out = []
-    for t in range(len(traces)):
-        out.append(Measures(
-            refs=refs[r[t]:r[t + 1]], ranks=ranks[r[t]:r[t + 1]], arrival=arrival[r[t]:r[t + 1]],
-            duration=duration[r[t]:r[t + 1]], end=max(ends[r[t]:r[t + 1]]),
-            gpu_of=gpu_at[g[t]:g[t + 1]], gpu=gpu[g[t]:g[t + 1]],
-            src=src_at[f[t]:f[t + 1]], dst=dst_at[f[t]:f[t + 1]], channel=channel[f[t]:f[t + 1]],
-            net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], unsent=unsent[p[t]:p[t + 1]],
-            steps=table[out_rows[f[t]:f[t + 1]], F_STEPS], expected=expected[f[t]:f[t + 1]]))
-    return out
+    flow_steps = table[out_rows, F_STEPS]
+    return [Measures(refs=refs[r[t]:r[t + 1]], ranks=ranks[r[t]:r[t + 1]], arrival=arrival[r[t]:r[t + 1]],
+                     duration=duration[r[t]:r[t + 1]], end=max(ends[r[t]:r[t + 1]]),
+                     gpu_of=gpu_at[g[t]:g[t + 1]], gpu=gpu[g[t]:g[t + 1]],
+                     src=src_at[f[t]:f[t + 1]], dst=dst_at[f[t]:f[t + 1]], channel=channel[f[t]:f[t + 1]],
+                     net=net[f[t]:f[t + 1]], sent_of=sent_at[p[t]:p[t + 1]], unsent=unsent[p[t]:p[t + 1]],
+                     steps=flow_steps[f[t]:f[t + 1]], expected=expected[f[t]:f[t + 1]])
+            for t in range(len(traces))]
+
+
+def _arrivals(refs: list[SpanRef], table: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Per rank, when it really started: its first step posted, else (no flow posted: NVLink, or nothing yet)
+    its kernel's launch time, failing that its enqueue or API call time, failing that its span's start."""
+    starts = table[:, F_START]
+    posted = starts > 0
+    arrival = np.full(len(refs), _NO_ARRIVAL, dtype=np.int64)
+    np.minimum.at(arrival, row[posted], starts[posted])
+    for i in np.flatnonzero(arrival == _NO_ARRIVAL).tolist():
+        a = evidence_attributes(refs[i])
+        t = next((a[k] for k in (sc.TIME_LAUNCH, sc.TIME_ENQUEUE, sc.TIME_API) if type(a.get(k)) is int and a[k] > 0),
+                 refs[i].start_ns)
+        arrival[i] = min(t, _NO_ARRIVAL - 1)
+    return arrival
 
 
 def _unsent(sends: np.ndarray, receives: np.ndarray, by: np.ndarray, steps: np.ndarray,
