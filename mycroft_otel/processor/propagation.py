@@ -6,7 +6,8 @@
   flows, so no walk) whose waiting ranks are in flight in another hung trace: a GPU runs its stream's
   kernels in launch order, and a TP all-reduce launched behind a stuck DP one waits for it. It waits for
   that trace's verdict (or, when that one is queued behind an earlier collective of its communicator, that
-  one's) and is then attributed to it. While the other collective still moves, the culprit is slow there,
+  one's) and is then attributed to it. Likewise a GPU the walk finds neither consuming nor producing while
+  its process is in flight in another hung trace: its stream is busy in that one's kernel. While the other collective still moves, the culprit is slow there,
   not absent here, so this one waits too; once that one is hung as well it waits up to 2 x the stall
   threshold (a cycle of waits must not block forever), and a cycle where every trace waits for this one
   names this one at once.
@@ -93,6 +94,10 @@ class Propagation:
             others = self._elsewhere(st, f.ranks)
         elif f.reason == "noflow":
             others = self._elsewhere(st, f.waiting, missing=False)
+        elif f.category == sc.CAT_GPU_STALLED:
+            # a GPU that neither consumes nor produces here may be busy in a hung kernel of another
+            # communicator, launched before this one on its stream: then this one waits for that one
+            others = self._elsewhere(st, f.ranks, missing=False)
         else:
             return False
         if not others:
@@ -119,9 +124,12 @@ class Propagation:
         self._waits_on[st.trace_id] = {o.trace_id for o in others}
         if len(self._waits_on) > _KEPT:
             self._waits_on.pop(next(iter(self._waits_on)))
-        if all(st.trace_id in self._waits_on.get(o.trace_id, ()) for o in others):
+        if f.reason != "noflow" and all(st.trace_id in self._waits_on.get(o.trace_id, ()) for o in others):
+            # a cycle: waiting breaks no tie, so this one is named and the others find its verdict. Not a
+            # collective without network flows: its culprit is only a guess (the rank that stopped first),
+            # and the trace it waits for has flows that name one: that one is named when it looks again
             self._deferred.pop(st.trace_id, None)
-            return False  # a cycle: waiting breaks no tie; the others find this verdict
+            return False
         first = self._deferred.setdefault(st.trace_id, mono)
         if len(self._deferred) > _KEPT:
             self._deferred.pop(next(iter(self._deferred)))
