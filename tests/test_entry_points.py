@@ -42,6 +42,9 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXTRA_MODULES = {"mycroft_otel.processor.replay", "mycroft_otel.stack"}
 #: modules whose --help is not argparse's, and what they do instead (checked as a real action below)
 NO_USAGE = {"mycroft_otel.config": "prints the README's configuration table"}
+#: modules that need an optional extra (the docs say so beside them): installed in the checkout's venv, where
+#: they run; in the wheel's venv (no extras) they must say which extra to install, not raise a traceback
+NEEDS_EXTRA = {"mycroft_otel.grafana.dashboards": "dashboards"}
 #: documented files under scripts/ and benchmarks/ run with a real, cheap action instead of --help
 SCRIPT_ACTIONS = {"scripts/gpu_drill.sh": ["--plan"]}
 #: documented files that are not run here, and why (each is run by scripts/test.sh or on a GPU machine)
@@ -94,7 +97,8 @@ def _requirements() -> list[str]:
     """Runtime and build dependencies (pyproject.toml); cmake/ninja wheels only where the machine has none,
     as scikit-build-core then asks for them."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    reqs = [*project["project"]["dependencies"], *project["build-system"]["requires"]]
+    reqs = [*project["project"]["dependencies"], *project["build-system"]["requires"],
+            *(r for extra in NEEDS_EXTRA.values() for r in project["project"]["optional-dependencies"][extra])]
     reqs += [tool for tool in ("cmake", "ninja") if shutil.which(tool) is None]
     return reqs
 
@@ -195,6 +199,10 @@ def checkout_install(clone, wheel_install) -> Install:
     env = _clean_env(PATH=f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(env_dir))
     res = _run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "."], clone, env)
     assert res.returncode == 0, f"pip install . failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    res = _run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
+                *(r for extra in NEEDS_EXTRA.values() for r in extras[extra])], clone, env)  # fmt: skip
+    assert res.returncode == 0, f"installing the extras {sorted(NEEDS_EXTRA.values())} failed:\n{res.stderr[-3000:]}"
     return Install("checkout", env_dir, clone, env)
 
 
@@ -209,11 +217,18 @@ def _help_commands(inst: Install) -> list[list[str]]:
     return cmds
 
 
-def _check_install(inst: Install, tmp_path: Path) -> None:
+def _check_install(inst: Install, tmp_path: Path, extras: bool) -> None:
     failed = []
     for argv in _help_commands(inst):
         res = inst.run(argv)
-        answered = "usage:" in res.stdout or argv[-2] in NO_USAGE
+        module = argv[-2]
+        if module in NEEDS_EXTRA and not extras:
+            hint = f"pip install 'mycroft-otel[{NEEDS_EXTRA[module]}]'"
+            if res.returncode == 0 or hint not in res.stderr or "Traceback" in res.stderr:
+                failed.append(f"{' '.join(argv)} without its extra -> {res.returncode}, not naming it: "
+                              f"{res.stderr.strip()[-600:]}")
+            continue
+        answered = "usage:" in res.stdout or module in NO_USAGE
         if res.returncode != 0 or not answered:
             failed.append(f"{' '.join(argv)} -> {res.returncode}: {res.stderr.strip()[-600:]}")
     assert not failed, f"{inst.name}:\n" + "\n".join(failed)
@@ -249,7 +264,7 @@ def test_wheel_ships_the_plugin_and_extension_and_runs_every_command(wheel_insta
     assert any(re.fullmatch(r"mycroft_otel/_native\..*\.so", n) for n in names), names
     res = inst.run([inst.python, "-c", "import mycroft_otel, mycroft_otel._native as n; print(n.__file__)"])
     assert res.returncode == 0 and res.stdout.strip().startswith(str(inst.venv)), res.stderr
-    _check_install(inst, tmp_path)
+    _check_install(inst, tmp_path, extras=False)
 
 
 @pytest.mark.slow
@@ -258,7 +273,10 @@ def test_checkout_runs_every_command_and_script_after_pip_install(checkout_insta
     inst = checkout_install
     # run from the clone's root: its source tree comes first on sys.path and has no compiled extension
     assert not glob.glob(str(inst.cwd / "mycroft_otel" / "_native*.so"))
-    _check_install(inst, tmp_path)
+    _check_install(inst, tmp_path, extras=True)
+    # the dashboards generator finds the checkout's dashboards/ (not the installed copy's surroundings)
+    res = inst.run([inst.python, "-m", "mycroft_otel.grafana.dashboards", "--check"])
+    assert res.returncode == 0, res.stderr[-2000:]
     res = inst.run([inst.python, "-m", "mycroft_otel.stack", "--help"])
     assert res.returncode == 0 and "cannot import name '_native'" not in res.stderr
     _, _, files = documented()
