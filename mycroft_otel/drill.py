@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from mycroft_otel import config
@@ -37,6 +39,8 @@ DEFAULT_FAULT = "nic_down"
 # hosts, so the hang is a network one (net_send_stalled) and the page names a host and a rank.
 DEFAULT_TOPOLOGY = "nodes=2,gpus=4,tp=4,dp=2"
 ALERT_NAME = "MycroftRootCause"
+# Alertmanager stamps startsAt with Prometheus' clock, this host's may differ a little
+CLOCK_SLACK = timedelta(seconds=30)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds the synthetic job stays alive, hung; keep it above the processors' "
                         "MYCROFT_STALL_MS (default %(default)s)")
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY, help="simulated job (default %(default)s)")
-    p.add_argument("--seed", type=int, default=1, help="picks the victim rank (default %(default)s)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="picks the communicators' hashes and the victim rank (default: from the clock, so every "
+                        "drill pages for a communicator of its own)")
     p.add_argument("--job-id", default=None,
                    help="job id of the synthetic job (default mycroft-drill-<host>-<UTC time>)")
     p.add_argument("--alertmanager", metavar="URL", default=None,
@@ -78,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"mycroft-otel drill: {exc}", file=sys.stderr)
         return 2
     ring_dir = args.ring_dir or config.get_str("MYCROFT_RING_DIR")
+    # An earlier drill's alert keeps firing for 10 minutes (dashboards/alerts): a seed of its own gives this
+    # drill communicators of its own, and only an alert that started after this drill began counts.
+    seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
+    started = datetime.now(timezone.utc)
     job_id = args.job_id or f"mycroft-drill-{socket.gethostname()}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     if not os.path.isdir(ring_dir):
         # the agent creates nothing; the plugin (here: the simulated ranks) creates the directory 0700
@@ -85,13 +95,10 @@ def run(args: argparse.Namespace) -> int:
               f"rings once they are created", file=sys.stderr)
     print(f"mycroft-otel drill: job {job_id} ({args.topology}), fault {fault}, {args.duration:g} s, "
           f"rings in {ring_dir}", file=sys.stderr)
-    argv = command("sim", "--topology", args.topology, "--seed", str(args.seed), "--realtime",
+    argv = command("sim", "--topology", args.topology, "--seed", str(seed), "--realtime",
                    "--duration", f"{args.duration:g}", "--ring-dir", ring_dir, "--job-id", job_id,
                    "--slow-steps", "--no-progress", "--fault", fault)
-    # the simulated ranks must not read the operator's export settings: the agent exports, not they
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["MYCROFT_RING_DIR"] = ring_dir
-    sim = subprocess.run(argv, capture_output=True, text=True, env=env)
+    sim = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, MYCROFT_RING_DIR=ring_dir))
     if sim.returncode != 0:
         print(f"mycroft-otel drill: the synthetic job failed (exit {sim.returncode}): {sim.stderr.strip()[-800:]}",
               file=sys.stderr)
@@ -109,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
           f"comm=\"{truth['comm_hash']}\", severity=\"{severity}\"}}")
     if not args.alertmanager:
         return 0
-    alert = wait_for_alert(args.alertmanager, truth["comm_hash"], args.wait)
+    alert = wait_for_alert(args.alertmanager, truth["comm_hash"], args.wait, since=started)
     if alert is None:
         print(f"NOT PAGED  Alertmanager at {args.alertmanager} holds no {ALERT_NAME} for communicator "
               f"{truth['comm_hash']} after {args.wait:g} s: check the agent's export counters, the gateway, "
@@ -131,8 +138,18 @@ def alerts_of(alertmanager: str, comm_hash: str, timeout_s: float = 5.0) -> list
         return json.loads(resp.read())
 
 
-def wait_for_alert(alertmanager: str, comm_hash: str, wait_s: float, poll_s: float = 2.0) -> dict[str, Any] | None:
-    """The first active alert of the communicator within ``wait_s``; None if none arrived.
+def _started_at(alert: dict[str, Any]) -> datetime | None:
+    try:  # RFC 3339 with a Z and up to nanoseconds: keep the microseconds fromisoformat reads
+        stamp = re.sub(r"(\.\d{6})\d+", r"\1", alert["startsAt"]).replace("Z", "+00:00")
+        return datetime.fromisoformat(stamp)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def wait_for_alert(alertmanager: str, comm_hash: str, wait_s: float, since: datetime | None = None,
+                   poll_s: float = 2.0) -> dict[str, Any] | None:
+    """The first active alert of the communicator that started at or after ``since``, within ``wait_s``;
+    None if none arrived.
 
     Only the non-inhibited ones count: the span-based alert (culprit, evidence, trace id) inhibits the
     counter-based one, so what Alertmanager would notify is what is returned."""
@@ -140,7 +157,8 @@ def wait_for_alert(alertmanager: str, comm_hash: str, wait_s: float, poll_s: flo
     last_error = ""
     while True:
         try:
-            found = alerts_of(alertmanager, comm_hash)
+            found = [a for a in alerts_of(alertmanager, comm_hash)
+                     if since is None or (_started_at(a) or since) >= since - CLOCK_SLACK]
             if found:
                 return found[0]
         except (OSError, ValueError) as exc:
