@@ -224,3 +224,21 @@ def test_kubernetes_prometheus_config_passes_promtool(tmp_path):
     res = subprocess.run([str(promtool), "check", "config", str(conf)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     assert re.search(r"SUCCESS: [1-9]\d* rules found", res.stdout + res.stderr), res.stdout + res.stderr
+
+
+def test_only_processors_reach_the_root_cause_port_and_only_the_gateway_the_processors():
+    """The root-cause receiver writes verdicts and pages: a NetworkPolicy admits only the processors there."""
+    policy = named("NetworkPolicy", "otelcol-gateway")["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "otelcol-gateway"}
+    for rule in policy["ingress"]:
+        ports = {p["port"] for p in rule["ports"]}
+        if ports & {4327, 4328}:
+            assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "mycroft-processor"}}}]
+    open_ports = {p["port"] for rule in policy["ingress"] if "from" not in rule for p in rule["ports"]}
+    assert open_ports == {4317, 4318, 13133}
+    served = {p["containerPort"] for p in named("Deployment", "otelcol-gateway")["spec"]["template"]["spec"][
+        "containers"][0]["ports"]}
+    assert {p["port"] for rule in policy["ingress"] for p in rule["ports"]} == served  # none forgotten
+    processors = named("NetworkPolicy", "mycroft-processor")["spec"]
+    (otlp,) = [r for r in processors["ingress"] if {p["port"] for p in r["ports"]} == {4317, 4318}]
+    assert otlp["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "otelcol-gateway"}}}]
