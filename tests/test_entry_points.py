@@ -22,20 +22,15 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tomllib
-import venv
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from mycroft_otel.cli import VERBS
-
-ROOT = Path(__file__).resolve().parents[1]
-WHEELHOUSE = ROOT / "build" / "wheelhouse"
+from packaging_support import ROOT, clean_env, fill_wheelhouse, new_venv, run_nice
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: modules run with ``python -m`` that the docs name only by file (docs/algorithm.md: processor/replay.py)
@@ -93,46 +88,6 @@ def test_the_docs_name_only_real_verbs_and_files():
 
 # -- the two installs ----------------------------------------------------------------------------------------
 
-def _requirements() -> list[str]:
-    """Runtime and build dependencies (pyproject.toml); cmake/ninja wheels only where the machine has none,
-    as scikit-build-core then asks for them."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    reqs = [*project["project"]["dependencies"], *project["build-system"]["requires"],
-            *(r for extra in NEEDS_EXTRA.values() for r in project["project"]["optional-dependencies"][extra])]
-    reqs += [tool for tool in ("cmake", "ninja") if shutil.which(tool) is None]
-    return reqs
-
-
-def _fill_wheelhouse() -> None:
-    """build/wheelhouse holds every wheel the installs need: resolved offline when it already does, else
-    completed from the package index (the only time the test uses it)."""
-    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    base = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary=:all:",
-            "-d", str(WHEELHOUSE), *_requirements()]
-    offline = subprocess.run([*base, "--no-index", "--find-links", str(WHEELHOUSE)], capture_output=True, text=True,
-                             timeout=600)
-    if offline.returncode != 0:
-        online = subprocess.run(base, capture_output=True, text=True, timeout=1200)
-        assert online.returncode == 0, f"cannot fill {WHEELHOUSE}:\n{online.stderr[-3000:]}"
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONSTARTUP", "VIRTUAL_ENV")
-           and not k.startswith(("MYCROFT_", "OTEL_", "PIP_"))}  # fmt: skip
-    # the local wheelhouse only; the build backend's isolated environment inherits these too
-    env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(WHEELHOUSE), PIP_DISABLE_PIP_VERSION_CHECK="1",
-               PIP_CONFIG_FILE=os.devnull, PIP_NO_INPUT="1", PYTHONUNBUFFERED="1",
-               CMAKE_BUILD_PARALLEL_LEVEL=str(min(os.cpu_count() or 2, 4)))
-    env.update(extra)
-    return env
-
-
-def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run(["nice", "-n", "10", *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @dataclass
 class Install:
     name: str
@@ -152,11 +107,6 @@ class Install:
         return subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
 
 
-def _new_venv(path: Path) -> Path:
-    venv.EnvBuilder(with_pip=True, clear=True, system_site_packages=False).create(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("entry-points")
@@ -165,42 +115,42 @@ def clone(tmp_path_factory) -> Path:
     dst = base / "mycroft-otel"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dst)], check=True)
     subprocess.run(["git", "-C", str(dst), "checkout", "--quiet", "--detach", head], check=True)
-    _fill_wheelhouse()
+    fill_wheelhouse(tuple(sorted(set(NEEDS_EXTRA.values()))))
     return dst
 
 
 @pytest.fixture(scope="module")
 def wheel_install(clone) -> tuple[Install, list[Path]]:
     """`pip wheel . -w dist/` in the clone, installed into a fresh venv that has no compiler to call."""
-    builder = _new_venv(clone.parent / "venv-builder")
-    res = _run([str(builder / "bin" / "python"), "-m", "pip", "wheel", "-q", ".", "-w", "dist/"], clone,
-               _clean_env(VIRTUAL_ENV=str(builder)))  # fmt: skip
+    builder = new_venv(clone.parent / "venv-builder")
+    res = run_nice([str(builder / "bin" / "python"), "-m", "pip", "wheel", "-q", ".", "-w", "dist/"], clone,
+               clean_env(VIRTUAL_ENV=str(builder)))  # fmt: skip
     assert res.returncode == 0, f"pip wheel . -w dist/ failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
     wheels = sorted((clone / "dist").glob("*.whl"))
     ours = [w for w in wheels if w.name.startswith("mycroft_otel-")]
     assert len(ours) == 1, wheels
-    env_dir = _new_venv(clone.parent / "venv-wheel")
+    env_dir = new_venv(clone.parent / "venv-wheel")
     # no compiler, no CMake, no index: PATH holds only the venv, CC/CXX refuse to run
-    bare = _clean_env(PATH=str(env_dir / "bin"), CC="/bin/false", CXX="/bin/false", VIRTUAL_ENV=str(env_dir))
+    bare = clean_env(PATH=str(env_dir / "bin"), CC="/bin/false", CXX="/bin/false", VIRTUAL_ENV=str(env_dir))
     res = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
                           *glob.glob(str(clone / "dist" / "*.whl"))],
                          cwd=clone.parent, env=bare, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert res.returncode == 0, f"pip install dist/*.whl failed:\n{res.stderr[-4000:]}"
     empty = clone.parent / "elsewhere"
     empty.mkdir()
-    env = _clean_env(PATH=f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(env_dir))
+    env = clean_env(PATH=f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(env_dir))
     return Install("wheel", env_dir, empty, env), ours
 
 
 @pytest.fixture(scope="module")
 def checkout_install(clone, wheel_install) -> Install:
     """`pip install .` (README) in the clone, into a fresh venv; commands run from the clone's root."""
-    env_dir = _new_venv(clone.parent / "venv-checkout")
-    env = _clean_env(PATH=f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(env_dir))
-    res = _run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "."], clone, env)
+    env_dir = new_venv(clone.parent / "venv-checkout")
+    env = clean_env(PATH=f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(env_dir))
+    res = run_nice([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "."], clone, env)
     assert res.returncode == 0, f"pip install . failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    res = _run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
+    res = run_nice([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
                 *(r for extra in NEEDS_EXTRA.values() for r in extras[extra])], clone, env)  # fmt: skip
     assert res.returncode == 0, f"installing the extras {sorted(NEEDS_EXTRA.values())} failed:\n{res.stderr[-3000:]}"
     return Install("checkout", env_dir, clone, env)

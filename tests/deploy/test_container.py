@@ -2,8 +2,9 @@
 COPY source exists in the repository and survives Dockerfile.dockerignore while host build outputs do not,
 that the build stage holds all the wheel is built from, and that the entrypoints name real verbs.
 
+The build stage's `pip wheel` is also run for real, in a fresh venv, on exactly the files its COPY lines take
+(after Dockerfile.dockerignore): a file the build needs but the context lacks fails here.
 What this cannot check: that the base image and apt packages resolve, and the image's own build and run.
-tests/test_entry_points.py builds the same wheel (`pip wheel .`) and runs it in a fresh venv.
 """
 
 from __future__ import annotations
@@ -12,11 +13,17 @@ import fnmatch
 import json
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from mycroft_otel.cli import VERBS
+from packaging_support import clean_env, fill_wheelhouse, new_venv, run_nice
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "container" / "Dockerfile"
@@ -165,3 +172,47 @@ def test_agent_and_processor_targets_run_real_verbs():
         assert cmd[0] == verb and verb in VERBS
         # the listeners face the pod network, not loopback (the defaults of both verbs)
         assert "0.0.0.0" in cmd, cmd
+
+
+def _context_of_build_stage(dst: Path) -> tuple[Path, str]:
+    """The build stage's files, as its COPY lines lay them out in WORKDIR, from the repository's tracked and
+    untracked-but-not-ignored files filtered by Dockerfile.dockerignore; and its `pip wheel` RUN line."""
+    _, stages = parse(DOCKERFILE.read_text())
+    build = next(s for s in stages if s.name == "build")
+    workdir = next(r for op, r in build.instructions if op == "WORKDIR")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    patterns = ignore_patterns()
+    files = [f for f in listed if f and (ROOT / f).is_file() and not ignored(f, patterns)]
+    for srcs, dest, _ in copies(build):
+        for src in srcs:
+            rel = src.rstrip("/")
+            for f in files:
+                if f == rel:  # a file: into the destination directory under its own name
+                    out = dst / dest / Path(f).name
+                elif f.startswith(rel + "/"):  # a directory's contents: into the destination directory
+                    out = dst / dest / f[len(rel) + 1:]
+                else:
+                    continue
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / f, out)
+    (wheel_cmd,) = [r for op, r in build.instructions if op == "RUN" and "pip wheel" in r]
+    assert workdir == "/src", workdir
+    return dst, wheel_cmd
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_build_stages_context_builds_the_wheel(tmp_path):
+    ctx, wheel_cmd = _context_of_build_stage(tmp_path / "src")
+    assert not list(ctx.rglob("*.so")) and not (ctx / "build").exists()
+    fill_wheelhouse()
+    env_dir = new_venv(tmp_path / "venv")
+    argv = shlex.split(wheel_cmd.replace("/dist", str(tmp_path / "dist")))
+    assert argv[:2] == ["pip", "wheel"], argv
+    res = run_nice([str(env_dir / "bin" / "python"), "-m", *argv], ctx, clean_env(VIRTUAL_ENV=str(env_dir)))
+    assert res.returncode == 0, f"{wheel_cmd} in the build stage's context failed:\n{res.stderr[-4000:]}"
+    (wheel,) = (tmp_path / "dist").glob("mycroft_otel-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mycroft_otel/lib/libnccl-profiler-mycroft.so" in names
+    assert any(re.fullmatch(r"mycroft_otel/_native\..*\.so", n) for n in names), names
