@@ -21,6 +21,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "sim": ("mycroft_otel.sim.cli", "simulate a training job with faults through the real plugin ABI"),
     "eval": ("mycroft_otel.evaluate.cli", "run the fault catalogue end to end; print detection/RCA accuracy"),
     "demo": ("mycroft_otel.demo", "simulated job with a fault, agent and processor in one go: verdict, report.html"),
+    "drill": ("mycroft_otel.drill", "a simulated hang beside this node's agent: does the operator get paged?"),
     "report": ("mycroft_otel.report", "self-contained HTML report of a run"),
     "grafana": ("mycroft_otel.grafana", "grafana provision: push datasources, dashboards and alert rules"),
 }

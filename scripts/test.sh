@@ -17,7 +17,9 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 step "native build (in place) + GoogleTest"
-cmake -S . -B build/dev -G Ninja -DMYCROFT_INPLACE=ON -DMYCROFT_BUILD_TESTS=ON >/dev/null
+# the bindings for the interpreter that install_deps.py filled and pytest runs (a venv's, when one is active)
+cmake -S . -B build/dev -G Ninja -DMYCROFT_INPLACE=ON -DMYCROFT_BUILD_TESTS=ON \
+  -DPython_EXECUTABLE="$(python3 -c 'import sys; print(sys.executable)')" >/dev/null
 cmake --build build/dev
 ctest --test-dir build/dev --output-on-failure
 

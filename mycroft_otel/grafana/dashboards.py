@@ -19,17 +19,32 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import prometheus, tempo
-from grafana_foundation_sdk.cog import variants
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models import dashboard as dm
-from grafana_foundation_sdk.models.tempo import SearchTableType
+try:
+    from grafana_foundation_sdk.builders import dashboard as db
+    from grafana_foundation_sdk.builders import prometheus, tempo
+    from grafana_foundation_sdk.cog import variants
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import dashboard as dm
+    from grafana_foundation_sdk.models.tempo import SearchTableType
+except ModuleNotFoundError as exc:  # an optional extra: say which, where a person ran the command
+    if __name__ != "__main__":
+        raise
+    sys.exit(f"python -m mycroft_otel.grafana.dashboards needs the dashboards extra ({exc.name} is missing): "
+             "pip install 'mycroft-otel[dashboards]'")
 
 from mycroft_otel import semconv as sc
 
 REPO = Path(__file__).resolve().parents[2]
-OUT_DIR = REPO / "dashboards"
+
+
+def default_out_dir() -> Path | None:
+    """The checkout's dashboards/: this file's own (an in-place checkout), else the working directory's; None
+    where neither is a checkout (an installed package has no dashboards/ beside it)."""
+    for root in (REPO, Path.cwd()):
+        if (root / "dashboards").is_dir() and (root / "collector_config").is_dir():
+            return root / "dashboards"
+    return None
+
 
 PROM = dm.DataSourceRef(type_val="prometheus", uid="mycroft-prometheus")
 TEMPO = dm.DataSourceRef(type_val="tempo", uid="mycroft-tempo")
@@ -359,9 +374,14 @@ def render(build: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mycroft_otel.grafana.dashboards", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=OUT_DIR)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the dashboards/ directory (default: the checkout's, this one's or the working directory's)")
     ap.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
     args = ap.parse_args(argv)
+    args.out = args.out or default_out_dir()
+    if args.out is None:
+        print("no checkout's dashboards/ here: run from the repository's root or pass --out DIR", file=sys.stderr)
+        return 2
     stale = []
     for name, build in DASHBOARDS.items():
         text, path = render(build), args.out / name

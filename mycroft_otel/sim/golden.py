@@ -18,6 +18,7 @@ them, have that shape too).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -143,8 +144,13 @@ def capture_of_log(sim) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    capture = json.load(open(argv[0]))
+    ap = argparse.ArgumentParser(prog="python -m mycroft_otel.sim.golden",
+                                 description="compare a real capture (scripts/gpu_check.py's JSON) with the "
+                                             "simulator's model; print the healthy spreads")
+    ap.add_argument("capture", help="gpu_check.json")
+    args = ap.parse_args(argv)
+    with open(args.capture) as f:
+        capture = json.load(f)
     diffs = compare(capture)
     print("\n".join(diffs) if diffs else "capture agrees with the simulator's model")
     print("healthy spreads:", json.dumps(spreads(capture).as_dict()))
