@@ -5,6 +5,14 @@ communicator label of ``mycroft_root_causes`` keeps its first :data:`MAX_COMM_LA
 values, after which verdicts count under ``comm="other"`` (communicator hashes come
 from the network: a sender must not be able to grow the scrape without bound).
 
+The open incidents (open_incidents.py) are two gauges per job with an incident open, removed when it
+closes, so their series count is the open incidents' (at most open_incidents.MAX_OPEN):
+``mycroft_incidents_open`` (what the page says: kind, category, culprit global ranks and hosts; the alert
+reads it) and ``mycroft_incident_info`` (the trace id, its link in the trace UI, the communicator and the
+evidence sentence: what the page links to). The trace id is kept out of the first so that the alert's
+identity is the incident's culprit, not one of its traces: two processors naming the same culprit make one
+alert, and the info series' labels change with no new page.
+
 ``/metrics`` is served by Tornado on its own event loop thread with the receiver's
 protections (a deadline on the whole request, a cap on open connections), not by
 ``prometheus_client``'s thread-per-connection server, which an idle client holds a
@@ -70,8 +78,17 @@ class Metrics:
                                  "Accounted bytes of the spans held (budget: MYCROFT_MAX_TRACE_BYTES).", registry=r)
         self.propagated_total = Counter("mycroft_processor_propagated_hangs",
                                         "Hung traces attributed to another trace's incident.", registry=r)
+        self.incidents_open = Gauge("mycroft_incidents_open",
+                                    "1 while the job's incident is open (the page): its most severe verdict's "
+                                    "kind and category, culprit global ranks (else 'comm <ranks>') and hosts.",
+                                    ["job_id", "kind", "category", "culprit_ranks", "culprit_hosts"], registry=r)
+        self.incident_info = Gauge("mycroft_incident_info",
+                                   "1 while the job's incident is open: the trace of the verdict the page shows, "
+                                   "its link in the trace UI (MYCROFT_TRACE_UI_URL), communicator and evidence.",
+                                   ["job_id", "trace_id", "trace_url", "comm", "evidence"], registry=r)
         self._server = None
         self._comms: set[str] = set()
+        self._shown: dict[str, tuple[tuple, tuple]] = {}  # job -> label values of its two incident series
 
     def decided(self, outcome: Outcome) -> None:
         self.decisions.labels(outcome.value).inc()
@@ -112,6 +129,20 @@ class Metrics:
         if onset > 0:
             self.detection.labels(v.kind).observe(max(0.0, (v.detected_ns - onset) / 1e9))
         self.analysis.labels(v.kind).observe(v.analysis_s)
+
+    def incident_shown(self, inc, face, trace_url: str) -> None:
+        self.incident_closed(inc.job)
+        page = (inc.job, face.kind, face.category, face.culprit_label(), ",".join(face.hosts))
+        info = (inc.job, face.trace_id.hex(), trace_url, face.comm, face.evidence)
+        self.incidents_open.labels(*page).set(1)
+        self.incident_info.labels(*info).set(1)
+        self._shown[inc.job] = (page, info)
+
+    def incident_closed(self, job: str) -> None:
+        shown = self._shown.pop(job, None)
+        if shown is not None:
+            self.incidents_open.remove(*shown[0])
+            self.incident_info.remove(*shown[1])
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve /metrics (and /); returns the bound port (0 picks a free one). Raises OSError when it cannot
