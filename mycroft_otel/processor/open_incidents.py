@@ -125,7 +125,7 @@ class OpenIncidents:
         m = Member(trace_id=v.trace_id, kind=f.kind, category=f.category, comm=v.comm, seq=v.seq,
                    detected_ns=v.detected_ns, opened=now, touched=now, global_ranks=tuple(f.global_ranks),
                    ranks=tuple(f.ranks), hosts=tuple(f.hosts), evidence=f.evidence)
-        if f.kind == sc.KIND_HANG:
+        if f.kind == sc.KIND_HANG:  # (one pass over the process index per hang verdict: verdicts are rare)
             m.procs = frozenset(p for p in (self.store.proc_of.get((v.comm, r)) for r in f.ranks) if p is not None)
             m.known_comms = frozenset(c for (c, _), p in self.store.proc_of.items() if p in m.procs)
         inc = self.by_job.get(f.job)
@@ -210,7 +210,12 @@ class OpenIncidents:
 
 
 def _moves(m: Member, ref: SpanRef, proc: ProcKey | None) -> bool:
-    """This completed collective (op span) or window of them (summary span) shows the hung job moving."""
+    """This completed collective (op span) or window of them (summary span: sent only when the window
+    completed some) shows the hung job moving."""
     if ref.kind == OP and ref.comm == m.comm and ref.seq >= m.seq and ref.end_ns > m.detected_ns:
         return True
-    return proc is not None and proc in m.procs and ref.comm not in m.known_comms
+    # a culprit process at work after the verdict, in a communicator it was not in: a restarted job. Both
+    # conditions: a summary closing after the verdict may count collectives from before the hang, and a
+    # process hung in one communicator may still finish collectives of another one on another stream
+    return (proc is not None and proc in m.procs and ref.start_ns > m.detected_ns
+            and ref.comm not in m.known_comms)

@@ -157,3 +157,65 @@ def test_trace_link(template, want):
 def test_a_trace_ui_url_that_is_not_http_is_named():
     with pytest.raises(ConfigError, match="MYCROFT_TRACE_UI_URL"):
         Settings.from_env({"MYCROFT_TRACE_UI_URL": "jaeger:16686"})
+
+
+# -- the incident table alone (no analysis): slowdowns, faces -------------------------------------------
+
+class _Sink:
+    def __init__(self) -> None:
+        self.shown: dict[str, tuple] = {}
+
+    def incident_shown(self, inc, face, trace_url: str) -> None:
+        self.shown[inc.job] = (face.kind, face.category, face.culprit_label(), trace_url)
+
+    def incident_closed(self, job: str) -> None:
+        del self.shown[job]
+
+
+def _verdict(kind: str, category: str, tid: int, global_ranks=(5,), job: str = "j"):
+    from types import SimpleNamespace
+    f = SimpleNamespace(kind=kind, category=category, job=job, global_ranks=list(global_ranks), ranks=[1],
+                        hosts=["h1"], evidence="e")
+    return SimpleNamespace(finding=f, trace_id=tid.to_bytes(16, "big"), comm="c", seq=3, detected_ns=10)
+
+
+def _table(quiet_s: float = 300.0):
+    from mycroft_otel.processor.open_incidents import OpenIncidents
+    from mycroft_otel.processor.state import TraceStore
+    clock, sink = Clock(), _Sink()
+    return OpenIncidents(TraceStore(), quiet_s, "http://ui", sink, clock), sink, clock
+
+
+def test_a_slowdown_closes_when_nothing_of_it_is_seen_for_the_quiet_window():
+    table, sink, clock = _table(quiet_s=300)
+    table.verdict(_verdict("slowdown", "slow_nic", 1))
+    for _ in range(5):  # findings attributed to it keep it open past the window
+        clock.t += 200
+        table.by_job["j"].heard = clock.t  # the job's spans keep coming
+        table.touch((1).to_bytes(16, "big"))
+        table.expire()
+    assert sink.shown["j"][:3] == ("slowdown", "slow_nic", "5")
+    clock.t += 301
+    table.by_job["j"].heard = clock.t  # the job still sends: it is the slowdown's quiet that ends it
+    table.expire()
+    assert sink.shown == {} and table.closed == 1
+
+
+def test_a_hang_takes_the_page_over_from_a_slowdown_and_hands_it_back_when_it_ends():
+    table, sink, clock = _table()
+    table.verdict(_verdict("slowdown", "slow_gpu", 1, (5,)))
+    clock.t += 1
+    table.verdict(_verdict("hang", "gpu_stalled", 2, (7,)))
+    assert sink.shown["j"] == ("hang", "gpu_stalled", "7", "http://ui/trace/" + (2).to_bytes(16, "big").hex())
+    hang = next(m for m in table.by_job["j"].members if m.kind == "hang")
+    hang.closed = True
+    table._settle(table.by_job["j"])
+    assert sink.shown["j"][:3] == ("slowdown", "slow_gpu", "5")
+
+
+def test_no_more_than_max_open_incidents():
+    from mycroft_otel.processor import open_incidents
+    table, sink, _ = _table()
+    for i in range(open_incidents.MAX_OPEN + 3):
+        table.verdict(_verdict("hang", "rank_absent", i + 1, job=f"job-{i}"))
+    assert len(sink.shown) == open_incidents.MAX_OPEN and table.refused == 3
