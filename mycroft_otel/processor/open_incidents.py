@@ -51,6 +51,7 @@ class Member:
     ranks: tuple[int, ...]             # in the communicator
     hosts: tuple[str, ...]
     evidence: str
+    confidence: float = 0.0
     procs: frozenset = frozenset()     # culprit processes (ProcKey)
     known_comms: frozenset = frozenset()  # communicators the culprit processes were in at the verdict
     closed: bool = False
@@ -124,7 +125,8 @@ class OpenIncidents:
         now = self.clock()
         m = Member(trace_id=v.trace_id, kind=f.kind, category=f.category, comm=v.comm, seq=v.seq,
                    detected_ns=v.detected_ns, opened=now, touched=now, global_ranks=tuple(f.global_ranks),
-                   ranks=tuple(f.ranks), hosts=tuple(f.hosts), evidence=f.evidence)
+                   ranks=tuple(f.ranks), hosts=tuple(f.hosts), evidence=f.evidence,
+                   confidence=float(f.confidence))
         if f.kind == sc.KIND_HANG:  # (one pass over the process index per hang verdict: verdicts are rare)
             m.procs = frozenset(p for p in (self.store.proc_of.get((v.comm, r)) for r in f.ranks) if p is not None)
             m.known_comms = frozenset(c for (c, _), p in self.store.proc_of.items() if p in m.procs)

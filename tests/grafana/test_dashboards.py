@@ -88,7 +88,8 @@ def _processor_metrics():
                         finding=SimpleNamespace(onset_ns=1_000_000_000), analysis_s=0.002)
     m.verdict(v)
     face = SimpleNamespace(kind="hang", category="gpu_stalled", culprit_label=lambda: "19", hosts=("node-2",),
-                           trace_id=bytes(range(16)), comm="5f3a9c0e12ab44d1", evidence="rank 3 GPU stalled")
+                           trace_id=bytes(range(16)), comm="5f3a9c0e12ab44d1", evidence="rank 3 GPU stalled",
+                           confidence=0.9)
     m.incident_shown(SimpleNamespace(job="train-7"), face, "http://jaeger:16686/trace/" + bytes(range(16)).hex())
     m.spans_received(10, 1)
     m.request_rejected("http", "malformed")

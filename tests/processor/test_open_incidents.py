@@ -175,7 +175,7 @@ class _Sink:
 def _verdict(kind: str, category: str, tid: int, global_ranks=(5,), job: str = "j"):
     from types import SimpleNamespace
     f = SimpleNamespace(kind=kind, category=category, job=job, global_ranks=list(global_ranks), ranks=[1],
-                        hosts=["h1"], evidence="e")
+                        hosts=["h1"], evidence="e", confidence=0.9)
     return SimpleNamespace(finding=f, trace_id=tid.to_bytes(16, "big"), comm="c", seq=3, detected_ns=10)
 
 
