@@ -88,6 +88,12 @@ VARS: dict[str, Var] = {
         Var("MYCROFT_STALL_MS", "3000", "In-flight evidence without progress this long is a hang (ms).", "processor"),
         Var("MYCROFT_TRACE_TTL_S", "120", "How long the processor keeps a trace's state after its last span (s).",
             "processor"),
+        Var("MYCROFT_INCIDENT_QUIET_S", "300",
+            "An open incident's page resolves when its job sent no span this long, and a slowdown when nothing "
+            "was found of it this long (s; a hang resolves when the job moves again).", "processor"),
+        Var("MYCROFT_TRACE_UI_URL", "",
+            "Trace UI the page links to: a base URL that /trace/<trace id> is appended to (Jaeger), or a URL "
+            "with {trace_id} in it (Grafana Explore, any UI); empty: no link.", "processor"),
         Var("MYCROFT_MAX_TRACES", "20000", "Traces the processor holds at once; the oldest are evicted.",
             "processor"),
         Var("MYCROFT_OTLP_TOKEN", "",

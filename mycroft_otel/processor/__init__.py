@@ -19,6 +19,7 @@ spans through the modules:
   ``memory`` (per-job state), ``candidates`` (the sequential test), ``slower`` (did the communicator
   slow down), ``naming`` (which alarm names the culprit); ``outcome`` names every decision
 - ``incidents`` findings -> verdicts, one per incident
+- ``open_incidents`` which jobs' incidents still hold (a hang until the job moves again): the page
 - ``pipeline``  the :class:`Processor` that ties them together on a timer
 - ``exporter``  ``mycroft.root_cause`` spans over OTLP (OTEL_*)
 - ``metrics``   Prometheus ``/metrics``

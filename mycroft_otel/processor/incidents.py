@@ -77,6 +77,8 @@ class Verdict:
     def summary(self) -> str:
         f = self.finding
         where = f"rank{'s' if len(f.ranks) > 1 else ''} {', '.join(map(str, f.ranks))}"
+        if f.global_ranks:  # the numbers torchrun and the job's logs use
+            where += f" (global {', '.join(map(str, f.global_ranks))})"
         if f.hosts:
             where += f" on {', '.join(f.hosts)}"
         if f.channel is not None:

@@ -5,10 +5,14 @@ communicator label of ``mycroft_root_causes`` keeps its first :data:`MAX_COMM_LA
 values, after which verdicts count under ``comm="other"`` (communicator hashes come
 from the network: a sender must not be able to grow the scrape without bound).
 
-``/metrics`` is served by Tornado on its own event loop thread with the receiver's
-protections (a deadline on the whole request, a cap on open connections), not by
-``prometheus_client``'s thread-per-connection server, which an idle client holds a
-thread of for ever.
+The open incidents (open_incidents.py) are three gauges per job with an incident open, removed when it
+closes, so their series count is the open incidents' (at most open_incidents.MAX_OPEN): the page's labels
+(kind, category, culprit global ranks and hosts) on ``mycroft_incidents_open`` (1) and
+``mycroft_incident_confidence`` (the verdict's confidence: with several processors, each may name its own
+verdict of the job, and the alert pages the likeliest), and ``mycroft_incident_info`` adds the trace id,
+its link in the trace UI, the communicator and the evidence sentence. The trace id is kept out of the
+first two so that the alert's identity is the incident's culprit, not one of its traces: two processors
+naming the same culprit make one alert.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ MAX_COMM_LABELS = 512
 METRICS_REQUEST_TIMEOUT_S = 10.0
 METRICS_MAX_CONNECTIONS = 256
 OTHER_COMM = "other"
+_PAGE_LABELS = ["job_id", "kind", "category", "culprit_ranks", "culprit_hosts"]  # an open incident's page
 _ANALYSIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -70,8 +75,20 @@ class Metrics:
                                  "Accounted bytes of the spans held (budget: MYCROFT_MAX_TRACE_BYTES).", registry=r)
         self.propagated_total = Counter("mycroft_processor_propagated_hangs",
                                         "Hung traces attributed to another trace's incident.", registry=r)
+        self.incidents_open = Gauge("mycroft_incidents_open",
+                                    "1 while the job's incident is open (the page): its most severe verdict's "
+                                    "kind and category, culprit global ranks (else 'comm <ranks>') and hosts.",
+                                    _PAGE_LABELS, registry=r)
+        self.incident_confidence = Gauge("mycroft_incident_confidence",
+                                         "The confidence (0..1) of the verdict the job's open incident shows.",
+                                         _PAGE_LABELS, registry=r)
+        self.incident_info = Gauge("mycroft_incident_info",
+                                   "1 while the job's incident is open: the trace of the verdict the page shows, "
+                                   "its link in the trace UI (MYCROFT_TRACE_UI_URL), communicator and evidence.",
+                                   _PAGE_LABELS + ["trace_id", "trace_url", "comm", "evidence"], registry=r)
         self._server = None
         self._comms: set[str] = set()
+        self._shown: dict[str, tuple[tuple, tuple]] = {}  # job -> label values of its page and info series
 
     def decided(self, outcome: Outcome) -> None:
         self.decisions.labels(outcome.value).inc()
@@ -112,6 +129,22 @@ class Metrics:
         if onset > 0:
             self.detection.labels(v.kind).observe(max(0.0, (v.detected_ns - onset) / 1e9))
         self.analysis.labels(v.kind).observe(v.analysis_s)
+
+    def incident_shown(self, inc, face, trace_url: str) -> None:
+        self.incident_closed(inc.job)
+        page = (inc.job, face.kind, face.category, face.culprit_label(), ",".join(face.hosts))
+        info = page + (face.trace_id.hex(), trace_url, face.comm, face.evidence)
+        self.incidents_open.labels(*page).set(1)
+        self.incident_confidence.labels(*page).set(face.confidence)
+        self.incident_info.labels(*info).set(1)
+        self._shown[inc.job] = (page, info)
+
+    def incident_closed(self, job: str) -> None:
+        shown = self._shown.pop(job, None)
+        if shown is not None:
+            self.incidents_open.remove(*shown[0])
+            self.incident_confidence.remove(*shown[0])
+            self.incident_info.remove(*shown[1])
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve /metrics (and /); returns the bound port (0 picks a free one). Raises OSError when it cannot

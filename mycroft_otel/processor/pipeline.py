@@ -8,7 +8,9 @@ per-trace state (state.py). Each tick (every ``tick_s``):
 2. completed collectives that settled are measured together (slowdown.py) and judged one by one, in
    completion order, by the sequential slowdown test (detector.py); a slow collective judged while a
    collective of its job is stalling waits for that stall's outcome (a named hang explains it);
-3. findings become verdicts through incidents.py (one per incident), published surest first.
+3. findings become verdicts through incidents.py (one per incident), published surest first;
+4. published verdicts open their job's incident (open_incidents.py), which the spans of the job keep open
+   or close (a hang ends when the job moves again): the page reads it from /metrics.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
 from mycroft_otel.processor.detector import SlowdownDetector
 from mycroft_otel.processor.incidents import Incidents, Verdict
+from mycroft_otel.processor.open_incidents import OpenIncidents
 from mycroft_otel.processor.outcome import Decided, Decision, Outcome, silent
 from mycroft_otel.processor.propagation import Propagation
 from mycroft_otel.processor.settings import Settings
@@ -54,7 +57,8 @@ class Processor:
 
     def __init__(self, env=None, exporter=None, metrics=None, clock_ns: Callable[[], int] = time.time_ns,
                  tick_s: float = 0.2, settle_s: float = 1.0, stall_ms: float | None = None,
-                 mono_clock: Callable[[], float] = time.monotonic, settings: Settings | None = None):
+                 mono_clock: Callable[[], float] = time.monotonic, settings: Settings | None = None,
+                 incident_clock: Callable[[], float] | None = None):
         self.settings = settings if settings is not None else Settings.from_env(env, stall_ms)
         s = self.settings
         self.stall_ms = s.stall_ms
@@ -73,6 +77,9 @@ class Processor:
         self.lock = threading.RLock()
         self.listeners: list[Callable[[Verdict], None]] = []
         self.incidents = Incidents(self.store, s.incident_window_s)
+        # its own clock: a page's life is minutes to hours, which tests run on virtual time
+        self.open_incidents = OpenIncidents(self.store, s.incident_quiet_s, s.trace_ui_url, metrics,
+                                            incident_clock or mono_clock)
         self.propagation = Propagation(self.store, s.stall_ms, clock_ns)
         self.detector = SlowdownDetector(s, lambda comm, rank: self.store.proc_of.get((comm, rank)),
                                          self.store.waiting)
@@ -98,8 +105,11 @@ class Processor:
         with self.lock:
             now = self.mono()
             bases: dict = {}  # (comm, func, bytes) -> (baseline, its samples) this payload's op spans are judged by
-            for ref in detach(d.refs, len(data)):
+            refs = detach(d.refs, len(data))
+            for ref in refs:
                 self._add(ref, now, bases)
+            if self.open_incidents:
+                self.open_incidents.heard(refs)
             self.counts["spans"] += d.seen
             self.counts["unknown"] += d.rejected
             self.counts["ignored"] += d.ignored
@@ -208,6 +218,7 @@ class Processor:
             if self._held:
                 out += self._release_held(now_ns, mono)
             self.incidents.expire(mono)
+            self.open_incidents.expire()
             if self.metrics is not None:
                 self.metrics.traces_in_memory(len(self.store), self.store.evicted_ttl, self.store.evicted_size,
                                               self.store.evicted_bytes, self.store.bytes)
@@ -357,12 +368,16 @@ class Processor:
         v = self.incidents.emit(st, f, now_ns, mono, dt)
         if v is None:
             self.counts["deduped"] += 1
+            if st.explained_by is not None:  # the incident's evidence persists
+                self.open_incidents.touch(st.explained_by)
         if d is not None:  # a slowdown analysis's decision (hangs are counted by their own metrics)
             self._decided(st, d if v is not None else silent(Outcome.SAME_INCIDENT, f.hypothesis))
         return v
 
     def _publish(self, v: Verdict) -> None:
         log.warning("root cause: %s", v.summary())
+        with self.lock:
+            self.open_incidents.verdict(v)
         if self.metrics is not None:
             self.metrics.verdict(v)
         if self.exporter is not None:

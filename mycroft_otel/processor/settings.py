@@ -21,6 +21,9 @@ class Settings:
     trace_ttl_s: float = 120.0      # MYCROFT_TRACE_TTL_S, > 0
     max_traces: int = 20000         # MYCROFT_MAX_TRACES, >= 1
     max_trace_bytes: int = 512 << 20  # MYCROFT_MAX_TRACE_BYTES, >= 1 MiB: span evidence held, all traces together
+    incident_quiet_s: float = 300.0  # MYCROFT_INCIDENT_QUIET_S, > 0: a page resolves when its job is silent this
+                                    #   long, or its slowdown unseen (open_incidents.py)
+    trace_ui_url: str = ""          # MYCROFT_TRACE_UI_URL: Jaeger base URL, or a URL with {trace_id}
     # -- detector design ------------------------------------------------------------------------
     cusum: SequentialDesign = field(default_factory=SequentialDesign)
     null_size: int = 512            # healthy scores kept per measure (a few dozen collectives of 8-16 ranks)
@@ -54,4 +57,13 @@ class Settings:
             trace_ttl_s=config.get_float("MYCROFT_TRACE_TTL_S", env, lo=0.001),
             max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1),
             max_trace_bytes=config.get_int("MYCROFT_MAX_TRACE_BYTES", env, lo=1 << 20),
+            incident_quiet_s=config.get_float("MYCROFT_INCIDENT_QUIET_S", env, lo=0.001),
+            trace_ui_url=_url("MYCROFT_TRACE_UI_URL", config.get_str("MYCROFT_TRACE_UI_URL", env)),
         )
+
+
+def _url(name: str, value: str) -> str:
+    """An http(s) URL or ''; anything else is named (a page must not link to a bad address)."""
+    if value and not value.startswith(("http://", "https://")):
+        raise config.ConfigError(f"{name}={value!r} must be an http:// or https:// URL")
+    return value

@@ -15,6 +15,7 @@ Wiring (the same files that production uses, with free loopback ports from the e
     Prometheus (prometheus.yml, rules from dashboards/alerts) scrapes processors, gateway (its own
     metrics and its Prometheus exporter: agents' metrics, root-cause span counts), store; with
     ``alert_webhook_url`` it sends alerts to Alertmanager (alertmanager.yml), which posts them there.
+    With Jaeger, the processors' pages link to its UI (MYCROFT_TRACE_UI_URL).
 
 Binaries come from $MYCROFT_BIN_DIR (default ${XDG_CACHE_HOME:-~/.cache}/mycroft-otel/bin, what
 scripts/build_stack.sh fills), then PATH. Each process logs to <run_dir>/logs/<name>.log; a
@@ -173,6 +174,9 @@ class LocalStack:
     #: start Alertmanager (collector_config/alertmanager.yml) with its webhook receiver pointed here
     #: (a URL), and Prometheus sending its alerts to it; None: no Alertmanager
     alert_webhook_url: str | None = None
+    #: replaces group_wait / group_interval / repeat_interval of every Alertmanager route (tests: seconds
+    #: instead of the shipped minutes), e.g. {"group_interval": "2s"}
+    alert_timing: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -421,6 +425,11 @@ class LocalStack:
         for rcv in cfg.get("receivers", []):
             for hook in rcv.get("webhook_configs", []):
                 hook["url"] = self.alert_webhook_url
+        routes = [cfg.get("route", {})]
+        while routes:
+            route = routes.pop()
+            route.update({k: v for k, v in self.alert_timing.items() if k in route})
+            routes += route.get("routes", [])
         out = self.run_dir / "alertmanager.yml"
         out.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return out
@@ -447,6 +456,8 @@ class LocalStack:
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
             "OTEL_SERVICE_NAME": "mycroft-processor",
             "OTEL_RESOURCE_ATTRIBUTES": f"service.instance.id=processor-{pp.index}",
+            # the pages link to the trace in the stack's own trace UI (Jaeger's /trace/<id>)
+            **({"MYCROFT_TRACE_UI_URL": self.trace_store_url} if self.store_kind == "jaeger" else {}),
             **self.processor_env,
         }
         check = self.processor_ready or _default_processor_ready

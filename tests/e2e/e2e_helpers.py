@@ -18,9 +18,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from mycroft_otel import ids, semconv
@@ -84,6 +86,7 @@ class Job:
     truth: dict | None = None
     sim_result: dict | None = None
     agent_counters: dict[str, float] = field(default_factory=dict)
+    id: str = ""  # the job id (default e2e-<name>); a restarted job reuses its predecessor's
 
     def __post_init__(self) -> None:
         self.dir = Path(self.stack.run_dir) / "jobs" / self.name
@@ -95,7 +98,7 @@ class Job:
 
     @property
     def job_id(self) -> str:
-        return f"e2e-{self.name}"
+        return self.id or f"e2e-{self.name}"
 
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "Job":
@@ -238,3 +241,38 @@ def check_trace_links(spans: list[StoredSpan], trace_id: str, require_peers: boo
                 if lsid != format(ids.span_id(tid_int, int(rank), semconv.ROLE_OP), "016x"):
                     problems.append(f"{s.name} rank {rank}: snapshot_of link {lsid} is not its own op span")
     return problems
+
+
+# -- Alertmanager's webhook -----------------------------------------------------------------------
+
+class Webhook:
+    """Alertmanager's webhook receiver: keeps every notification (the JSON body of each POST)."""
+
+    def __init__(self) -> None:
+        self.notifications: list[dict] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                owner.notifications.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}/alerts"
+
+    def alerts(self) -> list[dict]:
+        return [a for n in list(self.notifications) for a in n.get("alerts", [])]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

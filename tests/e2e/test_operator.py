@@ -1,74 +1,29 @@
-"""The operator's view, end to end, on the real stack (gateway collector, Jaeger v2, Prometheus, Alertmanager).
+"""The operator's view, end to end, on the real stack (gateway collector, Jaeger v2, Prometheus).
 
 * The agents' collective metrics (OTEL_METRICS_EXPORTER=otlp) travel over OTLP to the gateway, which serves
   them to Prometheus; every query of the collective-health dashboard returns data there, and the histogram
   counts every completed operation the agent read.
-* A root-cause verdict becomes a `mycroft.root_cause` span, which the gateway's spanmetrics connector counts;
-  Prometheus' MycroftRootCause rule fires on it, and a real Alertmanager posts the notification to a webhook
-  served by this test: it names the culprit, the category, the evidence and the trace id.
+
+The page a verdict raises (Prometheus, Alertmanager, a webhook) is test_incident_page.py's.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from e2e_helpers import Job, verdicts_in_store, wait_until
-from mycroft_otel import semconv
 from mycroft_otel.grafana import dashboards as gen
 from mycroft_otel.stack import LocalStack
 
 STALL_MS = 3000
 
 
-class Webhook:
-    """Alertmanager's webhook receiver: keeps every notification (the JSON body of each POST)."""
-
-    def __init__(self) -> None:
-        self.notifications: list[dict] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                owner.notifications.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}/alerts"
-
-    def alerts(self) -> list[dict]:
-        return [a for n in list(self.notifications) for a in n.get("alerts", [])]
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture(scope="module")
-def webhook():
-    hook = Webhook()
-    yield hook
-    hook.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(e2e_bin_dir, alertmanager_bin, tmp_path_factory, webhook):
+def stack(e2e_bin_dir, tmp_path_factory):
     st = LocalStack(processors=1, run_dir=tmp_path_factory.mktemp("e2e-operator"), bin_dir=e2e_bin_dir,
-                    processor_env={"MYCROFT_STALL_MS": str(STALL_MS)}, ready_timeout_s=120,
-                    alert_webhook_url=webhook.url)  # fmt: skip
+                    processor_env={"MYCROFT_STALL_MS": str(STALL_MS)}, ready_timeout_s=120)  # fmt: skip
     with st:
         yield st
 
@@ -125,26 +80,3 @@ def test_agent_metrics_reach_prometheus_and_collective_health_queries_return_dat
     ranks = [r["metric"]["mycroft_rank"] for r in seqs]
     assert len(ranks) >= 2 and len(set(ranks)) == len(ranks), seqs
     assert all(r["metric"].get("host_name") for r in seqs)
-
-
-def test_root_cause_alert_reaches_the_webhook_through_alertmanager(stack, hang, webhook):
-    job, found = hang
-    truth = job.truth
-    (tid, rca), = found
-    comm = truth["comm_hash"]
-
-    def delivered():
-        return [a for a in webhook.alerts() if a["labels"].get("alertname") == "MycroftRootCause"
-                and a["labels"].get("source") == "spans" and a["labels"].get("comm") == comm
-                and a["status"] == "firing"]  # fmt: skip
-
-    alerts = wait_until(delivered, 90, f"a MycroftRootCause notification for comm {comm} at the webhook")
-    a = alerts[0]
-    labels, ann = a["labels"], a["annotations"]
-    assert labels["category"] == truth["category"] == rca.attributes[semconv.RCA_CATEGORY]
-    assert labels["kind"] == "hang" and labels["severity"] == "critical"
-    for host in truth["culprit_hosts"]:
-        assert host in labels["mycroft_rca_culprit_hosts"] and host in ann["summary"]
-    assert ann["description"] == rca.attributes[semconv.RCA_EVIDENCE] != ""
-    assert ann["trace_id"] == tid == rca.attributes[semconv.RCA_TRACE_ID]
-    assert tid in ann["traceql"]

@@ -7,7 +7,8 @@ It is not a model of the processor: it only proves the wiring around it.
   OTEL_EXPORTER_OTLP_ENDPOINT (the gateway's root-cause receiver), like the processor does;
   the test then checks it reaches the trace store and never comes back to a sink (no loop);
 - /metrics on --metrics-port (Prometheus text): spans received, and the verdicts it sent as
-  mycroft_root_causes_total{kind,category,comm}, so the real Prometheus can fire the real alert.
+  mycroft_root_causes_total{kind,category,comm} and an open incident (mycroft_incidents_open and _confidence), so the
+  real Prometheus can fire the real alert.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def main() -> None:
             text = f"mycroft_sink_spans_received_total {sink.received}\n"
             if sink.verdicts:
                 text += f'mycroft_root_causes_total{{kind="hang",category="routing_probe",comm="smoke"}} {sink.verdicts}\n'
+                page = 'job_id="smoke",kind="hang",category="routing_probe",culprit_ranks="0",culprit_hosts="probe"'
+                text += f"mycroft_incidents_open{{{page}}} 1\nmycroft_incident_confidence{{{page}}} 0.9\n"
             body = text.encode()
             self.send_response(200 if self.path == "/metrics" else 404)
             self.send_header("Content-Type", "text/plain; version=0.0.4")

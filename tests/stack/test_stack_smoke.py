@@ -144,7 +144,7 @@ def test_prometheus_scrapes_processors_and_loads_rules(stack, sent):
 
 
 def test_root_cause_alert_fires_in_prometheus(stack, sent):
-    """The probe counts its verdicts in mycroft_root_causes_total; the shipped rule must fire on them."""
+    """The probe shows an open incident for its verdicts (mycroft_incidents_open); the shipped rule must fire."""
     import urllib.request
 
     def firing():
@@ -154,7 +154,7 @@ def test_root_cause_alert_fires_in_prometheus(stack, sent):
 
     alerts = wait_until(firing, 40, "MycroftRootCause firing")
     labels = alerts[0]["labels"]
-    assert (labels["kind"], labels["category"], labels["comm"], labels["severity"]) == (
+    assert (labels["kind"], labels["category"], labels["job_id"], labels["severity"]) == (
         "hang", "routing_probe", "smoke", "critical")  # fmt: skip
     assert "routing_probe" in alerts[0]["annotations"]["summary"]
 
