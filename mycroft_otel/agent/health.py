@@ -30,6 +30,9 @@ class Health:
     sources_opened: int = 0        # ring files opened
     bad_files: int = 0             # files in the ring dir that are not valid rings
     rings_removed: int = 0         # finished rings deleted after their evidence was exported
+    rings_skipped: int = 0         # leftovers of jobs finished long before the agent saw them, removed unread
+    deferred_live_reads: int = 0   # live-table reads a ring had to wait for (its fair share was spent)
+    deferred_snapshots: int = 0    # in-flight snapshots put off to a later poll (its fair share was spent)
     # gauges
     sources: int = 0               # rings currently followed
     queue_spans: int = 0           # spans waiting for export
@@ -39,7 +42,7 @@ class Health:
 
     COUNTERS = ("records_read", "spans_built", "spans_exported", "dropped_ring", "dropped_export_queue",
                 "dropped_export_failed", "export_errors", "export_requests", "polls", "sources_opened", "bad_files",
-                "rings_removed")
+                "rings_removed", "rings_skipped", "deferred_live_reads", "deferred_snapshots")
     GAUGES = ("sources", "queue_spans", "ring_backlog", "export_lag_s", "poll_duration_s")
 
     def snapshot(self) -> dict[str, Any]:

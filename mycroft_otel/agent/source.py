@@ -94,6 +94,7 @@ class RingSource:
         self.trace_job: str = self.job_id
         self.provenance: Provenance | None = None
         self.cursor = int(cursor)
+        self.capacity: int = int(h.get("ring_capacity", 0))
         self.closed = False
         #: why the reader gave up on the file (it shrank, stopped being a regular file, faulted); '' while usable
         self.broken = ""
@@ -129,8 +130,8 @@ class RingSource:
 
     @property
     def backlog(self) -> int:
-        try:
-            return max(0, int(self.reader.ring_head) - self.cursor)
+        try:  # at most a ring's capacity (fixed at open): a rewritten head must not read as 2^62 waiting
+            return min(max(0, int(self.reader.ring_head) - self.cursor), self.capacity)
         except Exception:
             return 0
 
