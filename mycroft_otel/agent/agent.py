@@ -587,7 +587,7 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
 
-    def close(self, flush_timeout_s: float = 5.0) -> None:
+    def close(self, flush_timeout_s: float = 3.0) -> None:
         """Flush pending spans (bounded), persist cursors, release rings (idempotent)."""
         if self._closed:
             return
