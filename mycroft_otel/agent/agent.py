@@ -133,7 +133,9 @@ class Agent:
             except (ValueError, OSError) as exc:
                 why = str(exc)
         if reader is None:
-            if self.discovery.refuse(cand, why):
+            # the reader's words for a ring the plugin is still writing (shm_reader.h Validate): retried a while
+            transient = "not initialised yet" in why or "truncated" in why
+            if self.discovery.refuse(cand, why, transient):
                 self.health.bad_files += 1
             return
         try:

@@ -17,6 +17,7 @@ file swapped in under the same name is left alone.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import stat
@@ -170,6 +171,8 @@ class Discovery:
         self._refused: "OrderedDict[tuple[int, int], _Refused]" = OrderedDict()
         self._dir_problem: dict[Path, str] = {}         # last problem logged per ring directory
         self._listings: dict[Path, _Listing] = {}
+        self._quiet: dict[Path, dict] = {}  # dir -> its listing, while nothing in it waits to be looked at
+        self._retries: dict[Path, list[tuple[float, str, tuple[int, int]]]] = {}  # dir -> heap of retries due
         self._user_dirs: tuple[tuple[int, int, int, int], float, list[Path]] | None = None
         self.log_refusal = _RefusalLog()
         self.removed = 0                                 # rings deleted after export
@@ -235,12 +238,19 @@ class Discovery:
     def scan(self) -> Scan:
         out = Scan()
         now = time.monotonic()
-        present: dict[str, tuple[int, int]] = {}
+        listings: dict[str, dict] = {}
         opens: dict[int, int] = {}
         for d in self.dirs():
-            for path, (dev, ino, uid, version) in self._listing(d, now).items():
+            entries = self._listing(d, now)
+            listings[str(d)] = entries
+            if self._quiet.get(d) is entries:
+                # same listing and nothing offered or waiting last time: only the retries that are due
+                self._due_retries(d, entries, now, opens, out)
+                continue
+            offered_before = len(out.appeared)
+            deferred = False
+            for path, (dev, ino, uid, version) in entries.items():
                 ident = (dev, ino)
-                present[path] = ident
                 if self.known.get(path) == ident:
                     continue
                 if path in self.known:  # same path, new file: the old one is gone
@@ -252,34 +262,63 @@ class Discovery:
                     if not due and r.version == version:
                         continue
                 if opens.get(uid, 0) >= OPENS_PER_OWNER:
-                    continue  # this owner's turn is over for this poll; the next poll goes on
+                    deferred = True  # this owner's turn is over for this poll; the next poll goes on
+                    continue
                 opens[uid] = opens.get(uid, 0) + 1
                 out.appeared.append(Candidate(path, ident, uid, version))
+            if deferred or len(out.appeared) > offered_before:
+                self._quiet.pop(d, None)  # candidates offered or waiting: look again next poll
+            else:
+                self._quiet[d] = entries
         for path, ident in list(self.known.items()):
-            if present.get(path) != ident and path not in out.gone:
+            e = listings.get(os.path.dirname(path), {}).get(path)
+            if (e is None or (e[0], e[1]) != ident) and path not in out.gone:
                 out.gone.append(path)
         for path in out.gone:
             self.known.pop(path, None)
         return out
 
+    def _due_retries(self, d: Path, entries: dict, now: float, opens: dict[int, int], out: Scan) -> None:
+        heap = self._retries.get(d)
+        while heap and heap[0][0] <= now:
+            _, path, ident = heapq.heappop(heap)
+            e = entries.get(path)
+            r = self._refused.get(ident)
+            if e is None or (e[0], e[1]) != ident or r is None or r.retry_at is None or r.retry_at > now:
+                continue  # gone, replaced, accepted or rescheduled meanwhile
+            if opens.get(e[2], 0) >= OPENS_PER_OWNER:
+                heapq.heappush(heap, (now + self.retry_s, path, ident))  # its owner's turn is over: later
+                break
+            opens[e[2]] = opens.get(e[2], 0) + 1
+            out.appeared.append(Candidate(path, ident, e[2], e[3]))
+
     def accepted(self, path: str, ident: tuple[int, int]) -> None:
         self.known[path] = ident
         self._refused.pop(ident, None)
 
-    def refuse(self, cand: Candidate, why: str) -> bool:
+    def refuse(self, cand: Candidate, why: str, transient: bool = False) -> bool:
         """Remember a refused candidate; True (and the refusal logged, rate-limited) the first time.
 
-        A file younger than YOUNG_S may be a ring the plugin is still initialising: it is tried again
-        after a back-off. An older one is tried again only once its (mtime, size) changes.
+        ``transient``: refused for what a ring has while the plugin initialises it (no magic yet, not yet
+        its full size). Such a file younger than YOUNG_S is tried again after a back-off; any other refused
+        file is tried again only once its (mtime, size) changes.
         """
         first = cand.ident not in self._refused
         r = self._refused.pop(cand.ident, None)
         backoff = self.retry_s if r is None else min(r.backoff_s * 2, YOUNG_S)
-        try:
-            young = time.time() - os.stat(cand.path, follow_symlinks=False).st_ctime < YOUNG_S
-        except OSError:
-            young = False
-        self._refused[cand.ident] = _Refused(cand.version, time.monotonic() + backoff if young else None, backoff)
+        young = False
+        if transient:
+            try:
+                young = time.time() - os.stat(cand.path, follow_symlinks=False).st_ctime < YOUNG_S
+            except OSError:
+                pass
+        retry_at = time.monotonic() + backoff if young else None
+        self._refused[cand.ident] = _Refused(cand.version, retry_at, backoff)
+        if retry_at is not None:
+            heap = self._retries.setdefault(Path(os.path.dirname(cand.path)), [])
+            heapq.heappush(heap, (retry_at, cand.path, cand.ident))
+            if len(heap) > MAX_REJECTED:
+                self._retries[Path(os.path.dirname(cand.path))] = heapq.nsmallest(MAX_REJECTED, heap)
         while len(self._refused) > MAX_REJECTED:
             self._refused.popitem(last=False)
         if first:

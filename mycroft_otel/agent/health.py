@@ -64,7 +64,7 @@ class MetricsServer:
 
     prometheus_client's own server starts a thread per connection (3,000 idle connections: 3,010
     threads in the agent). Here a connection costs a socket: at most MAX_CONNECTIONS are open (more are
-    closed at accept), each must send its request within REQUEST_TIMEOUT_S and is closed after its answer.
+    closed, oldest first), each must send its request within REQUEST_TIMEOUT_S and is closed after its answer.
     The text is the registry's (prometheus_client.generate_latest), as before.
     """
 
@@ -101,7 +101,7 @@ class MetricsServer:
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._conns: dict[Any, tuple[float, bytearray]] = {}  # socket -> (deadline, request bytes so far)
         self._stop = threading.Event()
-        self.refused = 0  # connections closed at accept (over MAX_CONNECTIONS)
+        self.refused = 0  # idle connections closed to make room (over MAX_CONNECTIONS)
         self.thread = threading.Thread(target=self._serve, name="mycroft-agent-metrics", daemon=True)
         self.thread.start()
 
@@ -127,9 +127,10 @@ class MetricsServer:
             except OSError:
                 return
             if len(self._conns) >= self.MAX_CONNECTIONS:
+                # full: the connection idle longest goes, not the newcomer (a scraper sends its request at
+                # once, so clients holding connections open cannot keep it out)
                 self.refused += 1
-                sock.close()
-                continue
+                self._drop(min(self._conns, key=lambda c: self._conns[c][0]))
             sock.setblocking(False)
             self._conns[sock] = (time.monotonic() + self.REQUEST_TIMEOUT_S, bytearray())
             self._sel.register(sock, selectors.EVENT_READ, True)
