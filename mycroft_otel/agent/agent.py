@@ -133,8 +133,9 @@ class Agent:
             except (ValueError, OSError) as exc:
                 why = str(exc)
         if reader is None:
-            # the reader's words for a ring the plugin is still writing (shm_reader.h Validate): retried a while
-            transient = "not initialised yet" in why or "truncated" in why
+            # what a ring looks like while the plugin creates it (empty, then sized, magic written last; the
+            # reader's words, shm_reader.h Validate): retried a while. Anything else waits until it changes.
+            transient = st.st_size == 0 or "not initialised yet" in why
             if self.discovery.refuse(cand, why, transient):
                 self.health.bad_files += 1
             return

@@ -31,7 +31,7 @@ from mycroft_otel.config import RING_DIR_PREFIX
 log = logging.getLogger("mycroft_otel.agent")
 
 MAX_REJECTED = 65536       # refused files remembered (about 150 bytes each); the oldest are forgotten beyond
-OPENS_PER_OWNER = 64       # new candidates one file owner may have opened per poll (the rest wait their turn)
+OPENS_PER_OWNER = 1024     # new candidates one file owner may have opened per poll (the rest wait their turn)
 RESCAN_S = 10.0            # a listing is reused while the directory is unchanged, but never longer than this
 YOUNG_S = 60.0             # a refused file younger than this may still be a ring being initialised: retried
 RETRY_S = 1.0              # ... first after this long, then doubling
