@@ -283,7 +283,7 @@ class Agent:
             # holes punched after open: reading the live table would make tmpfs allocate them again
             src.broken = f"{src.path}: became " + sparse_problem(st_file)
             raise ValueError(src.broken)
-        self._drain(ctx, out, now)
+        self._drain(ctx, out, now, budget)
         st = pstate.get(src.pid)
         if st is None:
             st = pstate[src.pid] = src.process_state()
@@ -310,10 +310,17 @@ class Agent:
                 out.append(ctx.builder.summary_span(src.to_real(sm.start), src.to_real(now), sm.attributes()))
             ctx.summary = Summary(now)
 
-    def _drain(self, ctx: _Ctx, out: list[bytes], now: int) -> None:
+    def _drain(self, ctx: _Ctx, out: list[bytes], now: int, budget: PollBudget | None = None) -> None:
         src = ctx.src
-        for _ in range(MAX_READS_PER_POLL):
-            recs, over = src.read(MAX_RECORDS_PER_READ)
+        left = MAX_READS_PER_POLL * MAX_RECORDS_PER_READ
+        if budget is not None:
+            left = budget.records_allowance(ctx.owner, left)
+        while left > 0:
+            want = min(MAX_RECORDS_PER_READ, left)
+            recs, over = src.read(want)
+            left -= len(recs)
+            if budget is not None:
+                budget.took_records(ctx.owner, len(recs))
             if over:
                 # a ring head rewritten to 2^62 must not count 4.6e18 drops: no ring can have lost more
                 # completions than its writer could have made since it started (one per MIN_OP_NS)
@@ -328,7 +335,7 @@ class Agent:
             if len(recs):
                 self.health.records_read += len(recs)
                 self._records(ctx, recs, out)
-            if len(recs) < MAX_RECORDS_PER_READ:
+            if len(recs) < want:
                 break
 
     def _records(self, ctx: _Ctx, recs: np.ndarray, out: list[bytes]) -> None:
