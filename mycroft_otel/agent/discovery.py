@@ -2,8 +2,8 @@
 
 Every regular, non-hidden file is a candidate; whether it is a ring is the
 reader's call (``RingReader`` raises ValueError for a foreign, truncated or
-half-initialised file, a symlink, a FIFO). Failed candidates are retried after a
-while (a plugin may still be initialising the file) without logging every time.
+half-initialised file, a symlink, a FIFO), after a file with holes is refused here.
+A directory full of junk costs O(1) per poll once seen (:class:`Discovery`).
 
 The ring directory belongs to the training user and is read as hostile: a ring
 directory that is a symlink or that group/others can write is refused (logged,
