@@ -8,9 +8,11 @@ rules, applied once when the agent opens a ring:
 
 * every span carries the owner's uid (``mycroft.ring.owner.uid``) and the pid the ring names
   (``process.pid``);
-* trace ids are salted with the owner (:attr:`Provenance.trace_job`): a ring owned by a
-  non-root user can never produce another user's trace ids, whatever it claims; all ranks of a
-  job run as one user, so every node still derives the same ids;
+* trace ids of a ring owned by another user than the agent's are salted with the owner
+  (:attr:`Provenance.trace_job`): such a ring can never produce the trace ids of a job of the agent's
+  user or of any other user, whatever it claims. A node agent runs as root on every node and all ranks
+  of a job run as one user, so every node still derives the same ids (an agent running as the job's own
+  user, in-process or per user, salts nothing: its rings are its own);
 * for a ring owned by another user than the agent's: on Linux the named pid must exist and
   belong to the owner (``/proc/<pid>/status`` Uid); where ``/proc/<pid>/environ`` is readable,
   the job id the spans carry is the one the process's own environment gives (MYCROFT_JOB_ID,
@@ -49,11 +51,12 @@ class Provenance:
     verified: bool        # job id and host are the agent's own user's, or backed by the owner's process
     claimed_job_id: str   # the header's claim, when it was not used
     claimed_host: str     # the header's claim, when it was not used
+    salted: bool = False  # another user's ring: trace ids carry the owner
 
     @property
     def trace_job(self) -> str:
-        """The job key trace ids are hashed with: the job id, salted with the owner unless root owns the ring."""
-        return self.job_id if self.owner_uid == 0 else f"{self.job_id}\x1fuid={self.owner_uid}"
+        """The job key trace ids are hashed with: the job id, salted with the owner for another user's ring."""
+        return f"{self.job_id}\x1fuid={self.owner_uid}" if self.salted else self.job_id
 
     def attributes(self) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = [(sc.RING_OWNER_UID, self.owner_uid), (sc.RING_VERIFIED, self.verified)]
@@ -126,4 +129,5 @@ def check(owner_uid: int, pid: int, claimed_job: str, claimed_host: str, *, agen
                                            and env.get("NCCL_HOSTID", "") == claimed_host)
     out_host = claimed_host if backed_host else host
     return Provenance(owner_uid, pid, state, job, out_host, verified,
-                      claimed_job if job != claimed_job else "", claimed_host if out_host != claimed_host else "")
+                      claimed_job if job != claimed_job else "", claimed_host if out_host != claimed_host else "",
+                      salted=True)
