@@ -288,7 +288,8 @@ class Agent:
         if st is None:
             st = pstate[src.pid] = src.process_state()
         ctx.credit.refill()
-        if ctx.live is None or budget.may_read_live(ctx.owner, ctx.credit):
+        fresh = ctx.live is None or budget.may_read_live(ctx.owner, ctx.credit)
+        if fresh:
             live = src.live()
             budget.paid_live(ctx.owner, ctx.credit, live.nbytes)
             ctx.live = live
@@ -301,7 +302,7 @@ class Agent:
             ctx.idle_emits = 0
             ctx.idle_next = 0
             ctx.recent_sent = False
-        if st != PROC_EXITED:
+        if st != PROC_EXITED and fresh:  # (snapshots of a table not read again would repeat stale counters)
             self._snapshots(ctx, live, out, now, st == PROC_STOPPED, budget)
         # summary window
         if now - ctx.summary.start >= self.s.summary_ns:

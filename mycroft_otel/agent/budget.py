@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SNAPSHOTS_PER_RING = 16
-SNAPSHOTS_PER_OWNER = 64
+SNAPSHOTS_PER_RING = 8
+SNAPSHOTS_PER_OWNER = 32
 LIVE_BYTES_PER_POLL = 4 << 20    # a default ring (64 slots) copies at most 0.6 MiB: always read
 LIVE_BYTES_PER_OWNER = 16 << 20
 RECORDS_PER_OWNER = 16384        # 164k completions a second per user at the default 100 ms poll
