@@ -87,7 +87,7 @@ class _Ctx:
     owner: int = 0                # uid owning the ring file: its spans speak for this user, its budget is theirs
     credit: RingCredit = field(default_factory=RingCredit)
     dropped: int = 0              # completions counted as overwritten in this ring
-    live: Any = None              # the last live-table read (reused while the ring waits for credit)
+    in_flight: int = -1           # ops in flight at the last live-table read (-1: never read)
 
 
 class Agent:
@@ -288,21 +288,22 @@ class Agent:
         if st is None:
             st = pstate[src.pid] = src.process_state()
         ctx.credit.refill()
-        fresh = ctx.live is None or budget.may_read_live(ctx.owner, ctx.credit)
+        fresh = ctx.in_flight < 0 or budget.may_read_live(ctx.owner, ctx.credit)
+        live = None
         if fresh:
             live = src.live()
             budget.paid_live(ctx.owner, ctx.credit, live.nbytes)
-            ctx.live = live
-        else:
-            live = ctx.live  # waits for credit: a huge live table is read every few polls, not every poll
-        ctx.busy = len(live) > 0
+            ctx.in_flight = len(live)
+        # (else the ring waits for credit: a huge live table is read every few polls, not every poll; what
+        # it held last time stands meanwhile, and no copy of it is kept)
+        ctx.busy = ctx.in_flight > 0
         if self.metrics:
-            self.metrics.in_flight(src, len(live))
+            self.metrics.in_flight(src, ctx.in_flight)
         if ctx.busy:
             ctx.idle_emits = 0
             ctx.idle_next = 0
             ctx.recent_sent = False
-        if st != PROC_EXITED and fresh:  # (snapshots of a table not read again would repeat stale counters)
+        if st != PROC_EXITED and live is not None:  # (a table not read again would repeat stale counters)
             self._snapshots(ctx, live, out, now, st == PROC_STOPPED, budget)
         # summary window
         if now - ctx.summary.start >= self.s.summary_ns:

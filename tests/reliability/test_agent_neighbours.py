@@ -92,7 +92,7 @@ def test_a_jobs_spans_all_go_out_beside_four_stalled_rings_and_12000_junk_files(
         assert m["deferred_snapshots"] > 0 and m["dropped_export_queue"] == 0
         print(f"\nagent CPU {cpu:.0%} of a core over {m['polls'] - polls0:.0f} polls, worst poll sampled "
               f"{worst_poll * 1000:.0f} ms, hostile snapshots {len(hostile_snaps)}, bad files {m['bad_files']:.0f}, "
-              f"deferred live reads {m['deferred_live_reads']:.0f}")
+              f"deferred live reads {m['deferred_live_reads']:.0f}, RSS anonymous {agent.status('RssAnon') >> 10} MiB + file-backed {agent.status('RssFile') >> 10} MiB (the rings' shared pages)")
     finally:
         agent.stop()
         for r in [*hostile, victim]:
