@@ -34,6 +34,11 @@ HW_TYPE = "hw.type"        # "gpu"
 JOB_ID = "mycroft.job.id"
 PLUGIN_VERSION = "mycroft.plugin.version"
 NCCL_PROFILER_ABI = "mycroft.nccl.profiler_abi"  # int: N of ncclProfiler_vN NCCL picked
+# provenance (agent/provenance.py): a ring speaks only for the user who owns its file
+RING_OWNER_UID = "mycroft.ring.owner.uid"        # int: uid owning the ring file
+RING_VERIFIED = "mycroft.ring.verified"          # bool: job id and host backed by the agent's user or the process
+RING_CLAIMED_JOB_ID = "mycroft.ring.claimed.job_id"  # the header's job id, when it was not used
+RING_CLAIMED_HOST = "mycroft.ring.claimed.host"      # the header's host, when it was not used
 
 # --- attributes on every rank span (op, inflight, status) ----------------------------
 COMM_HASH = "mycroft.comm.hash"      # string, 16 lowercase hex digits

@@ -18,6 +18,7 @@ rank context (one shared-memory file, a :class:`~.source.RingSource`):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -28,7 +29,9 @@ import numpy as np
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent import spans as sp
-from mycroft_otel.agent.discovery import Discovery
+from mycroft_otel.agent import provenance
+from mycroft_otel.agent.budget import SNAPSHOTS_PER_RING, PollBudget, RingCredit
+from mycroft_otel.agent.discovery import Candidate, Discovery, sparse_problem
 from mycroft_otel.agent.exporter import ExportQueue, OtlpTransport, Transport
 from mycroft_otel.agent.health import Health, RateLimitedLog
 from mycroft_otel.agent.metrics import CollectiveMetrics
@@ -47,6 +50,7 @@ FLAGGED = 4096  # (comm, trace) flagged anomalous by some local rank, remembered
 RECENT_ON_STALL = 4  # unexported completions of the communicator exported with a rank's first stalled snapshot
 VECTOR_MIN = 24  # batches of at least this many spans go through the vectorised encoder
 STALE_RING_NS = 600_000_000_000  # a crashed writer's ring older than this at discovery is history, not evidence
+MIN_OP_NS = 1000  # no NCCL operation completes in under a microsecond: bounds what a ring can have dropped
 
 
 @dataclass
@@ -80,6 +84,10 @@ class _Ctx:
     committed: tuple = ()         # the last (cursor, last_seq, last_end) the exporter committed
     marked: tuple = ()            # (cursor, last_seq, last_end) last handed to the exporter
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # recent unexported (trace, record)
+    owner: int = 0                # uid owning the ring file: its spans speak for this user, its budget is theirs
+    credit: RingCredit = field(default_factory=RingCredit)
+    dropped: int = 0              # completions counted as overwritten in this ring
+    in_flight: int = -1           # ops in flight at the last live-table read (-1: never read)
 
 
 class Agent:
@@ -111,21 +119,33 @@ class Agent:
         self._closed = False
 
     # --- sources --------------------------------------------------------------------------
-    def _open(self, path: str, ident: tuple[int, int]) -> None:
+    def _open(self, cand: Candidate) -> None:
+        path = cand.path
         try:
-            reader = self.reader_factory(path)
-        except (ValueError, OSError) as exc:
-            if self.discovery.rejected(ident):
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return
+        why = sparse_problem(st)  # never map a file with holes: reading them would make tmpfs allocate them
+        reader = None
+        if not why:
+            try:
+                reader = self.reader_factory(path)
+            except (ValueError, OSError) as exc:
+                why = str(exc)
+        if reader is None:
+            # what a ring looks like while the plugin creates it (empty, then sized, magic written last; the
+            # reader's words, shm_reader.h Validate): retried a while. Anything else waits until it changes.
+            transient = st.st_size == 0 or "not initialised yet" in why
+            if self.discovery.refuse(cand, why, transient):
                 self.health.bad_files += 1
-                log.info("not a ring (yet): %s", exc)
             return
         try:
             src = RingSource(path, reader)
+            src.apply(provenance.check(cand.uid, src.pid, src.job_id, src.host))
         except Exception as exc:
             reader.close()
-            if self.discovery.rejected(ident):
+            if self.discovery.refuse(cand, f"cannot use {path}: {exc}"):
                 self.health.bad_files += 1
-                log.info("cannot use %s: %s", path, exc)
             return
         saved = self.store.get(src.identity.key) or {}
         head = int(reader.ring_head)
@@ -136,14 +156,19 @@ class Agent:
                    Baselines(self.s.slow_factor, self.s.warmup_ops, self.s.slow_min_ns), Summary(now))
         ctx.last_seq = int(saved.get("last_seq", -1))
         ctx.last_end = int(saved.get("last_end", 0))
+        ctx.owner = cand.uid
         if self.only_pid is not None and src.pid != self.only_pid:
             self._retire(ctx)  # another process's ring: its own in-process agent (or the node agent) reports it
         elif not saved and src.process_state() == PROC_EXITED:
             h = src.header
-            if int(h.get("finalized_ns", 0)) or now - int(h.get("heartbeat_ns", 0)) > STALE_RING_NS:
-                self._retire(ctx, remove=True)  # a finished or long-dead job's leftover file: nothing to report
+            last = max(int(h.get("finalized_ns", 0)), int(h.get("heartbeat_ns", 0)), src.start_mono_ns)
+            if now - last > STALE_RING_NS:
+                # a long-finished job's leftover: history, not evidence; removed unread and counted. A ring born
+                # and finished between two polls is younger than this and is read like any other first.
+                self._retire(ctx, remove=True)
+                self.health.rings_skipped += 1
         self.ctxs[path] = ctx
-        self.discovery.accepted(path, ident)
+        self.discovery.accepted(path, cand.ident)
         self.health.sources_opened += 1
         log.info("%s %s (comm %s rank %d/%d pid %d, cursor %d)", "ignoring" if ctx.done else "following", path,
                  src.comm_hex, src.rank, src.nranks, src.pid, src.cursor)
@@ -179,25 +204,24 @@ class Agent:
         scan = self.discovery.scan()
         for path in scan.gone:
             self._close(path)
-        for path, ident in scan.appeared:
-            self._open(path, ident)
+        for cand in scan.appeared:
+            self._open(cand)
         now = self.now_ns()
         pstate: dict[int, str] = {}
         pending: dict[str, list[bytes]] = {}
-        for path, ctx in list(self.ctxs.items()):
+        budget = PollBudget()
+        order = list(self.ctxs.items())
+        if order:  # a turn that rotates every poll: an owner's share does not always go to the same ring
+            k = self.health.polls % len(order)
+            order = order[k:] + order[:k]
+        for path, ctx in order:
             if ctx.done:
                 continue
             out: list[bytes] = []
-            try:
-                self._poll_ctx(ctx, out, now, pstate)
-            except Exception:  # one bad ring must not stop the others
-                if ctx.src.broken:  # shrank, replaced or faulted under the reader: give the ring up
-                    log.warning("giving up %s: %s", path, ctx.src.broken)
-                    self._retire(ctx)
-                else:
-                    self._rl.warning(path, "error polling %s", path)
-                log.debug("error polling %s", path, exc_info=True)
+            self._guarded(path, ctx, self._poll_ctx, ctx, out, now, pstate, budget)
             pending[path] = out
+        self.health.deferred_live_reads += budget.deferred_live
+        self.health.deferred_snapshots += budget.deferred_snapshots
         self._peer_flagged(pending)
         self._status(now, pending, pstate)
         backlog = 0
@@ -220,6 +244,18 @@ class Agent:
         self.health.polls += 1
         self.health.poll_duration_s = time.perf_counter() - t0
 
+    def _guarded(self, path: str, ctx: _Ctx, fn: Callable[..., None], *args: Any) -> None:
+        """Run one ring's part of the poll; whatever that ring does, the others go on."""
+        try:
+            fn(*args)
+        except Exception:
+            if ctx.src.broken:  # shrank, replaced or faulted under the reader: give the ring up
+                log.warning("giving up %s: %s", path, ctx.src.broken)
+                self._retire(ctx)
+            else:
+                self._rl.warning(path, "error polling %s", path)
+            log.debug("error polling %s", path, exc_info=True)
+
     def _remove_exported(self) -> None:
         """Delete retired rings whose last hand-over the exporter has committed (the queue is FIFO)."""
         for path, ctx in self.ctxs.items():
@@ -237,22 +273,38 @@ class Agent:
         mark = {ctx.src.identity.key: {"cursor": state[0], "last_seq": state[1], "last_end": state[2]}}
         self.queue.put(ctx.builder.resource, out, mark)
 
-    def _poll_ctx(self, ctx: _Ctx, out: list[bytes], now: int, pstate: dict[int, str]) -> None:
-        self._drain(ctx, out, now)
+    def _poll_ctx(self, ctx: _Ctx, out: list[bytes], now: int, pstate: dict[int, str], budget: PollBudget) -> None:
         src = ctx.src
+        try:
+            st_file = os.stat(src.path, follow_symlinks=False)
+        except OSError:
+            st_file = None  # gone: the next scan closes it (the mapping outlives the unlink)
+        if st_file is not None and sparse_problem(st_file):
+            # holes punched after open: reading the live table would make tmpfs allocate them again
+            src.broken = f"{src.path}: became " + sparse_problem(st_file)
+            raise ValueError(src.broken)
+        self._drain(ctx, out, now, budget)
         st = pstate.get(src.pid)
         if st is None:
             st = pstate[src.pid] = src.process_state()
-        live = src.live()
-        ctx.busy = len(live) > 0
+        ctx.credit.refill()
+        fresh = ctx.in_flight < 0 or budget.may_read_live(ctx.owner, ctx.credit)
+        live = None
+        if fresh:
+            live = src.live()
+            budget.paid_live(ctx.owner, ctx.credit, live.nbytes)
+            ctx.in_flight = len(live)
+        # (else the ring waits for credit: a huge live table is read every few polls, not every poll; what
+        # it held last time stands meanwhile, and no copy of it is kept)
+        ctx.busy = ctx.in_flight > 0
         if self.metrics:
-            self.metrics.in_flight(src, len(live))
+            self.metrics.in_flight(src, ctx.in_flight)
         if ctx.busy:
             ctx.idle_emits = 0
             ctx.idle_next = 0
             ctx.recent_sent = False
-        if st != PROC_EXITED:
-            self._snapshots(ctx, live, out, now, st == PROC_STOPPED)
+        if st != PROC_EXITED and live is not None:  # (a table not read again would repeat stale counters)
+            self._snapshots(ctx, live, out, now, st == PROC_STOPPED, budget)
         # summary window
         if now - ctx.summary.start >= self.s.summary_ns:
             sm = ctx.summary
@@ -260,10 +312,23 @@ class Agent:
                 out.append(ctx.builder.summary_span(src.to_real(sm.start), src.to_real(now), sm.attributes()))
             ctx.summary = Summary(now)
 
-    def _drain(self, ctx: _Ctx, out: list[bytes], now: int) -> None:
+    def _drain(self, ctx: _Ctx, out: list[bytes], now: int, budget: PollBudget | None = None) -> None:
         src = ctx.src
-        for _ in range(MAX_READS_PER_POLL):
-            recs, over = src.read(MAX_RECORDS_PER_READ)
+        left = MAX_READS_PER_POLL * MAX_RECORDS_PER_READ
+        if budget is not None:
+            left = budget.records_allowance(ctx.owner, left)
+        while left > 0:
+            want = min(MAX_RECORDS_PER_READ, left)
+            recs, over = src.read(want)
+            left -= len(recs)
+            if budget is not None:
+                budget.took_records(ctx.owner, len(recs))
+            if over:
+                # a ring head rewritten to 2^62 must not count 4.6e18 drops: no ring can have lost more
+                # completions than its writer could have made since it started (one per MIN_OP_NS)
+                possible = max(0, (now - src.start_mono_ns) // MIN_OP_NS - ctx.dropped)
+                over = min(over, possible)
+                ctx.dropped += over
             if over:
                 self.health.dropped_ring += over
                 ctx.summary.dropped_ring += over
@@ -272,7 +337,7 @@ class Agent:
             if len(recs):
                 self.health.records_read += len(recs)
                 self._records(ctx, recs, out)
-            if len(recs) < MAX_RECORDS_PER_READ:
+            if len(recs) < want:
                 break
 
     def _records(self, ctx: _Ctx, recs: np.ndarray, out: list[bytes]) -> None:
@@ -363,26 +428,34 @@ class Agent:
                 for _, rec in hit:
                     pending[path].append(ctx.builder.op_span_generic(rec))
 
-    def _snapshots(self, ctx: _Ctx, live: np.ndarray, out: list[bytes], now: int, stopped: bool) -> None:
-        seen = set()
-        for slot in live:
-            op = slot["op"]
-            start = int(op["start_ns"])
-            op_id = int(op["op_id"])
-            if not start:
-                continue
-            seen.add(op_id)
-            if now - start < self.s.inflight_after_ns:
-                continue
-            inf = ctx.inflight.get(op_id)
-            if inf is None:
-                inf = ctx.inflight[op_id] = _Inflight()
-            # snapshot k covers [threshold + k periods, threshold + (k+1) periods) of the op's age: numbers
-            # follow from the op's own start, so a restarted agent continues them instead of starting at 0
-            k = (now - start - self.s.inflight_after_ns) // self.s.snapshot_ns
-            if k <= inf.k:
-                continue
-            self._emit_snapshot(ctx, slot, inf, out, now, stopped, k)
+    def _snapshots(self, ctx: _Ctx, live: np.ndarray, out: list[bytes], now: int, stopped: bool,
+                   budget: PollBudget | None = None) -> None:
+        ops = live["op"]
+        start = ops["start_ns"].astype(np.int64)
+        op_ids = ops["op_id"].tolist()
+        seen = {op_ids[i] for i in np.flatnonzero(start > 0).tolist()}
+        # snapshot k covers [threshold + k periods, threshold + (k+1) periods) of the op's age: numbers
+        # follow from the op's own start, so a restarted agent continues them instead of starting at 0
+        aged = np.flatnonzero((start > 0) & (now - start >= self.s.inflight_after_ns))
+        due = []
+        if len(aged):
+            ks = ((now - start[aged] - self.s.inflight_after_ns) // self.s.snapshot_ns).tolist()
+            for i, k in zip(aged.tolist(), ks):
+                inf = ctx.inflight.get(op_ids[i])
+                last = -1 if inf is None else inf.k
+                if k > last:
+                    due.append((last, i, k))
+        if due:
+            allowance = len(due) if budget is None else budget.snapshot_allowance(ctx.owner)
+            if len(due) > allowance:
+                due.sort()  # the slots least recently snapshotted first: every slot is reached in turn
+            for _, i, k in due[:allowance]:
+                inf = ctx.inflight.get(op_ids[i])
+                if inf is None:
+                    inf = ctx.inflight[op_ids[i]] = _Inflight()
+                self._emit_snapshot(ctx, live[i], inf, out, now, stopped, k)
+            if budget is not None:
+                budget.took_snapshots(ctx.owner, min(allowance, len(due)), len(due))
         for op_id in [k for k in ctx.inflight if k not in seen]:
             del ctx.inflight[op_id]  # completed: had_inflight keeps its anomaly until its record is read
         if len(ctx.had_inflight) > 4096:
@@ -427,52 +500,56 @@ class Agent:
         for ctx in self.ctxs.values():
             if not ctx.done:
                 by_comm.setdefault(ctx.src.comm_hash, []).append(ctx)
-        for path, ctx in self.ctxs.items():
+        for path, ctx in list(self.ctxs.items()):
             if ctx.done or path not in pending:
                 continue
-            src = ctx.src
-            st = pstate.get(src.pid)
-            out = pending[path]
-            finalized = int(src.refresh_header().get("finalized_ns", 0)) != 0
-            if st == PROC_EXITED and not finalized:
-                self._exited(ctx, out, now)
-                continue
-            if finalized:
-                if not ctx.busy:
-                    # a local peer still in a collective of this communicator may wait for data this rank never
-                    # sent: its last completions say which collectives it finished before it left (conformance
-                    # mismatch_count at the job's last collective: the culprit, called with a larger count, was
-                    # left waiting on peers that had completed and gone)
-                    if self.s.peer_export and any(p.busy for p in by_comm.get(src.comm_hash, ()) if p is not ctx):
-                        self._recent(ctx, out)
-                    self._drain(ctx, out, now)  # records published between this poll's drain and finalize
-                    self._retire(ctx, remove=True)  # the communicator is destroyed and its ring drained
-                continue
-            if ctx.busy:
-                continue
-            idle_since = ctx.last_end or src.start_mono_ns
-            idle_for = now - idle_since
-            if idle_for < self.s.idle_after_ns or now < ctx.idle_next:
-                continue
-            peers = by_comm.get(src.comm_hash, [])
-            if len(peers) > 1 and all(not p.busy and p.last_seq == ctx.last_seq for p in peers):
-                continue  # the whole communicator is idle here: no local evidence of a wait
-            if ctx.last_seq < 0 and not any(p.busy for p in peers):
-                continue  # no collective yet (or a p2p-only communicator) and nobody here waits on one
-            nxt = ctx.last_seq + 1
-            trace = ctx.builder.trace_id(sp.KIND_COLL, nxt, -1)
-            text = (f"idle since collective {ctx.last_seq} completed" if ctx.last_seq >= 0
-                    else "no collective completed yet")
-            out.append(ctx.builder.status_span(sc.STATUS_NOT_ENTERED, trace, nxt, ctx.last_seq,
-                                               src.to_real(idle_since), src.to_real(now), text,
-                                               st == PROC_STOPPED))
-            if not ctx.recent_sent and ctx.baselines.unusual_idle(idle_for):
-                self._recent(ctx, out)
-                ctx.recent_sent = True
-            ctx.idle_emits += 1
-            backoff = min(self.s.idle_after_ns * (2 ** ctx.idle_emits), MAX_STATUS_BACKOFF_NS)
-            ctx.idle_next = idle_since + backoff if ctx.idle_emits < 6 else now + MAX_STATUS_BACKOFF_NS
-            ctx.idle_next = max(ctx.idle_next, now + self.s.poll_s * 1e9)
+            # the header is re-read here: a file racing this poll fails its own ring, never the poll
+            self._guarded(path, ctx, self._status_ctx, ctx, now, pending[path], pstate, by_comm)
+
+    def _status_ctx(self, ctx: _Ctx, now: int, out: list[bytes], pstate: dict[int, str],
+                    by_comm: dict[int, list[_Ctx]]) -> None:
+        src = ctx.src
+        st = pstate.get(src.pid)
+        finalized = int(src.refresh_header().get("finalized_ns", 0)) != 0
+        if st == PROC_EXITED and not finalized:
+            self._exited(ctx, out, now)
+            return
+        if finalized:
+            if not ctx.busy:
+                # a local peer still in a collective of this communicator may wait for data this rank never
+                # sent: its last completions say which collectives it finished before it left (conformance
+                # mismatch_count at the job's last collective: the culprit, called with a larger count, was
+                # left waiting on peers that had completed and gone)
+                if self.s.peer_export and any(p.busy for p in by_comm.get(src.comm_hash, ()) if p is not ctx):
+                    self._recent(ctx, out)
+                self._drain(ctx, out, now)  # records published between this poll's drain and finalize
+                self._retire(ctx, remove=True)  # the communicator is destroyed and its ring drained
+            return
+        if ctx.busy:
+            return
+        idle_since = ctx.last_end or src.start_mono_ns
+        idle_for = now - idle_since
+        if idle_for < self.s.idle_after_ns or now < ctx.idle_next:
+            return
+        peers = by_comm.get(src.comm_hash, [])
+        if len(peers) > 1 and all(not p.busy and p.last_seq == ctx.last_seq for p in peers):
+            return  # the whole communicator is idle here: no local evidence of a wait
+        if ctx.last_seq < 0 and not any(p.busy for p in peers):
+            return  # no collective yet (or a p2p-only communicator) and nobody here waits on one
+        nxt = ctx.last_seq + 1
+        trace = ctx.builder.trace_id(sp.KIND_COLL, nxt, -1)
+        text = (f"idle since collective {ctx.last_seq} completed" if ctx.last_seq >= 0
+                else "no collective completed yet")
+        out.append(ctx.builder.status_span(sc.STATUS_NOT_ENTERED, trace, nxt, ctx.last_seq,
+                                           src.to_real(idle_since), src.to_real(now), text,
+                                           st == PROC_STOPPED))
+        if not ctx.recent_sent and ctx.baselines.unusual_idle(idle_for):
+            self._recent(ctx, out)
+            ctx.recent_sent = True
+        ctx.idle_emits += 1
+        backoff = min(self.s.idle_after_ns * (2 ** ctx.idle_emits), MAX_STATUS_BACKOFF_NS)
+        ctx.idle_next = idle_since + backoff if ctx.idle_emits < 6 else now + MAX_STATUS_BACKOFF_NS
+        ctx.idle_next = max(ctx.idle_next, now + self.s.poll_s * 1e9)
 
     def _exited(self, ctx: _Ctx, out: list[bytes], now: int) -> None:
         if ctx.exit_emits and now < ctx.exit_next:
@@ -490,7 +567,7 @@ class Agent:
                                                src.to_real(int(op["start_ns"])), real_now, text, False,
                                                func=sp.func_name(int(op["func"]))))
             if ctx.exit_emits == 0:
-                for slot in slots:  # the last state each op reached, as a final snapshot
+                for slot in slots[:SNAPSHOTS_PER_RING]:  # the last state the oldest ops reached, as final snapshots
                     inf = ctx.inflight.setdefault(int(slot["op"]["op_id"]), _Inflight())
                     age_k = (now - int(slot["op"]["start_ns"]) - self.s.inflight_after_ns) // self.s.snapshot_ns
                     self._emit_snapshot(ctx, slot, inf, out, now, False, max(inf.k + 1, age_k, 0))
@@ -522,7 +599,7 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
 
-    def close(self, flush_timeout_s: float = 5.0) -> None:
+    def close(self, flush_timeout_s: float = 3.0) -> None:
         """Flush pending spans (bounded), persist cursors, release rings (idempotent)."""
         if self._closed:
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 
@@ -11,6 +12,16 @@ from mycroft_otel.agent.agent import Agent
 from mycroft_otel.agent.health import MetricsServer, register_otel_metrics
 from mycroft_otel.agent.metrics import CollectiveMetrics, meter_provider, metrics_config
 from mycroft_otel.agent.settings import AgentSettings
+
+
+SHUTDOWN_S = 5.0  # SIGTERM (or SIGINT) to exit, at most
+FLUSH_S = 3.0     # of which the final flush of pending spans may take this long
+
+
+def _exit_late() -> None:
+    logging.getLogger("mycroft_otel.agent").error("shutdown took longer than %.1f s: exiting now", SHUTDOWN_S - 0.5)
+    logging.shutdown()
+    os._exit(1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,17 +51,29 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("mycroft_otel.agent").info("metrics on http://%s:%d/metrics", args.metrics_bind,
                                                      server.port)
     stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)  # a second signal: now
+        stop.set()
+        # the promise is SHUTDOWN_S from SIGTERM to exit, whatever the collector or a ring does: the flush
+        # (FLUSH_S) and the cursor save normally end well before; if not, exit without them (at most one poll
+        # of spans is exported again by the next agent)
+        hard = threading.Timer(SHUTDOWN_S - 0.5, _exit_late)
+        hard.daemon = True
+        hard.start()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         if args.once:
             agent.poll_once()
         else:
             agent.run(stop)
     finally:
-        agent.close()
+        agent.close(FLUSH_S)
         if provider is not None:
-            provider.shutdown()  # a last export of what the final poll aggregated
+            provider.shutdown(timeout_millis=1000)  # a last export of what the final poll aggregated
         if server:
             server.close()
     return 0

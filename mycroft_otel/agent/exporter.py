@@ -207,5 +207,5 @@ class ExportQueue:
             self._bytes = 0
             self.health.dropped_export_queue += dropped
             self._cv.notify_all()
-        self.transport.shutdown()
-        self._thread.join(timeout=max(1.0, timeout_s))
+        self.transport.shutdown()  # ends an exchange in flight (transport.py): the thread is free within a second
+        self._thread.join(timeout=1.0)

@@ -30,6 +30,9 @@ class Health:
     sources_opened: int = 0        # ring files opened
     bad_files: int = 0             # files in the ring dir that are not valid rings
     rings_removed: int = 0         # finished rings deleted after their evidence was exported
+    rings_skipped: int = 0         # leftovers of jobs finished long before the agent saw them, removed unread
+    deferred_live_reads: int = 0   # live-table reads a ring had to wait for (its fair share was spent)
+    deferred_snapshots: int = 0    # in-flight snapshots put off to a later poll (its fair share was spent)
     # gauges
     sources: int = 0               # rings currently followed
     queue_spans: int = 0           # spans waiting for export
@@ -39,7 +42,7 @@ class Health:
 
     COUNTERS = ("records_read", "spans_built", "spans_exported", "dropped_ring", "dropped_export_queue",
                 "dropped_export_failed", "export_errors", "export_requests", "polls", "sources_opened", "bad_files",
-                "rings_removed")
+                "rings_removed", "rings_skipped", "deferred_live_reads", "deferred_snapshots")
     GAUGES = ("sources", "queue_spans", "ring_backlog", "export_lag_s", "poll_duration_s")
 
     def snapshot(self) -> dict[str, Any]:
@@ -57,10 +60,23 @@ class Health:
 
 
 class MetricsServer:
-    """Prometheus text on http://bind:port/metrics (prometheus_client's registry and server)."""
+    """Prometheus text on http://bind:port/metrics: one thread, one selector, whatever the clients do.
+
+    prometheus_client's own server starts a thread per connection (3,000 idle connections: 3,010
+    threads in the agent). Here a connection costs a socket: at most MAX_CONNECTIONS are open (more are
+    closed, oldest first), each must send its request within REQUEST_TIMEOUT_S and is closed after its answer.
+    The text is the registry's (prometheus_client.generate_latest), as before.
+    """
+
+    MAX_CONNECTIONS = 64
+    REQUEST_TIMEOUT_S = 5.0
+    MAX_REQUEST_BYTES = 8192
 
     def __init__(self, health: Health, port: int, bind: str = "0.0.0.0"):
-        from prometheus_client import CollectorRegistry, start_http_server
+        import selectors
+        import socket
+
+        from prometheus_client import CollectorRegistry
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         class _Collector:
@@ -74,12 +90,106 @@ class MetricsServer:
 
         self.registry = CollectorRegistry()
         self.registry.register(_Collector())
-        self.server, self.thread = start_http_server(port, addr=bind, registry=self.registry)
-        self.port = self.server.server_port
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((bind, port))
+        self._listener.listen(128)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._conns: dict[Any, tuple[float, bytearray]] = {}  # socket -> (deadline, request bytes so far)
+        self._stop = threading.Event()
+        self.refused = 0  # idle connections closed to make room (over MAX_CONNECTIONS)
+        self.thread = threading.Thread(target=self._serve, name="mycroft-agent-metrics", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._sel.select(timeout=0.5):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._read(key.fileobj)
+            now = time.monotonic()
+            for sock in [c for c, (deadline, _) in self._conns.items() if deadline < now]:
+                self._drop(sock)
+
+    def _accept(self) -> None:
+        import selectors
+
+        for _ in range(64):
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if len(self._conns) >= self.MAX_CONNECTIONS:
+                # full: the connection idle longest goes, not the newcomer (a scraper sends its request at
+                # once, so clients holding connections open cannot keep it out)
+                self.refused += 1
+                self._drop(min(self._conns, key=lambda c: self._conns[c][0]))
+            sock.setblocking(False)
+            self._conns[sock] = (time.monotonic() + self.REQUEST_TIMEOUT_S, bytearray())
+            self._sel.register(sock, selectors.EVENT_READ, True)
+
+    def _read(self, sock: Any) -> None:
+        try:
+            data = sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(sock)
+            return
+        buf = self._conns[sock][1]
+        buf += data
+        if b"\r\n\r\n" not in buf:
+            if len(buf) > self.MAX_REQUEST_BYTES:
+                self._answer(sock, b"431 Request Header Fields Too Large", b"")
+            return
+        line = bytes(buf).split(b"\r\n", 1)[0].split()
+        if len(line) < 2 or line[0] not in (b"GET", b"HEAD"):
+            self._answer(sock, b"405 Method Not Allowed", b"")
+        elif line[1].split(b"?", 1)[0] not in (b"/metrics", b"/"):
+            self._answer(sock, b"404 Not Found", b"")
+        else:
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            body = generate_latest(self.registry)
+            self._answer(sock, b"200 OK", b"" if line[0] == b"HEAD" else body, CONTENT_TYPE_LATEST.encode(),
+                         len(body))
+
+    def _answer(self, sock: Any, status: bytes, body: bytes, ctype: bytes = b"text/plain",
+                length: int | None = None) -> None:
+        head = (b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
+                + str(len(body) if length is None else length).encode() + b"\r\nConnection: close\r\n\r\n")
+        try:
+            sock.setblocking(True)
+            sock.settimeout(1.0)  # a scraper that does not read its answer is dropped, not waited on
+            sock.sendall(head + body)
+        except OSError:
+            pass
+        self._drop(sock)
+
+    def _drop(self, sock: Any) -> None:
+        self._conns.pop(sock, None)
+        try:
+            self._sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        sock.close()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._stop.set()
+        self.thread.join(2.0)
+        for sock in list(self._conns):
+            self._drop(sock)
+        self._sel.close()
+        self._listener.close()
 
 
 def register_otel_metrics(health: Health, meter_provider: Any = None) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mycroft_otel import ids
+from mycroft_otel.agent.provenance import Provenance
 
 ReaderFactory = Callable[[str], Any]
 
@@ -89,10 +90,19 @@ class RingSource:
         #: add to a CLOCK_MONOTONIC timestamp of the writer to get CLOCK_REALTIME
         self.mono_to_real: int = int(h["start_realtime_ns"]) - self.start_mono_ns
         self.identity = Identity(self.pid, self.comm_hash, self.rank, self.start_mono_ns)
+        #: the job key trace ids are hashed with (salted with the ring's owner once its provenance is known)
+        self.trace_job: str = self.job_id
+        self.provenance: Provenance | None = None
         self.cursor = int(cursor)
+        self.capacity: int = int(h.get("ring_capacity", 0))
         self.closed = False
         #: why the reader gave up on the file (it shrank, stopped being a regular file, faulted); '' while usable
         self.broken = ""
+
+    def apply(self, prov: Provenance) -> None:
+        """Carry what the ring's owner can vouch for (provenance.py) instead of the header's claims."""
+        self.provenance = prov
+        self.job_id, self.host, self.trace_job = prov.job_id, prov.host, prov.trace_job
 
     # --- reading ---------------------------------------------------------------------
     # The reader raises ValueError once the file is no longer what was validated at open
@@ -120,8 +130,8 @@ class RingSource:
 
     @property
     def backlog(self) -> int:
-        try:
-            return max(0, int(self.reader.ring_head) - self.cursor)
+        try:  # at most a ring's capacity (fixed at open): a rewritten head must not read as 2^62 waiting
+            return min(max(0, int(self.reader.ring_head) - self.cursor), self.capacity)
         except Exception:
             return 0
 

@@ -180,6 +180,8 @@ class SpanBuilder:
             res.append((sc.GLOBAL_RANK, src.global_rank))
         if src.local_rank >= 0:
             res.append((sc.LOCAL_RANK, src.local_rank))
+        if src.provenance is not None:
+            res += src.provenance.attributes()
         seen = {k for k, _ in res}
         res += [(k, v) for k, v in resource_extra if k not in seen]
         self.resource = otlp.resource(res)
@@ -201,10 +203,10 @@ class SpanBuilder:
     def trace_id(self, kind: int, seq: int, peer: int) -> int:
         s = self.src
         if kind == KIND_SEND:
-            return ids.p2p_trace_id(s.job_id, s.comm_hash, s.rank, peer, seq)
+            return ids.p2p_trace_id(s.trace_job, s.comm_hash, s.rank, peer, seq)
         if kind == KIND_RECV:
-            return ids.p2p_trace_id(s.job_id, s.comm_hash, peer, s.rank, seq)
-        return ids.coll_trace_id(s.job_id, s.comm_hash, seq)
+            return ids.p2p_trace_id(s.trace_job, s.comm_hash, peer, s.rank, seq)
+        return ids.coll_trace_id(s.trace_job, s.comm_hash, seq)
 
     def trace_ids(self, ops: np.ndarray) -> list[int]:
         return [self.trace_id(k, q, p) for k, q, p in
@@ -528,7 +530,7 @@ class SpanBuilder:
         s = self.src
         h = hashlib.blake2b(digest_size=24, person=b"mycroft-summ")
         h.update(struct.pack("<QiQ", s.comm_hash, s.rank, window_start_real))
-        h.update(s.job_id.encode())
+        h.update(s.trace_job.encode())
         d = h.digest()
         trace = d[:16] if any(d[:16]) else b"\x00" * 15 + b"\x01"
         sid = d[16:] if any(d[16:]) else b"\x00" * 7 + b"\x01"

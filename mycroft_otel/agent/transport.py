@@ -10,6 +10,12 @@ specification calls transient (gRPC UNAVAILABLE and friends, HTTP 429/502/503/50
 a refused connection) are retried with exponential back-off until the timeout;
 :meth:`Transport.shutdown` cuts a back-off short.
 
+Every export ends by its deadline (OTEL_EXPORTER_OTLP[_TRACES]_TIMEOUT, default 10 s), whatever the
+collector does: gRPC calls carry it as their deadline; over HTTP a timer shuts the socket down when it
+passes, because a socket timeout bounds each read, not the exchange (a collector that trickles its reply a
+byte at a time held the export thread forever), and a reply body is read up to MAX_REPLY_BYTES (a 1 GiB
+body used to be read whole). :meth:`Transport.shutdown` aborts an exchange in flight the same way.
+
 Why not the SDK's OTLPSpanExporter: its public ``export()`` takes SDK span objects,
 and reusing it for bytes meant overriding private methods that change between
 releases (``_translate_data``, ``_initialize_channel_and_stub``, ``_client``).
@@ -21,6 +27,7 @@ import gzip
 import http.client
 import logging
 import os
+import socket
 import ssl
 import threading
 import time
@@ -44,6 +51,7 @@ _RETRYABLE_GRPC = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE
                              grpc.StatusCode.DATA_LOSS})
 _RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
 _FIRST_BACKOFF_S = 0.5
+MAX_REPLY_BYTES = 64 << 10  # an OTLP reply is a few bytes (partial_success); more is read no further
 
 
 @dataclass(frozen=True)
@@ -202,6 +210,7 @@ class HttpTransport(_Retrying):
             self._headers["Content-Encoding"] = cfg.compression
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+        self._sock_lock = threading.Lock()  # guards the socket handed to the deadline timer and shutdown
 
     def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -218,6 +227,17 @@ class HttpTransport(_Retrying):
             self._conn.close()
             self._conn = None
 
+    def _abort(self) -> None:
+        """Wake a blocked send or receive at once (deadline passed, or shutdown): the socket is shut down."""
+        with self._sock_lock:
+            conn = self._conn
+            sock = conn.sock if conn is not None else None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
     def _attempt(self, payload: bytes, timeout_s: float) -> tuple[bool, bool, str]:
         body = payload
         if self.cfg.compression == "gzip":
@@ -225,24 +245,43 @@ class HttpTransport(_Retrying):
         elif self.cfg.compression == "deflate":
             body = zlib.compress(payload)
         with self._lock:
+            if self._stop.is_set():
+                return False, False, "shut down"
+            timer = threading.Timer(timeout_s, self._abort)
+            timer.daemon = True
             try:
-                conn = self._connection(timeout_s)
+                with self._sock_lock:
+                    conn = self._connection(timeout_s)
+                timer.start()
                 conn.request("POST", self._path, body=body, headers=self._headers)
                 resp = conn.getresponse()
-                resp.read()
-                if resp.getheader("Connection", "").lower() == "close":
-                    self._close()
-            except (OSError, http.client.HTTPException) as exc:
-                self._close()
-                return False, True, type(exc).__name__
+                length = resp.getheader("Content-Length")
+                resp.read(MAX_REPLY_BYTES)
+                if (resp.getheader("Connection", "").lower() == "close" or not resp.isclosed()
+                        or (length is not None and not length.isdigit())):
+                    self._close_locked()  # a reply longer than we read: the connection cannot be reused
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                self._close_locked()
+                why = "deadline passed" if not timer.is_alive() and not self._stop.is_set() else type(exc).__name__
+                return False, not self._stop.is_set(), why
+            finally:
+                timer.cancel()
         if 200 <= resp.status < 300:
             return True, False, ""
         return False, resp.status in _RETRYABLE_HTTP, f"HTTP {resp.status}"
 
+    def _close_locked(self) -> None:
+        with self._sock_lock:
+            self._close()
+
     def shutdown(self) -> None:
         super().shutdown()
-        with self._lock:
-            self._close()
+        self._abort()  # never waits for the exchange in flight (it holds self._lock): it ends it
+        if self._lock.acquire(timeout=1.0):
+            try:
+                self._close_locked()
+            finally:
+                self._lock.release()
 
 
 def otlp_transport(protocol: str, env: Mapping[str, str] | None = None) -> Transport:

@@ -81,6 +81,7 @@ class FakeRing:
         size = ring_off + ring_capacity * RECORD.itemsize
         fd = os.open(self.path + ".tmp", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)  # as the plugin does: every byte reserved (the agent refuses sparse files)
         self.mm = mmap.mmap(fd, size)
         os.close(fd)
         self.h = np.ndarray((), HEADER, self.mm, 0)

@@ -29,7 +29,7 @@ def test_root_agent_at_the_default_follows_every_users_directory(tmp_path):
     for d in (own, alice, liar, elsewhere):
         FakeRing(d / "r.mycroft", rank=0, nranks=1)
     disc = Discovery(own, all_users=True, prefix=prefix)
-    found = sorted(p for p, _ in disc.scan().appeared)
+    found = sorted(c.path for c in disc.scan().appeared)
     assert found == [str(own / "r.mycroft"), str(alice / "r.mycroft")]
     # removal stays inside those directories, of files it followed
     for p, ident in [(str(alice / "r.mycroft"), os.lstat(alice / "r.mycroft"))]:
