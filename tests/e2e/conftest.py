@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from e2e_helpers import Webhook
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,3 +44,11 @@ def alertmanager_bin(e2e_bin_dir) -> Path:
     d = _build("install_alertmanager.sh")
     assert d == e2e_bin_dir, (d, e2e_bin_dir)
     return d / "alertmanager"
+
+
+@pytest.fixture(scope="module")
+def webhook():
+    """A local HTTP receiver of Alertmanager's webhook notifications."""
+    hook = Webhook()
+    yield hook
+    hook.stop()

@@ -17,16 +17,8 @@ import pytest
 from e2e_helpers import PY, clean_env, wait_until
 from mycroft_otel.stack import LocalStack
 from mycroft_otel.stack.runner import free_ports, http_ok
-from test_operator import Webhook
 
 STALL_MS = 3000
-
-
-@pytest.fixture(scope="module")
-def webhook():
-    hook = Webhook()
-    yield hook
-    hook.stop()
 
 
 @pytest.fixture(scope="module")

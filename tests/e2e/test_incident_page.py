@@ -37,13 +37,6 @@ def _fast_processor(pp: ProcessorPorts) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def webhook():
-    hook = Webhook()
-    yield hook
-    hook.stop()
-
-
-@pytest.fixture(scope="module")
 def stack(e2e_bin_dir, alertmanager_bin, tmp_path_factory, webhook):
     st = LocalStack(processors=1, processor_command=_fast_processor, trace_store="jaeger",
                     run_dir=tmp_path_factory.mktemp("e2e-page"), bin_dir=e2e_bin_dir,
