@@ -61,20 +61,14 @@ def _fmt_ns(ns: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mycroft_otel.sim.faults import CATALOGUE, FaultError, parse_fault
+    from mycroft_otel.sim.faults import CATALOGUE, FaultError, with_onset
 
-    fault = args.fault.strip()
-    name = fault.split(":", 1)[0]
-    if name not in CATALOGUE:
-        print(f"mycroft-otel demo: unknown fault {name!r}; known: {', '.join(CATALOGUE)}", file=sys.stderr)
-        return 2
-    if name != "healthy" and "at=" not in fault:
-        fault += (":" if ":" not in fault else ",") + f"at={args.at:g}"
     try:
-        parse_fault(fault)
+        fault = with_onset(args.fault, args.at)
     except FaultError as exc:
         print(f"mycroft-otel demo: {exc}", file=sys.stderr)
         return 2
+    name = fault.split(":", 1)[0].strip()
     kind = CATALOGUE[name][1]
     stall_ms = 3000
     # generous: a loaded machine makes the simulated job lag behind wall-clock time

@@ -10,7 +10,8 @@ hang and should page. Nothing in the pipeline is told it is a drill: the job id 
 Run it where the agent runs, as the agent's user (the plugin refuses a ring directory another user
 owns): on a node, ``mycroft-otel drill``; on Kubernetes, ``kubectl exec`` into the agent's pod.
 With ``--alertmanager URL`` it then waits for Alertmanager to hold the ``MycroftRootCause`` alert of
-the drill's communicator and exits 0 only if it does::
+the drill's job (the alert is one per job: dashboards/alerts/mycroft-rules.yaml) and exits 0 only if it
+does::
 
     mycroft-otel drill                                              # rings into MYCROFT_RING_DIR
     mycroft-otel drill --alertmanager http://alertmanager:9093      # ... and wait for the page
@@ -68,24 +69,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mycroft_otel.sim.faults import CATALOGUE, FaultError, parse_fault
+    from mycroft_otel.sim.faults import FaultError, with_onset
 
-    fault = args.fault.strip()
-    name = fault.split(":", 1)[0]
-    if name not in CATALOGUE or name == "healthy":
-        print(f"mycroft-otel drill: unknown fault {name!r}; known: "
-              f"{', '.join(n for n in CATALOGUE if n != 'healthy')}", file=sys.stderr)
-        return 2
-    if "at=" not in fault:
-        fault += (":" if ":" not in fault else ",") + f"at={args.at:g}"
     try:
-        parse_fault(fault)
+        fault = with_onset(args.fault, args.at, healthy=False)
     except FaultError as exc:
         print(f"mycroft-otel drill: {exc}", file=sys.stderr)
         return 2
     ring_dir = args.ring_dir or config.get_str("MYCROFT_RING_DIR")
-    # An earlier drill's alert keeps firing for 10 minutes (dashboards/alerts): a seed of its own gives this
-    # drill communicators of its own, and only an alert that started after this drill began counts.
+    # A job id and communicators of its own per drill (a seed from the clock): an earlier drill's page, still
+    # open while its incident is, is another job's; with a repeated --job-id only an alert that started
+    # after this drill began counts.
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     started = datetime.now(timezone.utc)
     job_id = args.job_id or f"mycroft-drill-{socket.gethostname()}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
@@ -112,14 +106,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"injected  {truth['fault']} ({truth['category']}) at global rank "
           f"{', '.join(map(str, truth['culprit_global_ranks']))} on {', '.join(truth['culprit_hosts'])}, "
           f"communicator {truth['comm_hash']}")
-    print(f"expect    {ALERT_NAME} {{kind=\"{truth['kind']}\", category=\"{truth['category']}\", "
-          f"comm=\"{truth['comm_hash']}\", severity=\"{severity}\"}}")
+    print(f"expect    {ALERT_NAME} {{job_id=\"{job_id}\", kind=\"{truth['kind']}\", "
+          f"category=\"{truth['category']}\", culprit_ranks=\"{','.join(map(str, truth['culprit_global_ranks']))}\", "
+          f"severity=\"{severity}\"}}")
     if not args.alertmanager:
         return 0
-    alert = wait_for_alert(args.alertmanager, truth["comm_hash"], args.wait, since=started)
+    alert = wait_for_alert(args.alertmanager, job_id, args.wait, since=started)
     if alert is None:
-        print(f"NOT PAGED  Alertmanager at {args.alertmanager} holds no {ALERT_NAME} for communicator "
-              f"{truth['comm_hash']} after {args.wait:g} s: check the agent's export counters, the gateway, "
+        print(f"NOT PAGED  Alertmanager at {args.alertmanager} holds no {ALERT_NAME} for job {job_id} after "
+              f"{args.wait:g} s: check the agent's export counters, the gateway, "
               f"the processors' mycroft_root_causes_total and Prometheus' alerts (docs/operating.md)")
         return 1
     labels = alert.get("labels", {})
@@ -129,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if labels.get("category") == truth["category"] else 1
 
 
-def alerts_of(alertmanager: str, comm_hash: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    """Active ``MycroftRootCause`` alerts of one communicator, from Alertmanager's v2 API."""
-    query = urllib.parse.urlencode([("filter", f'alertname="{ALERT_NAME}"'), ("filter", f'comm="{comm_hash}"'),
+def alerts_of(alertmanager: str, job_id: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """Active ``MycroftRootCause`` alerts of one job, from Alertmanager's v2 API."""
+    query = urllib.parse.urlencode([("filter", f'alertname="{ALERT_NAME}"'), ("filter", f'job_id="{job_id}"'),
                                     ("active", "true"), ("silenced", "false"), ("inhibited", "false")])
     url = alertmanager.rstrip("/") + "/api/v2/alerts?" + query
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (an operator-given http(s) URL)
@@ -146,18 +141,15 @@ def _started_at(alert: dict[str, Any]) -> datetime | None:
         return None
 
 
-def wait_for_alert(alertmanager: str, comm_hash: str, wait_s: float, since: datetime | None = None,
+def wait_for_alert(alertmanager: str, job_id: str, wait_s: float, since: datetime | None = None,
                    poll_s: float = 2.0) -> dict[str, Any] | None:
-    """The first active alert of the communicator that started at or after ``since``, within ``wait_s``;
-    None if none arrived.
-
-    Only the non-inhibited ones count: the span-based alert (culprit, evidence, trace id) inhibits the
-    counter-based one, so what Alertmanager would notify is what is returned."""
+    """The first active, unsilenced alert of the job that started at or after ``since``, within ``wait_s``;
+    None if none arrived."""
     deadline = time.monotonic() + wait_s
     last_error = ""
     while True:
         try:
-            found = [a for a in alerts_of(alertmanager, comm_hash)
+            found = [a for a in alerts_of(alertmanager, job_id)
                      if since is None or (_started_at(a) or since) >= since - CLOCK_SLACK]
             if found:
                 return found[0]

@@ -80,6 +80,19 @@ class FaultError(ValueError):
     """A --fault spec that names no fault or has a bad parameter."""
 
 
+def with_onset(spec: str, at: float, healthy: bool = True) -> str:
+    """``spec`` checked (FaultError names what is wrong), with its onset at ``at`` seconds unless it names one
+    (a healthy run has none; ``healthy``: whether one is accepted at all)."""
+    spec = spec.strip()
+    name = spec.split(":", 1)[0].strip()
+    if not healthy and name == "healthy":
+        raise FaultError(f"a fault is needed, not 'healthy'; known: {', '.join(n for n in CATALOGUE if n != 'healthy')}")
+    if name != "healthy" and "at=" not in spec:
+        spec += (":" if ":" not in spec else ",") + f"at={at:g}"
+    parse_fault(spec)
+    return spec
+
+
 def parse_fault(spec: str) -> "Fault":
     """``NAME[:k=v,...]``, e.g. ``nic_down:rank=3,step=2`` or ``slow_flow:factor=4,channel=1``."""
     name, _, rest = spec.partition(":")

@@ -3,7 +3,7 @@
 A real `mycroft-otel agent` watches a ring directory and exports to the gateway of a real stack (gateway,
 one processor, Jaeger, Prometheus, Alertmanager whose webhook is served here). `mycroft-otel drill
 --ring-dir DIR --alertmanager URL` writes a hung synthetic job there and must exit 0 having seen the
-MycroftRootCause alert of its communicator in Alertmanager; the webhook (the operator's pager) must have
+MycroftRootCause alert of its job in Alertmanager; the webhook (the operator's pager) must have
 received that notification, naming the simulated culprit host.
 """
 
@@ -60,15 +60,14 @@ def test_drill_beside_a_real_agent_pages_through_alertmanager(stack, webhook, tm
     out = drill.stdout
     assert "paged     MycroftRootCause net_send_stalled severity=critical" in out, out
     injected = next(line for line in out.splitlines() if line.startswith("injected"))
-    comm = injected.rsplit(" ", 1)[1]
     host = injected.split(" on ", 1)[1].split(",")[0]
     assert host.startswith("sim-node"), injected
+    job = next(line for line in out.splitlines() if line.startswith("expect")).split('job_id="', 1)[1].split('"')[0]
 
     def delivered() -> list[dict]:
         return [a for a in webhook.alerts() if a["labels"].get("alertname") == "MycroftRootCause"
-                and a["labels"].get("comm") == comm and a["labels"].get("source") == "spans"
-                and a["status"] == "firing"]  # fmt: skip
+                and a["labels"].get("job_id") == job and a["status"] == "firing"]  # fmt: skip
 
-    # the span-based alert (it inhibits the counter-based one, which may be notified first) names the host
-    alerts = wait_until(delivered, 60, f"the drill's span-based notification for comm {comm} at the webhook")
-    assert any(host in a["labels"].get("mycroft_rca_culprit_hosts", "") for a in alerts), alerts
+    # the job's one page names the culprit's host
+    alerts = wait_until(delivered, 60, f"the drill's notification for job {job} at the webhook")
+    assert any(host in a["labels"].get("culprit_hosts", "") for a in alerts), alerts
