@@ -12,6 +12,7 @@ import threading
 from mycroft_otel.processor.exporter import RootCauseExporter
 from mycroft_otel.processor.metrics import Metrics
 from mycroft_otel.processor.pipeline import Processor
+from mycroft_otel.processor.published import PublishedVerdicts
 from mycroft_otel import config
 from mycroft_otel.config import ConfigError
 from mycroft_otel.processor.otlp_http import HttpLimits
@@ -41,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-json-bytes", type=int, default=HttpLimits.max_json_bytes,
                         help="OTLP/HTTP: largest JSON request body, also after gzip (default %(default)s; JSON "
                         "costs far more to parse than protobuf)")
+    parser.add_argument("--state-dir", metavar="DIR", help="remember published verdicts here (a directory of this "
+                        "user, created 0700), so that a restarted processor does not publish one again")
     parser.add_argument("--record", metavar="FILE", help="append every received OTLP payload to FILE "
                         "(replay with python -m mycroft_otel.processor.replay FILE)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every verdict and more")
@@ -78,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get(var, "").strip():
             check_headers(var, os.environ[var])  # before the SDK's exporter would log a bad one, value and all
     token = _token(args)
+    published = PublishedVerdicts(args.state_dir) if args.state_dir else None
     metrics = Metrics()
-    processor = Processor(exporter=RootCauseExporter(), metrics=metrics)
+    processor = Processor(exporter=RootCauseExporter(), metrics=metrics, published=published)
     receiver = Receiver(processor, bind=args.bind, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                         http_port=None if args.http_port < 0 else args.http_port,
                         max_bytes=args.max_request_bytes, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -110,4 +114,6 @@ def run(args: argparse.Namespace) -> int:
         receiver.shutdown()
         processor.shutdown()
         metrics.shutdown()
+        if published is not None:
+            published.close()
     return 0
