@@ -21,6 +21,7 @@ class Settings:
     trace_ttl_s: float = 120.0      # MYCROFT_TRACE_TTL_S, > 0
     max_traces: int = 20000         # MYCROFT_MAX_TRACES, >= 1
     max_trace_bytes: int = 512 << 20  # MYCROFT_MAX_TRACE_BYTES, >= 1 MiB: span evidence held, all traces together
+    max_history_bytes: int = 512 << 20  # MYCROFT_MAX_HISTORY_BYTES, >= 1 MiB: the detector's learned history
     # -- detector design ------------------------------------------------------------------------
     cusum: SequentialDesign = field(default_factory=SequentialDesign)
     null_size: int = 512            # healthy scores kept per measure (a few dozen collectives of 8-16 ranks)
@@ -54,4 +55,5 @@ class Settings:
             trace_ttl_s=config.get_float("MYCROFT_TRACE_TTL_S", env, lo=0.001),
             max_traces=config.get_int("MYCROFT_MAX_TRACES", env, lo=1),
             max_trace_bytes=config.get_int("MYCROFT_MAX_TRACE_BYTES", env, lo=1 << 20),
+            max_history_bytes=config.get_int("MYCROFT_MAX_HISTORY_BYTES", env, lo=1 << 20),
         )

@@ -187,3 +187,39 @@ def test_resource_flood_stays_within_the_byte_budget(tmp_path):
         assert post(proc.http_port, hung_payload(7))[0] == 200  # still serving
     finally:
         proc.stop()
+
+
+# -- the communicator flood: the detector's learned history (issue 31, finding 1) ----------------------
+
+HISTORY_BUDGET = 8 * MIB      # MYCROFT_MAX_HISTORY_BYTES of the processor under attack
+HISTORY_OVERHEAD = 48 * MIB   # stated: 10 MiB bodies in transit and their copies, baselines, allocator slack
+
+
+def test_communicator_flood_stays_within_the_history_budget(tmp_path):
+    """1,200 communicators never seen before, 12 healthy collectives each: what the slowdown detector learns
+    of them stays within MYCROFT_MAX_HISTORY_BYTES (each left ~98 KiB behind after its traces expired
+    before: 2,000 of them +192 MiB, bounded only by 200,000 entries per table)."""
+    from service_helpers import post, start_processor
+
+    proc = start_processor(tmp_path, env={"MYCROFT_MAX_HISTORY_BYTES": str(HISTORY_BUDGET),
+                                          "MYCROFT_TRACE_TTL_S": "2"})
+
+    def batch(first: int, n: int) -> bytes:  # (concatenated requests are one request on the wire)
+        return b"".join(Ring(8, seq=seq, comm=0xA0000 + c, global_base=8 * c).request().SerializeToString()
+                        for c in range(first, first + n) for seq in range(12))
+
+    try:
+        assert post(proc.http_port, batch(0, 50))[0] == 200  # warm
+        time.sleep(3)
+        base = proc.rss_bytes()
+        for first in range(50, 1250, 50):
+            assert post(proc.http_port, batch(first, 50))[0] == 200
+        end = time.monotonic() + 120
+        while "mycroft_processor_traces_in_memory 0.0" not in proc.metrics() and time.monotonic() < end:
+            time.sleep(1)  # analysed, then expired (TTL 2 s)
+        after = proc.rss_bytes()
+        print(f"communicator flood: RSS {base / MIB:.0f} MiB before, {after / MIB:.0f} after "
+              f"(bound {(base + HISTORY_BUDGET + HISTORY_OVERHEAD) / MIB:.0f})")
+        assert after <= base + HISTORY_BUDGET + HISTORY_OVERHEAD
+    finally:
+        proc.stop()
