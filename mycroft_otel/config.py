@@ -103,6 +103,10 @@ VARS: dict[str, Var] = {
             "Bytes of span evidence the processor holds, all traces together (each kept span at its wire size "
             "plus 512; a kept span never pins more than twice that); over it the least recently updated traces "
             "are evicted and their spans counted as dropped.", "processor"),
+        Var("MYCROFT_MAX_HISTORY_BYTES", str(512 << 20),
+            "Bytes of learned history the processor's slowdown detector holds (per-communicator nulls, levels, "
+            "candidates' own scores, evidence, kernel times; estimated); over it the oldest half is forgotten "
+            "(relearned from the next collectives: a verdict is delayed, never made up).", "processor"),
         Var("MYCROFT_SUMMARY_MS", "10000",
             "Window of the per-rank, per-communicator mycroft.summary span of unsampled healthy operations (ms).",
             "agent"),

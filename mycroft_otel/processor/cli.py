@@ -12,6 +12,7 @@ import threading
 from mycroft_otel.processor.exporter import RootCauseExporter
 from mycroft_otel.processor.metrics import Metrics
 from mycroft_otel.processor.pipeline import Processor
+from mycroft_otel.processor.published import PublishedVerdicts
 from mycroft_otel import config
 from mycroft_otel.config import ConfigError
 from mycroft_otel.processor.otlp_http import HttpLimits
@@ -36,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "body (default %(default)s)")
     parser.add_argument("--max-connections", type=int, default=HttpLimits.max_connections,
                         help="OTLP/HTTP: open connections at most (default %(default)s)")
+    parser.add_argument("--max-connections-per-client", type=int, default=HttpLimits.max_connections_per_client,
+                        help="OTLP/HTTP: open connections from one client address at most (default %(default)s)")
+    parser.add_argument("--max-json-bytes", type=int, default=HttpLimits.max_json_bytes,
+                        help="OTLP/HTTP: largest JSON request body, also after gzip (default %(default)s; JSON "
+                        "costs far more to parse than protobuf)")
+    parser.add_argument("--state-dir", metavar="DIR", help="remember published verdicts here (a directory of this "
+                        "user, created 0700), so that a restarted processor does not publish one again")
     parser.add_argument("--record", metavar="FILE", help="append every received OTLP payload to FILE "
                         "(replay with python -m mycroft_otel.processor.replay FILE)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every verdict and more")
@@ -62,22 +70,28 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("mycroft-otel processor: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
-    if not 0 < args.request_timeout <= 3600 or args.max_connections < 1:
-        print("mycroft-otel processor: --request-timeout must be in (0, 3600] s and --max-connections >= 1",
-              file=sys.stderr)
+    if not 0 < args.request_timeout <= 3600 or args.max_connections < 1 or args.max_connections_per_client < 1:
+        print("mycroft-otel processor: --request-timeout must be in (0, 3600] s, --max-connections and "
+              "--max-connections-per-client >= 1", file=sys.stderr)
+        return 2
+    if args.max_json_bytes < 1 or args.max_request_bytes < 1:
+        print("mycroft-otel processor: --max-request-bytes and --max-json-bytes must be >= 1", file=sys.stderr)
         return 2
     for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
         if os.environ.get(var, "").strip():
             check_headers(var, os.environ[var])  # before the SDK's exporter would log a bad one, value and all
     token = _token(args)
+    published = PublishedVerdicts(args.state_dir) if args.state_dir else None
     metrics = Metrics()
-    processor = Processor(exporter=RootCauseExporter(), metrics=metrics)
+    processor = Processor(exporter=RootCauseExporter(), metrics=metrics, published=published)
     receiver = Receiver(processor, bind=args.bind, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                         http_port=None if args.http_port < 0 else args.http_port,
                         max_bytes=args.max_request_bytes, tls_cert=args.tls_cert, tls_key=args.tls_key,
                         metrics=metrics, record=args.record, token=token,
                         limits=HttpLimits(request_timeout_s=args.request_timeout,
-                                          max_connections=args.max_connections))
+                                          max_connections=args.max_connections,
+                                          max_connections_per_client=args.max_connections_per_client,
+                                          max_json_bytes=args.max_json_bytes))
     try:
         receiver.start()
         mport = metrics.serve(args.metrics_port, args.bind) if args.metrics_port >= 0 else None
@@ -100,4 +114,6 @@ def run(args: argparse.Namespace) -> int:
         receiver.shutdown()
         processor.shutdown()
         metrics.shutdown()
+        if published is not None:
+            published.close()
     return 0

@@ -37,7 +37,7 @@ def baseline_key(comm: str, func: str, nbytes: int) -> tuple:
 class Baselines:
     """Online per-(comm, func, size bucket) duration baselines."""
 
-    def __init__(self, max_keys: int = 100_000):
+    def __init__(self, max_keys: int = 32_768):  # ~1.5 KiB each (32 samples): ~48 MiB at most
         self.samples: dict[tuple, deque] = {}
         self.max_keys = max_keys
 

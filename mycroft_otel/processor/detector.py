@@ -53,6 +53,7 @@ class SlowdownDetector:
             return Decision(Outcome.MISMATCH, mm)
         if 0 <= st.seq < self.s.warmup_seq:
             return silent(Outcome.WARMUP, f"collective {st.seq} < {self.s.warmup_seq}")
+        self.mem.trim()
         self.mem.link(st)
         self.mem.note_waits(st, m)
         recovered = slowdown.recovered_stall(st)

@@ -4,7 +4,9 @@ Per job, communicator, function and size: the measures' learned nulls and health
 healthy scores (its role), the communicator's recent kernel times; per candidate: its CUSUM evidence; per job:
 the slowdowns and stragglers named, each process's long waits, and the graph of communicators joined by shared
 processes (a TP group joins its ranks' DP rings: they wait for each other). Every table is bounded
-(:data:`MAX_KEYS`, oldest forgotten first), so a job of any size, or a hostile sender, costs bounded memory.
+(:data:`MAX_KEYS`, oldest forgotten first), and the learned tables together by bytes
+(``Settings.max_history_bytes``, :meth:`JobMemory.trim`): a client that invents communicators (each 8-rank
+one left ~98 KiB behind) cannot grow it past its budget.
 
 A candidate is a place a fault can sit: a GPU, a NIC or a proxy thread belongs to a process, and a slow GPU
 slows every communicator of its process, so their evidence is kept per process (by its global rank) across
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -27,6 +30,11 @@ from mycroft_otel.processor.state import P2P, TraceState
 WAITS_KEPT = 4  # long waits remembered per process (a straggler's consequences follow it within seconds)
 NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
 MAX_KEYS = 200_000  # candidates and nulls kept (oldest forgotten first): bounded memory for any job
+TRIM_EVERY = 256    # judged collectives between two estimates of the history's bytes (each walks its tables)
+# Estimated bytes of the Python objects around each entry (key tuple and strings, dict slot, object header),
+# beside the numpy buffers counted exactly; set from tracemalloc (tests/reliability/test_processor_memory.py).
+_ENTRY_BYTES = 400
+_ITEM_BYTES = 150   # one remembered kernel time (a tuple of four or five numbers and a string reference)
 
 
 def bounded_put(d: dict, key, value) -> None:
@@ -113,6 +121,45 @@ class JobMemory:
         # communicator of that shape: a communicator's siblings (slower.py)
         self.sibling_durations: dict[tuple, deque] = {}
         self._key_memo: dict[tuple, tuple[list, list[CandidateKey]]] = {}  # (job, comm, measure) -> (units, keys)
+        self._until_trim = TRIM_EVERY
+        self.trimmed = 0  # times the history was cut to its budget
+
+    # -- bytes ----------------------------------------------------------------------------------
+    def history_bytes(self) -> int:
+        """The learned tables' bytes, estimated: numpy buffers exactly, the objects around them per entry."""
+        n = sum(len(t) for t in (self.nulls, self.levels, self.own, self.cusums, self.durations,
+                                 self.sibling_durations, self._key_memo, self._joined, self._linked, self._members,
+                                 self._comms_of, self.waits))
+        total = n * _ENTRY_BYTES
+        total += sum(v.nbytes for t in (self.nulls, self.levels) for v in t.values())
+        total += sum(v.nbytes for v in self.own.values())
+        total += _ITEM_BYTES * (sum(len(d.recent) for d in self.durations.values())
+                                + sum(len(d) for d in self.sibling_durations.values())
+                                + sum(len(m) for m in self._members.values())
+                                + sum(len(c) for c in self._comms_of.values())
+                                + sum(len(u) for u, _k in self._key_memo.values()))
+        return total
+
+    def trim(self) -> bool:
+        """Once per judged collective: every TRIM_EVERY, when the history is over its budget, forget the older
+        half of each learned table (oldest first) and the communicator graph, until it fits. A forgotten null
+        or level is relearned before its candidates are tested again and forgotten evidence only delays an
+        alarm: a verdict is delayed, never made up (the graph's forgetting is discussed at ``link``)."""
+        self._until_trim -= 1
+        if self._until_trim > 0:
+            return False
+        self._until_trim = TRIM_EVERY
+        cut = False
+        while self.history_bytes() > self.s.max_history_bytes:
+            cut = True
+            for table in (self.nulls, self.levels, self.own, self.cusums, self.durations, self.sibling_durations,
+                          self._key_memo, self.waits):
+                for key in list(islice(table, (len(table) + 1) // 2)):
+                    del table[key]
+            for table in (self._joined, self._linked, self._members, self._comms_of):
+                table.clear()
+        self.trimmed += cut
+        return cut
 
 
     def null(self, table: dict, key: tuple) -> RobustNull:

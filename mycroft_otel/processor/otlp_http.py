@@ -8,7 +8,16 @@ accept, and its HTTP/1.1 connection enforces a deadline on the *whole* header bl
 open connections and the bytes of bodies being received or waiting for ingest, and
 takes an ingest slot only once a body is complete, so clients that drip bytes cost
 a socket each and never a legitimate request's answer (benchmarks/processor/
-http_server.py measures the cost per request against ``http.server``).
+http_server.py measures the cost per request against ``http.server``). One client
+address holds at most ``max_connections_per_client`` of the open connections, so a
+client that opens a thousand idle ones cannot take everybody else's places.
+
+JSON costs ~0.5 s of CPU and ~12 bytes of Python objects per byte to parse (protobuf's
+json_format), against microseconds for the native protobuf decoder: JSON bodies are
+bounded by their own, smaller limit (``max_json_bytes``, checked on the declared
+length, on the bytes received and after gzip, before any parsing) and are parsed on
+one thread of their own, so JSON clients can neither starve protobuf ingest nor
+parse several large bodies at once.
 
 Decoding and ingest run on the receiver's worker threads, off the loop -- except a
 small uncompressed protobuf body that finds the processor's lock free, which is
@@ -54,6 +63,9 @@ class HttpLimits:
 
     request_timeout_s: float = 10.0     # whole header block, and again whole body (and idle keep-alive)
     max_connections: int = 1024         # open connections; more are closed at accept
+    max_connections_per_client: int = 128  # open connections from one client address (clients behind one NAT
+                                        #   share it); more are closed at accept
+    max_json_bytes: int = 8 << 20       # largest OTLP/JSON body, also after gzip (protobuf: the receiver's max_bytes)
     max_body_bytes_in_flight: int = 256 << 20  # bodies being received or queued for ingest, all connections
     max_pending_ingest: int = 64        # complete requests queued for the ingest threads
 
@@ -72,6 +84,7 @@ class IngestTarget(Protocol):
     max_bytes: int                       # largest request body, after gzip
     ingest_lock: _Lock | None            # the processor's lock: free means a small body can be ingested inline
     pool: Executor                       # the worker threads that decode and ingest
+    json_pool: Executor                  # the one thread that parses JSON bodies (then ingests them)
 
     def handle(self, data: bytes, content_type: str) -> None:
         """Decode and ingest one uncompressed body; ValueError when it is malformed."""
@@ -93,6 +106,8 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
         self.headers: tornado.httputil.HTTPHeaders | None = None
         self.deferred: tuple[int, str, bytes, dict | None] | None = None  # answer once the body is read
         self.discarded = 0
+        self.limit = self.rx.max_bytes  # largest body of this request's content type (JSON: max_json_bytes)
+        self.limit_name = "--max-request-bytes"
 
     # -- answers ----------------------------------------------------------------------------
     def _reply(self, code: int, body: bytes = b"", ctype: str = "text/plain", close: bool = False,
@@ -116,6 +131,14 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
         self.rx.reject("http", reason)
         self._reply(code, text, close=close, extra=extra)
 
+    def _too_large(self, declared: int | None = None) -> bytes:
+        """The 413's text: which limit, its value, and what to do."""
+        what = "JSON " if self.limit_name == "--max-json-bytes" else ""
+        size = f"of {declared} bytes " if declared is not None else ""
+        hint = "send OTLP protobuf or smaller batches" if what else "send smaller batches"
+        return (f"{what}request body {size}exceeds the limit of {self.limit} bytes ({self.limit_name}); "
+                f"{hint}\n").encode()
+
     def _release(self) -> None:
         if self.size:
             self.server.in_flight -= self.size
@@ -125,6 +148,9 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
     # -- HTTPMessageDelegate ----------------------------------------------------------------
     def headers_received(self, start_line, headers) -> None:
         self.headers = headers
+        if _content_type(headers) == _JSON:
+            self.limit = min(self.rx.max_bytes, self.server.limits.max_json_bytes)
+            self.limit_name = "--max-json-bytes"
         # refusals that do not depend on the body are answered once it has been read (and discarded, within
         # the same size and time bounds): a client still writing its body when the connection closes sees
         # a reset, not the answer
@@ -143,8 +169,11 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
                 self._refuse(400, "malformed", b"bad Content-Length\n")
                 return
             if n < 0 or n > self.rx.max_bytes:
-                self._refuse(413, "oversized", b"request too large\n")
+                self._refuse(413, "oversized", self._too_large(n))
                 return
+            if n > self.limit and self.deferred is None:
+                # (read and discarded within the same bounds, so that the client reads the reason)
+                self.deferred = (413, "oversized", self._too_large(n), None)
         elif "chunked" not in headers.get("Transfer-Encoding", "").lower() and self.deferred is None:
             self._refuse(411, "no_length", b"Content-Length required\n")
 
@@ -155,10 +184,10 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
         if self.deferred is not None:  # read to answer, not to keep
             self.discarded += n
             if self.discarded > self.rx.max_bytes:
-                self._refuse(413, "oversized", b"request too large\n")
+                self._refuse(413, "oversized", self.deferred[2] if self.deferred[0] == 413 else self._too_large())
             return
-        if self.size + n > self.rx.max_bytes:
-            self._refuse(413, "oversized", b"request too large\n")
+        if self.size + n > self.limit:
+            self._refuse(413, "oversized", self._too_large())
             return
         if self.server.in_flight + n > self.server.limits.max_body_bytes_in_flight:
             self._refuse(503, "overloaded", b"overloaded\n")
@@ -182,7 +211,7 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
         if enc not in ("identity", "", "gzip"):
             self._refuse(415, "encoding", b"unsupported Content-Encoding\n", close=False)
             return
-        ctype = (self.headers.get("Content-Type") or _PROTOBUF[0]).split(";")[0].strip().lower()
+        ctype = _content_type(self.headers)
         if ctype not in _PROTOBUF and ctype != _JSON:
             self._refuse(415, "content_type", b"unsupported Content-Type\n", close=False)
             return
@@ -194,12 +223,14 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
             # small and the processor free right now: ingest here, saving the hop to a worker thread (~80 µs
             # of CPU a request, benchmarks/processor/http_server.py); the loop waits on nothing
             try:
-                self._answer(_ingest(self.rx, data, False, ctype))
+                self._answer(_ingest(self.rx, data, False, ctype, self.limit, self.limit_name))
             finally:
                 lock.release()
             return
         self.server.pending += 1
-        fut = self.server.loop.run_in_executor(self.rx.pool, _ingest, self.rx, data, enc == "gzip", ctype)
+        pool = self.rx.json_pool if ctype == _JSON else self.rx.pool
+        fut = self.server.loop.run_in_executor(pool, _ingest, self.rx, data, enc == "gzip", ctype, self.limit,
+                                               self.limit_name)
         fut.add_done_callback(self._ingested)
 
     def _ingested(self, fut) -> None:
@@ -217,16 +248,24 @@ class _Request(tornado.httputil.HTTPMessageDelegate):
         self._release()
 
 
-def _ingest(rx: IngestTarget, data: bytes, gzipped: bool, ctype: str) -> tuple[int, bytes, str, str]:
-    """On a worker thread: (status, body, content type, reject reason or "")."""
+def _content_type(headers: tornado.httputil.HTTPHeaders) -> str:
+    return (headers.get("Content-Type") or _PROTOBUF[0]).split(";")[0].strip().lower()
+
+
+def _ingest(rx: IngestTarget, data: bytes, gzipped: bool, ctype: str, limit: int,
+            limit_name: str) -> tuple[int, bytes, str, str]:
+    """On a worker thread: (status, body, content type, reject reason or ""). A gzip body is inflated to at
+    most ``limit`` bytes (one byte more tells it is over), never further."""
     if gzipped:
         try:
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            data = d.decompress(data, rx.max_bytes + 1)
+            data = d.decompress(data, limit + 1)
         except zlib.error:
             return 400, b"bad gzip body\n", "text/plain", "malformed"
-        if len(data) > rx.max_bytes or d.unconsumed_tail:
-            return 413, b"decompressed request too large\n", "text/plain", "oversized"
+        if len(data) > limit or d.unconsumed_tail:
+            what = "JSON " if ctype == _JSON else ""
+            return (413, f"decompressed {what}request body exceeds the limit of {limit} bytes ({limit_name})\n"
+                    .encode(), "text/plain", "oversized")
     try:
         rx.handle(data, ctype)
     except ValueError as exc:
@@ -254,6 +293,8 @@ class OtlpHttpServer(tornado.httpserver.HTTPServer):
         self.loop = loop
         self.in_flight = 0     # body bytes held (received, not yet ingested)
         self.pending = 0       # requests queued for ingest
+        self.per_client: dict[str, int] = {}  # client address -> open connections
+        self.client_of: dict[object, str] = {}  # stream -> its client address
         super().initialize(
             self, no_keep_alive=False, xheaders=False, ssl_options=tls, decompress_request=False,
             max_header_size=_MAX_HEADER_BYTES, max_body_size=_UNBOUNDED,  # (bounded here, answered 413)
@@ -264,7 +305,25 @@ class OtlpHttpServer(tornado.httpserver.HTTPServer):
             self.receiver.reject("http", "connections")
             stream.close()
             return
+        client = str(address[0]) if isinstance(address, tuple) and address else ""
+        held = self.per_client.get(client, 0)
+        if held >= self.limits.max_connections_per_client:
+            self.receiver.reject("http", "client_connections")
+            stream.close()
+            return
+        self.per_client[client] = held + 1
+        self.client_of[stream] = client
         super().handle_stream(stream, address)
+
+    def on_close(self, server_conn) -> None:  # HTTPServerConnectionDelegate: a connection is gone
+        client = self.client_of.pop(server_conn.stream, None)
+        if client is not None:
+            left = self.per_client[client] - 1
+            if left:
+                self.per_client[client] = left
+            else:
+                del self.per_client[client]
+        super().on_close(server_conn)
 
     def start_request(self, server_conn, request_conn):  # HTTPServerConnectionDelegate
         return _Request(self, request_conn)

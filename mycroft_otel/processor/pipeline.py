@@ -28,6 +28,7 @@ from mycroft_otel.processor.incidents import Incidents, Verdict
 from mycroft_otel.processor.open_incidents import OpenIncidents
 from mycroft_otel.processor.outcome import Decided, Decision, Outcome, silent
 from mycroft_otel.processor.propagation import Propagation
+from mycroft_otel.processor.published import PublishedVerdicts
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
 from mycroft_otel.processor.state import TraceStore, detach
@@ -58,7 +59,7 @@ class Processor:
     def __init__(self, env=None, exporter=None, metrics=None, clock_ns: Callable[[], int] = time.time_ns,
                  tick_s: float = 0.2, settle_s: float = 1.0, stall_ms: float | None = None,
                  mono_clock: Callable[[], float] = time.monotonic, settings: Settings | None = None,
-                 incident_clock: Callable[[], float] | None = None):
+                 incident_clock: Callable[[], float] | None = None, published: PublishedVerdicts | None = None):
         self.settings = settings if settings is not None else Settings.from_env(env, stall_ms)
         s = self.settings
         self.stall_ms = s.stall_ms
@@ -71,6 +72,7 @@ class Processor:
         self.stall_thresholds = detect.StallThresholds(s.stall_ms)
         self.exporter = exporter
         self.metrics = metrics
+        self.published = published  # (--state-dir) verdicts published before a restart are not published again
         self.clock_ns = clock_ns
         self.tick_s = tick_s
         self.settle_s = settle_s
@@ -375,6 +377,17 @@ class Processor:
         return v
 
     def _publish(self, v: Verdict) -> None:
+        if self.published is not None:
+            try:
+                first = self.published.first(v.trace_id)
+            except OSError as exc:  # the state directory failing must not cost a verdict
+                log.error("cannot record a published verdict in the state directory: %s", exc.strerror or exc)
+                first = True
+            if not first:
+                self.counts["already_published"] += 1
+                log.warning("root cause of trace %s was published before a restart: not published again",
+                            v.trace_id.hex())
+                return
         log.warning("root cause: %s", v.summary())
         with self.lock:
             self.open_incidents.verdict(v)

@@ -7,8 +7,9 @@ on the loop, never a thread, so it cannot stop anyone else's ingest. Each payloa
 is decoded by the receiver itself (raw bytes in, so every malformed payload is
 answered with a protocol error and counted, never an exception escaping into a
 server): gRPC answers INVALID_ARGUMENT, HTTP 400; oversized payloads get
-RESOURCE_EXHAUSTED / 413, gzip bombs are cut at the same limit. Bounds: whole-header
-and whole-body deadlines, open HTTP connections, body bytes in flight, queued ingest
+RESOURCE_EXHAUSTED / 413, gzip bombs are cut at the same limit (JSON bodies at their
+own, smaller one). Bounds: whole-header and whole-body deadlines, open HTTP connections
+(all, and per client address), body bytes in flight, queued ingest
 (:class:`~mycroft_otel.processor.otlp_http.HttpLimits`); on gRPC the same deadline
 for a call's request message (from its headers on), queued ingest, streams per
 connection, connections, handshake time and connection idle/age. Loopback by default;
@@ -115,6 +116,8 @@ class Receiver:
         # tried without waiting by the HTTP loop for small payloads (otlp_http.INLINE_MAX_BYTES)
         self.ingest_lock = getattr(processor, "lock", None)
         self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-ingest")
+        # JSON bodies are parsed one at a time, beside the protobuf workers (otlp_http explains the cost)
+        self.json_pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="otlp-json")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -290,6 +293,7 @@ class Receiver:
             self._loop.close()
             self._loop = None
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.json_pool.shutdown(wait=False, cancel_futures=True)
         if self._record is not None:
             self._record.close()
             self._record = None

@@ -130,6 +130,11 @@ class RobustNull:
         self.min_scale = min_scale  # log units: a noiseless measure still needs a 5% change per scale
         self._cache: tuple[float, float] | None = None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its buffer (JobMemory's budget)."""
+        return self._buf.nbytes
+
     def __len__(self) -> int:
         return self._n
 
@@ -218,6 +223,11 @@ class OwnSpreads:
         self._n = np.zeros(0, dtype=np.int64)
         self._at = np.zeros(0, dtype=np.int64)
         self._last: tuple[list, np.ndarray] = ([], np.zeros(0, dtype=np.int64))  # a measure's candidates repeat
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its buffers and row index (JobMemory's budget)."""
+        return self._buf.nbytes + self._n.nbytes + self._at.nbytes + 100 * len(self._row)
 
     def rows(self, units: list) -> np.ndarray:
         if units == self._last[0]:

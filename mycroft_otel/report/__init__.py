@@ -27,7 +27,8 @@ import os
 import sys
 
 from mycroft_otel.report.model import Run, build
-from mycroft_otel.report.otlp_json import OtlpJsonFileExporter, OtlpJsonWriter, Problem, read_path
+from mycroft_otel.report.otlp_json import (DEFAULT_MAX_INPUT_BYTES, OtlpJsonFileExporter, OtlpJsonWriter, Problem,
+                                           read_path)
 from mycroft_otel.report.render import page
 
 __all__ = ["OtlpJsonFileExporter", "OtlpJsonWriter", "render_report", "add_arguments", "run"]
@@ -40,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HTML file to write (default: INPUT_DIR/report.html, or INPUT.html for a file)")
     p.add_argument("--max-traces", type=int, default=20,
                    help="collective traces drawn, verdicts' traces first (default %(default)s)")
+    p.add_argument("--max-input-mib", type=float, default=DEFAULT_MAX_INPUT_BYTES / (1 << 20),
+                   help="read each input file only up to this many MiB, after gzip (default %(default)g: the "
+                        "report holds about ten times its input as Python objects)")
     p.add_argument("--replay", action="store_true",
                    help="derive the verdicts by replaying processor recordings (.rec, .otlp[.gz]) through the "
                         "processor on virtual time, for recordings made without the processor's output")
@@ -75,7 +79,8 @@ def replayed_verdicts(recording: str, problems: list[Problem], decided: Run | No
 
 
 def render_report(path: str | list[str], max_traces: int = 20, replay: bool = False,
-                  source: str | None = None) -> tuple[str, Run, list[Problem]]:
+                  source: str | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+                  ) -> tuple[str, Run, list[Problem]]:
     """(html, run, problems) for a recorded run at ``path`` (a file or directory, or a list of them);
     ``source`` names the input on the page (default: the paths)."""
     problems: list[Problem] = []
@@ -83,7 +88,7 @@ def render_report(path: str | list[str], max_traces: int = 20, replay: bool = Fa
     recordings: list[str] = []
     spans, files = [], []
     for p in [path] if isinstance(path, str) else path:
-        more, names = read_path(p, problems, evals, recordings)
+        more, names = read_path(p, problems, evals, recordings, max_input_bytes)
         spans += more
         files += names
     decided = Run(0, {}, [], [])
@@ -111,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_traces < 0:
         print("mycroft-otel report: --max-traces must be >= 0", file=sys.stderr)
         return 2
-    html, run_, problems = render_report(args.input, args.max_traces, replay=args.replay)
+    if not args.max_input_mib > 0:
+        print("mycroft-otel report: --max-input-mib must be > 0", file=sys.stderr)
+        return 2
+    html, run_, problems = render_report(args.input, args.max_traces, replay=args.replay,
+                                         max_input_bytes=int(args.max_input_mib * (1 << 20)))
     out = args.output or (_default_output(args.input) if os.path.exists(args.input) else "mycroft-report.html")
     for p in problems[:20]:
         print(f"mycroft-otel report: {p}", file=sys.stderr)

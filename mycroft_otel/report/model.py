@@ -157,6 +157,7 @@ class CollTrace:
     ranks: dict[int, RankView] = field(default_factory=dict)
     verdicts: list[Verdict] = field(default_factory=list)
     by_span_id: dict[str, tuple[int, str]] = field(default_factory=dict)  # span id -> (rank, label)
+    _op_ids: dict[str, int] | None = field(default=None, repr=False)     # op span id -> rank (resolve)
 
     def attr(self, key, default=None):
         for rv in self.ranks.values():
@@ -209,15 +210,24 @@ class CollTrace:
         if span_id in self.by_span_id:
             r, label = self.by_span_id[span_id]
             return r, label, True
-        try:
-            tid = int(self.trace_id, 16)
-        except ValueError:
-            return None, "unknown span", False
-        # culprits first, then the communicator's ranks up to a bound: a hash per candidate
-        for r in list(self.culprits()) + list(range(min(self.nranks, _RESOLVE_RANKS))):
-            if f"{ids.span_id(tid, r, sc.ROLE_OP):016x}" == span_id:
-                return r, "op span", False
+        r = self._op_span_ids().get(span_id)
+        if r is not None:
+            return r, "op span", False
         return None, "unknown span", False
+
+    def _op_span_ids(self) -> dict[str, int]:
+        """The op span id of each culprit and of the communicator's ranks up to a bound, hashed once per
+        trace: a verdict may link to thousands of spans that never arrived (one pass over the ranks per
+        link took > 120 s for 2,000 of them)."""
+        if self._op_ids is None:
+            self._op_ids = {}
+            try:
+                tid = int(self.trace_id, 16)
+            except ValueError:
+                return self._op_ids
+            for r in list(self.culprits()) + list(range(min(self.nranks, _RESOLVE_RANKS))):
+                self._op_ids.setdefault(f"{ids.span_id(tid, r, sc.ROLE_OP):016x}", r)  # culprits first
+        return self._op_ids
 
     def culprits(self) -> set[int]:
         return {r for v in self.verdicts for r in v.ranks}

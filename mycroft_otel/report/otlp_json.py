@@ -10,6 +10,10 @@ binary) is read as well: its payloads are the spans the processor received; and 
 
 Reading never stops at the first problem: every unreadable line, request or span is reported as
 a :class:`Problem` naming the file, the line and what is wrong, and everything valid is kept.
+Input is hostile until read: a file is read, and a ``.gz`` inflated, to at most ``max_bytes``
+(:data:`DEFAULT_MAX_INPUT_BYTES`; a 510 KB gzip bomb inflated to 1 GB before), JSON nested past
+what Python's parser can follow and AnyValues nested past :data:`MAX_VALUE_DEPTH` are problems
+named as such, not crashes.
 
 Writing (:class:`OtlpJsonWriter`) is for the producers of a recorded run (demo, eval): append
 protobuf requests or SDK spans; :class:`OtlpJsonFileExporter` is a SpanExporter over it.
@@ -18,16 +22,19 @@ protobuf requests or SDK spans; :class:`OtlpJsonFileExporter` is a SpanExporter 
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 import os
 import re
 import struct
 import threading
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
+DEFAULT_MAX_INPUT_BYTES = 64 << 20  # a file's bytes, after gzip: the report holds ~10x this as Python objects
+MAX_VALUE_DEPTH = 64                # AnyValue arrays/kvlists nested deeper are refused (ours nest one level)
+_READ_CHUNK = 1 << 16
 SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz", ".rec", ".rec.gz", ".otlp",
             ".otlp.gz")
 
@@ -74,8 +81,10 @@ def _g(d: dict, camel: str, default=None):
     return _get(d, camel, _snake(camel), default)
 
 
-def any_value(v):
+def any_value(v, depth: int = 0):
     """An OTLP/JSON AnyValue -> Python value."""
+    if depth > MAX_VALUE_DEPTH:
+        raise ShapeError(f"attribute value nested deeper than {MAX_VALUE_DEPTH} levels")
     if not isinstance(v, dict):
         raise ShapeError(f"attribute value is {type(v).__name__}, not an AnyValue object")
     if not v:
@@ -91,22 +100,22 @@ def any_value(v):
     if k == "boolvalue":
         return bool(val) if not isinstance(val, str) else val.lower() == "true"
     if k == "arrayvalue":
-        return [any_value(x) for x in (val or {}).get("values", [])]
+        return [any_value(x, depth + 1) for x in (val or {}).get("values", [])]
     if k == "kvlistvalue":
-        return kv_list((val or {}).get("values", []))
+        return kv_list((val or {}).get("values", []), depth + 1)
     if k == "bytesvalue":
         return base64.b64decode(val).hex()
     raise ShapeError(f"unknown AnyValue kind {key!r}")
 
 
-def kv_list(items) -> dict:
+def kv_list(items, depth: int = 0) -> dict:
     if not isinstance(items, list):
         raise ShapeError("attributes is not a list")
     out = {}
     for kv in items:
         if not isinstance(kv, dict) or "key" not in kv:
             raise ShapeError("attribute without a key")
-        out[kv["key"]] = any_value(kv.get("value", {}))
+        out[kv["key"]] = any_value(kv.get("value", {}), depth)
     return out
 
 
@@ -182,7 +191,7 @@ def read_records(raw: bytes):
         i += RECORD_HEAD.size
         if i + n > len(raw):
             return
-        yield t, "application/json" if js else "application/x-protobuf", raw[i:i + n]
+        yield t, "application/json" if js else "application/x-protobuf", bytes(raw[i:i + n])
         i += n
 
 
@@ -216,20 +225,76 @@ def is_eval_result(doc) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("summary"), dict) and isinstance(doc.get("scenarios"), list)
 
 
-def read_file(path: str, problems: list[Problem], evals: list | None = None,
-              recordings: list | None = None) -> list[Span]:
+class TooLarge(ValueError):
+    pass
+
+
+class TooDeep(ValueError):
+    pass
+
+
+def _loads(text: str):
+    """json.loads, with nesting past what its parser follows (Python's recursion limit, ~1,000 levels;
+    OTLP needs fewer than 10) raised as :class:`TooDeep` rather than a RecursionError."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        return json.loads(text)
+    except RecursionError:
+        raise TooDeep("JSON nested too deeply to read (more than ~1,000 levels; OTLP/JSON nests fewer than "
+                      "10)") from None
+
+
+def _inflate(f, max_bytes: int) -> bytearray:
+    """A gzip stream's bytes (every member), inflated a chunk at a time and never past ``max_bytes`` + 1."""
+    out = bytearray()
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    pending = b""
+    while True:
+        if not pending:
+            pending = f.read(_READ_CHUNK)
+            if not pending:
+                if not d.eof:
+                    raise EOFError("the file ends inside its gzip stream")
+                return out
+        out += d.decompress(pending, max_bytes + 1 - len(out))
+        if len(out) > max_bytes:
+            raise TooLarge(f"inflates to more than {max_bytes} bytes")
+        pending = d.unconsumed_tail
+        if d.eof:  # another member may follow (as gzip.decompress reads them)
+            pending = d.unused_data
+            if pending.strip(b"\0"):
+                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            else:
+                pending = b""
+
+
+def read_bytes(path: str, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytearray:
+    """The file's bytes, inflated when it is gzip; :class:`TooLarge` past ``max_bytes`` (reading stops
+    there), OSError/EOFError/zlib.error when it cannot be read."""
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            f.seek(0)
+            return _inflate(f, max_bytes)
+        f.seek(0)
+        raw = bytearray(f.read(max_bytes + 1))
+    if len(raw) > max_bytes:
+        raise TooLarge(f"larger than {max_bytes} bytes")
+    return raw
+
+
+def read_file(path: str, problems: list[Problem], evals: list | None = None,
+              recordings: list | None = None, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> list[Span]:
+    try:
+        raw = read_bytes(path, max_bytes)
+    except TooLarge as exc:
+        problems.append(Problem(path, f"{exc} (the limit, --max-input-mib {max_bytes / (1 << 20):g}): not read; "
+                                      "split the run into smaller files, or raise the limit"))
+        return []
     except OSError as exc:
         problems.append(Problem(path, f"cannot read: {exc.strerror or exc}"))
         return []
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            problems.append(Problem(path, f"broken gzip data: {exc}"))
-            return []
+    except (EOFError, zlib.error) as exc:
+        problems.append(Problem(path, f"broken gzip data: {exc}"))
+        return []
     if looks_like_record(raw):
         if recordings is not None:
             recordings.append(path)
@@ -239,21 +304,30 @@ def read_file(path: str, problems: list[Problem], evals: list | None = None,
     except UnicodeDecodeError as exc:
         problems.append(Problem(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})"))
         return []
+    del raw  # (the text is all that is read from here on)
     if not text.strip():
         problems.append(Problem(path, "empty file"))
         return []
     lines = text.splitlines()
     first = next(ln for ln in lines if ln.strip())
     try:  # JSON lines (the Collector's file exporter) unless the first line is not a document
-        doc = json.loads(first)
+        doc = _loads(first)
         whole = len([ln for ln in lines if ln.strip()]) == 1
     except json.JSONDecodeError:
         doc, whole = None, True
+    except TooDeep as exc:
+        doc, whole = None, len([ln for ln in lines if ln.strip()]) == 1
+        if whole:
+            problems.append(Problem(f"{path}:1" if len(lines) > 1 else path, str(exc)))
+            return []
     if whole:  # one document: a request, or a list of them (possibly pretty-printed)
         try:
-            doc = json.loads(text) if doc is None else doc
+            doc = _loads(text) if doc is None else doc
         except json.JSONDecodeError:
             doc = None
+        except TooDeep as exc:
+            problems.append(Problem(path, str(exc)))
+            return []
         else:
             if is_eval_result(doc):
                 if evals is not None:
@@ -269,16 +343,20 @@ def read_file(path: str, problems: list[Problem], evals: list | None = None,
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
+            d = _loads(line)
         except json.JSONDecodeError as exc:
             problems.append(Problem(f"{path}:{n}", f"invalid JSON ({exc.msg} at column {exc.colno})"))
+            continue
+        except TooDeep as exc:
+            problems.append(Problem(f"{path}:{n}", str(exc)))
             continue
         out += spans_from_request(d, f"{path}:{n}", problems)
     return out
 
 
 def read_path(path: str, problems: list[Problem], evals: list | None = None,
-              recordings: list | None = None) -> tuple[list[Span], list[str]]:
+              recordings: list | None = None, max_bytes: int = DEFAULT_MAX_INPUT_BYTES
+              ) -> tuple[list[Span], list[str]]:
     """(spans, files read) from a file or a directory (its OTLP/JSON and .rec files, not recursive);
     ``mycroft-otel eval --json`` results found on the way are appended to ``evals`` as (file, doc),
     processor recordings to ``recordings``."""
@@ -294,7 +372,7 @@ def read_path(path: str, problems: list[Problem], evals: list | None = None,
         files = []
     spans: list[Span] = []
     for f in files:
-        spans += read_file(f, problems, evals, recordings)
+        spans += read_file(f, problems, evals, recordings, max_bytes)
     return spans, files
 
 

@@ -100,18 +100,18 @@ def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
                        f"{a.get(sc.COMM_HASH, '?')}"),
         ("trace", v.span.trace_id),
     ]
+    linked = [(role, sid) for role in (sc.LINK_CULPRIT, sc.LINK_EVIDENCE) for sid in v.linked(role)]
     links = []
-    for role in (sc.LINK_CULPRIT, sc.LINK_EVIDENCE):
-        for sid in v.linked(role):
-            if t is None:
-                links.append(f"{role}: span {sid}")
-                continue
-            r, what, arrived = t.resolve(sid)
-            who = f"rank {r} {what}" if r is not None else f"span {sid}"
-            links.append(f"{role}: {who}" + ("" if arrived else " (never arrived)"))
+    for role, sid in linked[:12]:  # (only those shown are resolved)
+        if t is None:
+            links.append(f"{role}: span {sid}")
+            continue
+        r, what, arrived = t.resolve(sid)
+        who = f"rank {r} {what}" if r is not None else f"span {sid}"
+        links.append(f"{role}: {who}" + ("" if arrived else " (never arrived)"))
     if links:
-        more = f" (+{len(links) - 12} more)" if len(links) > 12 else ""
-        rows.append(("linked spans", "; ".join(links[:12]) + more))
+        more = f" (+{len(linked) - 12} more)" if len(linked) > 12 else ""
+        rows.append(("linked spans", "; ".join(links) + more))
     body = "".join(f"<tr><th>{esc(k)}</th><td{_CULPRIT_CELL if k == 'culprit' else ''}>{esc(val)}</td></tr>"
                    for k, val in rows)
     anchor = f"#t-{v.span.trace_id}" if t is not None and t.ranks else ""

@@ -122,6 +122,21 @@ py::str Utf8(const Wire& w) {
   return py::reinterpret_steal<py::str>(s);
 }
 
+// Longest string ingest keeps, in bytes (the Collector's attribute value length limit, applied by us): a
+// host name is at most 253 bytes (DNS), a communicator hash, function or job id far less. A longer string
+// is cut (at a character boundary) so that what a span refers to besides its own accounted bytes -- its
+// Resource, shared and cached across requests -- stays small whatever a client sends.
+constexpr size_t kMaxStringBytes = 256;
+
+// The string, cut to kMaxStringBytes at a UTF-8 character boundary; only the kept bytes are decoded
+// (and so checked), the rest is never read.
+py::str Utf8Capped(const Wire& w) {
+  if (size_t(w.end - w.p) <= kMaxStringBytes) return Utf8(w);
+  const uint8_t* cut = w.p + kMaxStringBytes;
+  for (int back = 0; back < 3 && cut > w.p && (*cut & 0xC0) == 0x80; ++back) --cut;  // not inside a character
+  return Utf8(Wire{w.p, cut});
+}
+
 // The bytes object's own buffer (no copy; it lives as long as the caller's reference).
 std::string_view BytesView(const py::bytes& b) {
   char* p = nullptr;
@@ -242,12 +257,13 @@ bool SplitKeyValue(Wire kv, Wire* key, Wire* value) {
 }
 
 // Python str objects for the strings that repeat in every span (names, communicators, functions, ...):
-// one object each instead of one per span. Bounded: emptied when full.
+// one object each instead of one per span. Bounded: emptied when full (4,096 strings of at most 64 bytes,
+// ~0.7 MiB with their objects); longer strings are not cached and are capped (Utf8Capped).
 class StrCache {
  public:
   py::object Get(const Wire& w) {
     std::string_view v = w.View();
-    if (v.size() > kMaxLen) return Utf8(w);
+    if (v.size() > kMaxLen) return Utf8Capped(w);
     auto it = map_.find(v);
     if (it != map_.end()) return it->second;
     py::object s = Utf8(w);  // validates before caching
@@ -353,7 +369,9 @@ class SpanDecoder {
 
  private:
   // One Resource object per process (each batch repeats it), from a bounded cache. (host, pid, job):
-  // a value of the wrong type reads as absent, as for span attributes.
+  // a value of the wrong type reads as absent, as for span attributes. Bytes: at most 4,096 entries of
+  // two strings capped at kMaxStringBytes (Str), ~1 KiB each with their objects: ~4 MiB, outside the
+  // trace byte budget by this statement (docs/reliability.md).
   py::object Resource(const RawValue (&vals)[3]) const {
     py::tuple key = py::make_tuple(Str(vals[0]), py::int_(vals[1].type == RawValue::kInt ? vals[1].i : -1),
                                    Str(vals[2]));

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import socket
 import ssl
+import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, TypeVar
 
@@ -16,6 +19,7 @@ import trustme
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "processor"))  # synth: OTLP traces in the agent's span schema
 
+from processor_support import free_port  # noqa: E402
 from synth import Ring  # noqa: E402
 
 TRACES = "/v1/traces"
@@ -187,3 +191,70 @@ class GrpcDrippers(_Dripping):
                         s.send(_h2_frame(0, 0, 2 * i + 1, b"x"))
                     except OSError:
                         pass
+
+
+@dataclass
+class ProcessorProcess:
+    """``mycroft-otel processor`` as its own process, as an operator runs it: the attacks go through its real
+    sockets, and its memory and CPU are read from /proc."""
+
+    proc: subprocess.Popen
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+    log_path: str
+
+    def _proc_file(self, name: str) -> str:
+        with open(f"/proc/{self.proc.pid}/{name}") as f:
+            return f.read()
+
+    def rss_bytes(self) -> int:
+        return int(re.search(r"VmRSS:\s+(\d+) kB", self._proc_file("status")).group(1)) * 1024
+
+    def peak_rss_bytes(self) -> int:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", self._proc_file("status")).group(1)) * 1024
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds so far (all threads)."""
+        fields = self._proc_file("stat").rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30).read().decode()
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> str:
+        """Stop it (SIGTERM, then SIGKILL); its log."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.log()
+
+
+def start_processor(tmp_path, *args: str, env: dict | None = None) -> ProcessorProcess:
+    """A processor on free loopback ports, verdicts not exported (OTEL_TRACES_EXPORTER=none), MYCROFT_* from
+    ``env`` only; returns once it has printed its banner (it listens then)."""
+    ports = [free_port() for _ in range(3)]
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MYCROFT_"))}
+    e.update(PYTHONPATH=ROOT, OTEL_TRACES_EXPORTER="none", **(env or {}))
+    log_path = str(tmp_path / f"processor-{ports[0]}.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mycroft_otel", "processor", "--grpc-port", str(ports[0]),
+                                 "--http-port", str(ports[1]), "--metrics-port", str(ports[2]), *args],
+                                env=e, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    p = ProcessorProcess(proc, *ports, log_path)
+    end = time.monotonic() + 60
+    while "mycroft-otel processor: OTLP" not in p.log():
+        if proc.poll() is not None or time.monotonic() > end:
+            raise RuntimeError(f"the processor did not start (exit {proc.poll()}):\n{p.stop()[-3000:]}")
+        time.sleep(0.1)
+    return p

@@ -64,6 +64,9 @@ def test_secure_gateway_shape():
     assert lb["tls"]["insecure"] is False and lb["auth"]["authenticator"] == "bearertokenauth/ingest"
     assert cfg["exporters"]["otlp_grpc/traces_backend"]["tls"]["insecure"] is False
     assert cfg["service"]["pipelines"]["traces/rootcause"]["exporters"] == ["otlp_grpc/traces_backend"]
+    # the agents' pipeline drops root-cause spans (only the processors' token writes verdicts)
+    assert "filter/no_verdicts_from_agents" in cfg["service"]["pipelines"]["traces/collectives"]["processors"]
+    assert cfg["processors"]["filter/no_verdicts_from_agents"]["traces"]["span"] == ['name == "mycroft.root_cause"']
     assert set(cfg["service"]["extensions"]) >= {"bearertokenauth/agents", "bearertokenauth/rootcause",
                                                   "bearertokenauth/ingest"}
 
@@ -104,16 +107,16 @@ def test_secure_gateway_refuses_without_the_right_token(gateway_otelcol, tmp_pat
     gw = subprocess.Popen([str(gateway_otelcol), "--config", str(CONFIG)], env=env, stdout=log, stderr=subprocess.STDOUT)
     creds = grpc.ssl_channel_credentials(open(certs.ca, "rb").read())
 
-    def export(port: int, token: str | None, seq: int, secure: bool = True):
+    def export(port: int, token: str | None, seq: int, secure: bool = True, payload: bytes | None = None):
         target = f"127.0.0.1:{port}"
         with (grpc.secure_channel(target, creds) if secure else grpc.insecure_channel(target)) as ch:
             call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
-            return call(hung_payload(seq), timeout=15,
+            return call(payload or hung_payload(seq), timeout=15,
                         metadata=(("authorization", f"Bearer {token}"),) if token else None)
 
-    def code(port, token, seq, secure=True):
+    def code(port, token, seq, secure=True, payload=None):
         try:
-            export(port, token, seq, secure)
+            export(port, token, seq, secure, payload)
             return grpc.StatusCode.OK
         except grpc.RpcError as e:
             return e.code()
@@ -143,6 +146,18 @@ def test_secure_gateway_refuses_without_the_right_token(gateway_otelcol, tmp_pat
         assert _wait(lambda: backend.counts["spans"] == 24)
         time.sleep(0.5)
         assert processor.counts["spans"] == 16  # root-cause spans never go back to the processors
+        # tokens scoped by role: a verdict planted beside a collective's spans with the agents' token is dropped
+        # on the agents' pipeline (gRPC and HTTP), before the processors and the trace store; the collective
+        # itself goes through
+        assert code(ports["grpc"], TOKENS["agent"], 6, payload=_with_planted_verdict(6)) == grpc.StatusCode.OK
+        assert post(ports["http"], _with_planted_verdict(7), {"Authorization": f"Bearer {TOKENS['agent']}"},
+                    tls=tls)[0] == 200
+        assert _wait(lambda: processor.counts["spans"] == 32 and backend.counts["spans"] == 40), \
+            (processor.counts, backend.counts)
+        assert backend.counts["ignored"] == 0 and processor.counts["ignored"] == 0  # no root-cause span arrived
+        # the processors' own token still writes them
+        assert code(ports["rca_grpc"], TOKENS["rootcause"], 8, payload=_with_planted_verdict(8)) == grpc.StatusCode.OK
+        assert _wait(lambda: backend.counts["ignored"] == 1), backend.counts
     finally:
         gw.terminate()
         try:
@@ -156,6 +171,20 @@ def test_secure_gateway_refuses_without_the_right_token(gateway_otelcol, tmp_pat
         log.close()
     for token in TOKENS.values():
         assert token not in text
+
+
+def _with_planted_verdict(seq: int) -> bytes:
+    """A collective's 8 spans and, in the same request, a ``mycroft.root_cause`` span naming rank 0."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    from mycroft_otel import semconv as sc
+
+    req = trace_service_pb2.ExportTraceServiceRequest.FromString(hung_payload(seq))
+    trace_id = req.resource_spans[0].scope_spans[0].spans[0].trace_id
+    span = req.resource_spans.add().scope_spans.add().spans.add(trace_id=trace_id, span_id=b"\x7f" * 8,
+                                                               name=sc.ROOT_CAUSE_SPAN)
+    span.attributes.add(key=sc.RCA_CATEGORY).value.string_value = sc.CAT_GPU_STALLED
+    return req.SerializeToString()
 
 
 def _health(port: int) -> bool:

@@ -9,6 +9,8 @@ distinct buffers its spans reference, next to the bytes it accounts.
 
 from __future__ import annotations
 
+import time
+
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 
@@ -16,7 +18,7 @@ from mycroft_otel.processor import Processor
 from mycroft_otel.processor.metrics import Metrics
 from mycroft_otel.processor.state import DROP_EVICTED_BYTES, DROP_RANK_CAP, SPAN_OVERHEAD_BYTES
 
-from service_helpers import Ring
+from service_helpers import Ring, hung_payload
 
 MIB = 1 << 20
 PAYLOAD = 8 * MIB
@@ -129,3 +131,95 @@ def test_count_evictions_are_dropped_spans_too():
         proc.ingest_payload(Ring(4, seq=seq, comm=0x7E00).request().SerializeToString())
     assert len(proc.store) == 3 and proc.store.dropped[DROP_EVICTED_COUNT] == 8  # two traces of 4 ranks
     assert f'mycroft_processor_spans_dropped_total{{reason="{DROP_EVICTED_COUNT}"}} 8.0' in metrics.text()
+
+
+# -- the Resource flood, against the real program (issue 31, finding 1) -------------------------------
+
+FLOOD_REQUESTS = 40
+FLOOD_RESOURCES = 48             # per request: one rank's span each, under its own Resource
+FLOOD_STRING = 256 << 10         # host.name and mycroft.job.id of each Resource: 2 x 256 KiB -> 24 MiB a request
+FLOOD_BUDGET = 32 * MIB          # MYCROFT_MAX_TRACE_BYTES of the processor under attack
+FLOOD_OVERHEAD = 128 * MIB       # stated: a few 24 MiB bodies in transit and their copies, the allocator's slack
+
+
+def _resource_flood(i: int) -> bytes:
+    """One 24 MiB request: a collective of 48 ranks, each rank's span under a Resource whose host and job ids
+    are 256 KiB strings never seen before (every one a new entry of a cache keyed by them)."""
+    from mycroft_otel import semconv as sc
+
+    ring = Ring(FLOOD_RESOURCES, nch=1, seq=i, comm=0x8100 + i, global_base=1000 * i)
+    spans = [s for rs in ring.request().resource_spans for ss in rs.scope_spans for s in ss.spans]
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    for k, span in enumerate(spans):
+        rs = req.resource_spans.add()
+        for key, fill in ((sc.HOST_NAME, "h"), (sc.JOB_ID, "j")):
+            rs.resource.attributes.add(key=key, value=common_pb2.AnyValue(
+                string_value=f"{i}-{k}-" + fill * FLOOD_STRING))
+        rs.resource.attributes.add(key=sc.PROCESS_PID, value=common_pb2.AnyValue(int_value=k))
+        rs.scope_spans.add().spans.append(span)
+    return req.SerializeToString()
+
+
+def test_resource_flood_stays_within_the_byte_budget(tmp_path):
+    """40 requests of 24 MiB of host/job strings: the processor's RSS stays within its trace budget plus a
+    stated overhead (it grew 62 -> 1,071 MiB before: every Resource was cached whole, and stayed cached
+    after its traces expired)."""
+    from service_helpers import post, start_processor
+
+    proc = start_processor(tmp_path, env={"MYCROFT_MAX_TRACE_BYTES": str(FLOOD_BUDGET), "MYCROFT_TRACE_TTL_S": "2"})
+    try:
+        assert post(proc.http_port, _resource_flood(0))[0] == 200  # warm: every module loaded, the first body seen
+        base = proc.rss_bytes()
+        peak = 0
+        for i in range(1, FLOOD_REQUESTS + 1):
+            body = _resource_flood(i)
+            assert len(body) >= 24 * MIB
+            assert post(proc.http_port, body)[0] == 200
+            peak = max(peak, proc.rss_bytes())
+        text = proc.metrics()
+        assert f"mycroft_processor_spans_received_total {float((FLOOD_REQUESTS + 1) * FLOOD_RESOURCES)}" in text, text
+        time.sleep(5)  # every trace expired (TTL 2 s): nothing of the flood needs keeping
+        after = proc.rss_bytes()
+        print(f"resource flood: RSS {base / MIB:.0f} MiB before, peak {peak / MIB:.0f}, "
+              f"{after / MIB:.0f} after expiry (bound {(base + FLOOD_BUDGET + FLOOD_OVERHEAD) / MIB:.0f})")
+        assert peak <= base + FLOOD_BUDGET + FLOOD_OVERHEAD
+        assert after <= base + FLOOD_BUDGET + FLOOD_OVERHEAD
+        assert post(proc.http_port, hung_payload(7))[0] == 200  # still serving
+    finally:
+        proc.stop()
+
+
+# -- the communicator flood: the detector's learned history (issue 31, finding 1) ----------------------
+
+HISTORY_BUDGET = 8 * MIB      # MYCROFT_MAX_HISTORY_BYTES of the processor under attack
+HISTORY_OVERHEAD = 48 * MIB   # stated: 10 MiB bodies in transit and their copies, baselines, allocator slack
+
+
+def test_communicator_flood_stays_within_the_history_budget(tmp_path):
+    """1,200 communicators never seen before, 12 healthy collectives each: what the slowdown detector learns
+    of them stays within MYCROFT_MAX_HISTORY_BYTES (each left ~98 KiB behind after its traces expired
+    before: 2,000 of them +192 MiB, bounded only by 200,000 entries per table)."""
+    from service_helpers import post, start_processor
+
+    proc = start_processor(tmp_path, env={"MYCROFT_MAX_HISTORY_BYTES": str(HISTORY_BUDGET),
+                                          "MYCROFT_TRACE_TTL_S": "2"})
+
+    def batch(first: int, n: int) -> bytes:  # (concatenated requests are one request on the wire)
+        return b"".join(Ring(8, seq=seq, comm=0xA0000 + c, global_base=8 * c).request().SerializeToString()
+                        for c in range(first, first + n) for seq in range(12))
+
+    try:
+        assert post(proc.http_port, batch(0, 50))[0] == 200  # warm
+        time.sleep(3)
+        base = proc.rss_bytes()
+        for first in range(50, 1250, 50):
+            assert post(proc.http_port, batch(first, 50))[0] == 200
+        end = time.monotonic() + 120
+        while "mycroft_processor_traces_in_memory 0.0" not in proc.metrics() and time.monotonic() < end:
+            time.sleep(1)  # analysed, then expired (TTL 2 s)
+        after = proc.rss_bytes()
+        print(f"communicator flood: RSS {base / MIB:.0f} MiB before, {after / MIB:.0f} after "
+              f"(bound {(base + HISTORY_BUDGET + HISTORY_OVERHEAD) / MIB:.0f})")
+        assert after <= base + HISTORY_BUDGET + HISTORY_OVERHEAD
+    finally:
+        proc.stop()

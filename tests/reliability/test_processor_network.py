@@ -183,3 +183,108 @@ def test_metrics_scrape_beside_200_idle_connections_costs_no_thread_each():
         for s in idle:
             s.close()
         metrics.shutdown()
+
+
+# -- against the real program (issue 31, findings 2 and 3) ---------------------------------------------
+
+def _json_body(nbytes: int) -> bytes:
+    """Valid OTLP/JSON of about ``nbytes``: empty resource spans, as many as fit."""
+    item = b'{"scopeSpans":[{"spans":[]}]},'
+    body = b'{"resourceSpans":[' + item * (nbytes // len(item)) + b'{}]}'
+    return body
+
+
+def _concurrently(calls) -> list:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
+def test_json_and_gzip_bodies_are_bounded_before_parsing(tmp_path):
+    """4 concurrent 28 MiB JSON bodies, 4 gzip'd JSON bombs (28 MiB inflated) and a gzip'd protobuf bomb
+    (64 MiB inflated): each answered 413 naming the limit, before any parsing (4 x 28 MiB of JSON took 52 s
+    and 1.3 GB before); what was ingested before is analysed, JSON and protobuf within the limits still
+    accepted."""
+    import gzip
+
+    from service_helpers import start_processor
+
+    proc = start_processor(tmp_path)
+    json_h = {"Content-Type": "application/json"}
+    try:
+        assert post(proc.http_port, hung_payload(1))[0] == 200  # recorded before the attack
+        base_rss, base_cpu = proc.rss_bytes(), proc.cpu_s()
+        big = _json_body(28 << 20)
+        bomb = gzip.compress(big, 9)
+        pb_bomb = gzip.compress(b"\0" * (64 << 20), 9)
+        gz = {"Content-Encoding": "gzip"}
+        answers = _concurrently([lambda: post(proc.http_port, big, json_h)] * 4
+                                + [lambda: post(proc.http_port, bomb, {**json_h, **gz})] * 4
+                                + [lambda: post(proc.http_port, pb_bomb, gz)])
+        cpu = proc.cpu_s() - base_cpu
+        peak = proc.peak_rss_bytes()
+        print(f"JSON/gzip attack: processor CPU {cpu:.2f} s, peak RSS {peak >> 20} MiB (before {base_rss >> 20})")
+        for status, text in answers[:4]:
+            assert status == 413 and b"JSON request body of" in text and b"8388608 bytes (--max-json-bytes)" in text
+        for status, text in answers[4:8]:
+            assert status == 413 and b"decompressed JSON request body exceeds the limit of 8388608 bytes" in text
+        assert answers[8][0] == 413 and b"33554432 bytes (--max-request-bytes)" in answers[8][1], answers[8]
+        assert cpu < 10.0  # generous: nothing was parsed (measured ~0.3 s; 52 s of parsing before)
+        assert peak <= base_rss + (256 << 20)  # the in-flight budget, at most
+        # within the limits: JSON and protobuf still accepted, and what was recorded before is analysed
+        assert post(proc.http_port, _json_body(1 << 20), json_h)[0] == 200
+        assert post(proc.http_port, gzip.compress(hung_payload(2)), gz)[0] == 200
+        end = time.monotonic() + 60
+        while proc.metrics().count('mycroft_root_causes_total{') < 2 and time.monotonic() < end:
+            time.sleep(0.5)
+        text = proc.metrics()
+        assert text.count('mycroft_root_causes_total{') == 2, text  # both hung collectives named
+        assert 'mycroft_processor_requests_rejected_total{protocol="http",reason="oversized"} 9.0' in text
+    finally:
+        proc.stop()
+
+
+def test_posts_answered_beside_1100_idle_connections_from_one_client(tmp_path):
+    """One client (127.0.0.2) opens 1,100 idle connections; another (127.0.0.1) posts 39 requests: all 39 are
+    answered (2 of 39 before: the idle ones took every one of the 1,024 places). The idle deadline is
+    raised to 120 s so that it is the per-client cap, not the deadline, that keeps places free."""
+    import resource
+
+    from service_helpers import start_processor
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 1100 + 256
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"needs {need} file descriptors, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    proc = start_processor(tmp_path, "--request-timeout", "120")
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(1100):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", proc.http_port))
+            idle.append(s)
+        # every one accepted (and those past the cap closed) before the legitimate client comes
+        end = time.monotonic() + 60
+        while ('reason="client_connections"} 972.0' not in proc.metrics()) and time.monotonic() < end:
+            time.sleep(0.5)
+        answered = 0
+        for seq in range(1, 40):
+            try:
+                answered += post(proc.http_port, hung_payload(seq))[0] == 200
+            except OSError:  # closed at accept: no place left
+                pass
+        text = proc.metrics()
+        print(f"beside 1,100 idle connections of one client: {answered} of 39 POSTs answered")
+        assert answered == 39
+        # the client over its cap was closed at accept, 128 of its connections held
+        assert 'mycroft_processor_requests_rejected_total{protocol="http",reason="client_connections"} 972.0' in text
+        assert 'reason="connections"' not in text  # the global cap was never reached
+    finally:
+        for s in idle:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        proc.stop()
