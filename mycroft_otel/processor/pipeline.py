@@ -377,17 +377,9 @@ class Processor:
         return v
 
     def _publish(self, v: Verdict) -> None:
-        if self.published is not None:
-            try:
-                first = self.published.first(v.trace_id)
-            except OSError as exc:  # the state directory failing must not cost a verdict
-                log.error("cannot record a published verdict in the state directory: %s", exc.strerror or exc)
-                first = True
-            if not first:
-                self.counts["already_published"] += 1
-                log.warning("root cause of trace %s was published before a restart: not published again",
-                            v.trace_id.hex())
-                return
+        if self.published is not None and not self.published.first(v.trace_id):
+            self.counts["already_published"] += 1
+            return
         log.warning("root cause: %s", v.summary())
         with self.lock:
             self.open_incidents.verdict(v)

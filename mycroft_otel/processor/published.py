@@ -15,11 +15,14 @@ trusted only if it is a real directory of this user that no one else can write (
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections import OrderedDict
 
 from mycroft_otel.config import ConfigError
+
+log = logging.getLogger("mycroft_otel.processor")
 
 KEPT = 4096
 FILE = "published-verdicts"
@@ -55,14 +58,20 @@ class PublishedVerdicts:
             self.ids.popitem(last=False)
 
     def first(self, trace_id: bytes) -> bool:
-        """Record the trace's verdict as published; False when it already was (before a restart too)."""
+        """Record the trace's verdict as published; False when it already was (before a restart too). The
+        state directory failing (full, gone) costs the record, never the verdict: logged, True."""
         if trace_id in self.ids:
+            log.warning("root cause of trace %s was published before a restart: not published again",
+                        trace_id.hex())
             return False
         self._remember(trace_id)
-        os.write(self.fd, trace_id)
-        self.in_file += 1
-        if self.in_file >= 2 * KEPT:
-            self._compact()
+        try:
+            os.write(self.fd, trace_id)
+            self.in_file += 1
+            if self.in_file >= 2 * KEPT:
+                self._compact()
+        except OSError as exc:
+            log.error("cannot record a published verdict in the state directory: %s", exc.strerror or exc)
         return True
 
     def _compact(self) -> None:

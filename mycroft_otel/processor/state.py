@@ -248,6 +248,12 @@ class TraceStore:
                 break
             self._count_drop(DROP_EVICTED_BYTES, self._drop(oldest))
             self.evicted_bytes += 1
+        self._index(st, ref, tid)
+        return st
+
+    def _index(self, st: TraceState, ref: SpanRef, tid: bytes) -> None:
+        """The store's indexes that a filed span moves: which collectives a rank is in flight in, its latest
+        sequence number, a collective's trace, a rank's process, and the traces a process is in flight in."""
         kind, rank = ref.kind, ref.rank
         ck = (ref.comm, rank)
         if kind != STATUS and ref.seq >= 0 and ref.comm:
@@ -289,7 +295,6 @@ class TraceStore:
                 d.pop(tid, None)
                 if not d:
                     del self.inflight_by_proc[key]
-        return st
 
     def waiting(self, proc: ProcKey) -> list[tuple[str, int, int]]:
         """(communicator, start, last seen) of each collective the process is still seen in flight in."""
