@@ -71,9 +71,16 @@ class NullKey(NamedTuple):
     mode: str = ""
 
 
+# Measures whose evidence is kept per communicator. A flow is one communicator's connection. A rank's start
+# is judged against its peers of one communicator: a rank late into its DP ring (a slow gradient hook, a
+# data loader) is on time into its TP group, whose collectives, as many or more, would cancel the
+# evidence of its DP ones in a CUSUM kept per process.
+_PER_COMMUNICATOR = frozenset({slowdown.FLOW, slowdown.LATE})
+
+
 class CandidateKey(NamedTuple):
-    """Where a candidate's evidence is kept. ``place``: a flow's communicator (``unit`` the flow: sender,
-    receiver, channel); a GPU's, NIC's or proxy's process when it is known by its global rank (the same GPU
+    """Where a candidate's evidence is kept. ``place``: a flow's or a lateness's communicator (``unit`` the
+    flow: sender, receiver, channel; or the rank); a GPU's, NIC's or proxy's process when it is known by its global rank (the same GPU
     in every communicator), else (communicator, rank)."""
 
     job: str
@@ -182,12 +189,12 @@ class JobMemory:
         if memo is not None and memo[0] == units:
             return memo[1]
         keys = [self.candidate(job, comm, name, u) for u in units]
-        if name == slowdown.FLOW or all(self.process_of(comm, u) is not None for u in units):
+        if name in _PER_COMMUNICATOR or all(self.process_of(comm, u) is not None for u in units):
             bounded_put(self._key_memo, (job, comm, name), (units, keys))
         return keys
 
     def candidate(self, job: str, comm: str, name: str, unit) -> CandidateKey:
-        if name == slowdown.FLOW:
+        if name in _PER_COMMUNICATOR:
             return CandidateKey(job, name, comm, unit)
         proc = self.process_of(comm, unit)
         # a GPU is one rank: known by its global rank it is the same in every communicator; a process known
@@ -279,6 +286,15 @@ class JobMemory:
             if comm != st.comm:
                 near |= self._members.get((st.job, comm), set())
         return any(k.place in near for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY)))
+
+    def waited_in_shared(self, st: TraceState, rank: int) -> bool:
+        """Another rank, late into a communicator this rank is in besides this one, is half way to an alarm:
+        this rank waited there for it, so it enters its other communicators' collectives late by as much (a
+        TP group's late rank makes its peers late into their DP rings)."""
+        place = self.candidate(st.job, st.comm, slowdown.GPU, rank).place
+        shared = self._comms_of.get((st.job, place), set()) - {st.comm}
+        return any(k.place in shared and self.candidate(st.job, k.place, slowdown.GPU, k.unit).place != place
+                   for k in self.half_way(st.job, (slowdown.LATE,)))
 
     def explained(self, st: TraceState) -> bool:
         """A slowdown named in a communicator joined to this one persists: its culprit (or a symptom whose

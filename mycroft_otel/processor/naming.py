@@ -177,9 +177,9 @@ class Naming:
 
     def _late_here(self, st: TraceState, ev: slowdown.Evidence, besides: int) -> bool:
         """Another rank of this collective started it late (its lateness score here beyond the strong test's
-        drift) and gathers evidence of lateness. Lateness is kept per process across its communicators; a rank
-        held back in one (its DP ring waiting on a proxy) is late only into its others (its TP group), so
-        only this collective says whether its senders' credit waits are that rank's doing."""
+        drift) and gathers evidence of lateness into this communicator. A rank held back in one communicator
+        (its DP ring waiting on a proxy) is late into its others (its TP group), where its lateness gathers
+        too, so this collective's own score says whether its senders' credit waits are that rank's doing."""
         units = ev.values.get(slowdown.LATE, ([], None))[0]
         z = ev.z.get(slowdown.LATE)
         return z is not None and any(u != besides and z[i] > self.s.cusum.k and
@@ -202,8 +202,10 @@ class Naming:
         a FIFO slot the late one has not freed.) So lateness waits for that verdict. Likewise a GPU or a proxy
         thread gathering evidence in another communicator the rank is in, its own or a peer's there: a proxy
         that posts ready chunks late, or a slow GPU, keeps every rank of that collective (a DP ring's) in it
-        longer, and each enters its TP group's next collective late by as much."""
-        return self.mem.held_in_shared(st, rank) or self.mem.link_gathers(st)
+        longer, and each enters its TP group's next collective late by as much. And another rank late into a
+        communicator they share: the rank waited there for it."""
+        return (self.mem.held_in_shared(st, rank) or self.mem.link_gathers(st)
+                or self.mem.waited_in_shared(st, rank))
 
     def _waited_for(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> Cusum | None:
         """The evidence of another rank that started last and reads late, when it gathers: the ranks before

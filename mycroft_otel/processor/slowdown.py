@@ -306,9 +306,11 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
         lateness = int(m.arrival[last] - median(rest))
         late_rank = int(ranks[last])
         waited = int(np.delete(m.duration, last).min())
-        if n >= 3:
+        if st.func not in P2P:
             # the share of the collective each rank's peers spent waiting for it to start: bounded, and
-            # independent of how short the transfer after the last arrival was
+            # independent of how short the transfer after the last arrival was. A pair's "others" are its
+            # one peer (a DP ring of two ranks across nodes): the later one reads its lag, the other 0. Not
+            # a p2p transfer: a Recv posted before its Send waits for the upstream stage's compute
             makespan = max(1.0, float(m.end - int(m.arrival.min())))
             med = _leave_one_out_medians(m.arrival)
             vals[LATE] = ([int(r) for r in ranks], np.maximum(0.0, m.arrival - med) / makespan)
