@@ -34,6 +34,7 @@ class AgentProcess:
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     metrics_port: int = field(default_factory=free_port)
+    log_level: str = "INFO"
     proc: subprocess.Popen | None = None
 
     def start(self) -> "AgentProcess":
@@ -44,7 +45,7 @@ class AgentProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mycroft_otel", "agent", "--ring-dir", str(self.ring_dir),
-             "--metrics-port", str(self.metrics_port), "--log-level", "INFO"],
+             "--metrics-port", str(self.metrics_port), "--log-level", self.log_level],
             env=env, stdout=self._log, stderr=subprocess.STDOUT)
         return self
 
