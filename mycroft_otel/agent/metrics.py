@@ -364,7 +364,7 @@ class MergingExporter(_exporter_base()):  # type: ignore[misc]
 @dataclass(frozen=True)
 class MetricsConfig:
     """What OTEL_METRICS_EXPORTER and friends ask for, checked once."""
-    exporter: str = "none"
+    exporter: str = "otlp"
     protocol: str = "grpc"
     interval_ms: int = 60_000
 
@@ -376,9 +376,10 @@ class MetricsConfig:
 def metrics_config(env: Mapping[str, str] | None = None) -> MetricsConfig:
     """Validate OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRIC_EXPORT_INTERVAL.
 
-    The agent exports metrics only when asked (OTEL_METRICS_EXPORTER=otlp or console): its
-    default pipeline (agent → gateway) carries spans, and a gateway without a metrics pipeline
-    would reject every metrics request.
+    The default is ``otlp``, the OpenTelemetry specification's: the shipped node collector
+    (collector_config/agent.yaml) and gateway both carry a metrics pipeline. ``prometheus`` (a
+    pull exporter in the SDK) is refused by name: the agent's own /metrics (--metrics-port) is
+    the pull endpoint, and the collective metrics reach Prometheus through the gateway.
     """
     env = os.environ if env is None else env
 
@@ -386,7 +387,7 @@ def metrics_config(env: Mapping[str, str] | None = None) -> MetricsConfig:
         v = env.get(name)
         return v.strip() if v is not None and v.strip() else None
 
-    names = [x.strip().lower() for x in (get("OTEL_METRICS_EXPORTER") or "none").split(",") if x.strip()]
+    names = [x.strip().lower() for x in (get("OTEL_METRICS_EXPORTER") or "otlp").split(",") if x.strip()]
     bad = [x for x in names if x not in EXPORTERS]
     if bad or not names:
         raise ConfigError(f"OTEL_METRICS_EXPORTER={get('OTEL_METRICS_EXPORTER')!r} must be one of "

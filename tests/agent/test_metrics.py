@@ -154,7 +154,11 @@ def test_bad_settings_are_named(env, match):
 
 
 def test_settings():
-    assert not am.metrics_config({}).enabled
+    # the OpenTelemetry specification's default exporter is otlp; none turns metrics off
+    assert am.metrics_config({}).exporter == "otlp" and am.metrics_config({}).enabled
+    assert am.MetricsConfig().exporter == "otlp"
+    assert not am.metrics_config({"OTEL_METRICS_EXPORTER": "none"}).enabled
+    assert am.metrics_config({"OTEL_METRICS_EXPORTER": "console"}).exporter == "console"
     cfg = am.metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
                              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
     assert (cfg.exporter, cfg.protocol, cfg.interval_ms) == ("otlp", "http/protobuf", 1000)
