@@ -10,12 +10,19 @@ by the standard variables (``OTEL_METRICS_EXPORTER``, ``OTEL_EXPORTER_OTLP_METRI
 =================================  =========  ==========  =======================================================
 instrument                         type       unit        attributes
 =================================  =========  ==========  =======================================================
-``mycroft.collective.duration``    histogram  ``s``       comm hash, func, size bucket
-``mycroft.collective.bus_bandwidth`` histogram ``By/s``   comm hash, func, size bucket (NCCL's busBw)
-``mycroft.network.wait.time``      counter    ``s``       comm hash, peer rank, direction (send | recv)
-``mycroft.collective.in_flight``   gauge      ``{operation}`` comm hash, rank
-``mycroft.collective.last_sequence`` gauge    ``{collective}`` comm hash, rank, host (the lag gauge)
+``mycroft.collective.duration``    histogram  ``s``       comm, func, size bucket
+``mycroft.collective.bus_bandwidth`` histogram ``By/s``   comm, func, size bucket (NCCL's busBw)
+``mycroft.network.wait.time``      counter    ``s``       comm, peer rank, direction (send | recv)
+``mycroft.collective.in_flight``   gauge      ``{operation}`` comm, rank
+``mycroft.collective.last_sequence`` gauge    ``{collective}`` comm, rank, host (the lag gauge)
 =================================  =========  ==========  =======================================================
+
+"comm" is the communicator's identity on every series: ``mycroft.comm.hash``, ``mycroft.job.id`` (the
+ring's job, when it has one) and ``mycroft.comm.kind`` (``intra_node`` when NCCL counts one node in the
+communicator, ``inter_node`` when more; absent when the plugin could not tell). The job is a data point
+attribute, not a resource attribute, because one node agent serves every job on its node; none of the
+three adds series (a communicator belongs to one job and has one node count). The node is the resource:
+``host.name`` and ``service.instance.id`` (the ``instance`` label in Prometheus).
 
 The histograms are cumulative explicit-bucket histograms (whatever temporality the exporter
 prefers) aggregated here and handed to the
@@ -64,6 +71,8 @@ ATTR_SIZE = "mycroft.coll.size_bucket"
 ATTR_PEER = sc.FLOW_PEER
 ATTR_DIRECTION = sc.FLOW_DIRECTION
 ATTR_OVERFLOW = "otel.metric.overflow"
+ATTR_JOB = sc.JOB_ID
+ATTR_KIND = sc.COMM_KIND
 
 MAX_COMMS = 64
 MAX_RANKS = 512
@@ -94,6 +103,24 @@ _BINCOUNT_MAX = 1 << 16  # (peer, direction) keys below this are counted with bi
 
 EXPORTERS = ("otlp", "console", "none")
 _PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def comm_kind(nnodes: int) -> str | None:
+    """``intra_node`` / ``inter_node`` from NCCL's node count of the communicator; None when unknown (<= 0)."""
+    if nnodes <= 0:
+        return None
+    return sc.COMM_KIND_INTRA_NODE if nnodes == 1 else sc.COMM_KIND_INTER_NODE
+
+
+def comm_attributes(src: RingSource) -> dict[str, Any]:
+    """The communicator's identity on every series: hash, job id (if any), kind (if known)."""
+    attrs: dict[str, Any] = {ATTR_COMM: src.comm_hex}
+    if src.job_id:
+        attrs[ATTR_JOB] = src.job_id
+    kind = comm_kind(src.nnodes)
+    if kind is not None:
+        attrs[ATTR_KIND] = kind
+    return attrs
 
 
 def size_bucket(nbytes: int) -> str:
@@ -148,6 +175,7 @@ class CollectiveMetrics:
         self._overflow = _Comm(dict(_OVERFLOW_ATTRS))
         self._last_seq: dict[tuple[str, int], tuple[int, str]] = {}   # (comm, rank) -> (seq, host)
         self._inflight: dict[tuple[str, int], int] = {}
+        self._rank_attrs: dict[tuple[str, int], dict[str, Any]] = {}  # (comm, rank) -> the gauges' attributes
         self.records = 0
         if meter_provider is not None:
             self.register(meter_provider)
@@ -203,7 +231,7 @@ class CollectiveMetrics:
         last = int(ops["seq"][coll].max()) if coll.any() else -1
         with self._lock:
             self.records += n
-            c = self._comm(src.comm_hex)
+            c = self._comm(src)
             for k in groups:
                 sel = ok if len(groups) == 1 else ok & (key == k)
                 if not sel.any():
@@ -237,17 +265,20 @@ class CollectiveMetrics:
             if rk is not None:
                 self._inflight[rk] = int(count)
 
-    def _comm(self, comm: str) -> _Comm:
-        c = self._comms.get(comm)
+    def _comm(self, src: RingSource) -> _Comm:
+        c = self._comms.get(src.comm_hex)
         if c is None:
             if len(self._comms) >= self.max_comms:
                 return self._overflow
-            c = self._comms[comm] = _Comm({ATTR_COMM: comm})
+            c = self._comms[src.comm_hex] = _Comm(comm_attributes(src))
         return c
 
     def _rank_key(self, src: RingSource) -> tuple[str, int] | None:
         k = (src.comm_hex, src.rank)
-        if k in self._last_seq or k in self._inflight or len(self._last_seq) < self.max_ranks:
+        if k in self._rank_attrs:
+            return k
+        if len(self._rank_attrs) < self.max_ranks:
+            self._rank_attrs[k] = {**comm_attributes(src), ATTR_RANK: src.rank}
             return k
         return None  # over the cap: not reported (a gauge cannot be summed into an overflow series)
 
@@ -274,12 +305,11 @@ class CollectiveMetrics:
 
         def inflight(_options: Any) -> Iterable[Observation]:
             with self._lock:
-                return [Observation(v, {ATTR_COMM: c, ATTR_RANK: r}) for (c, r), v in self._inflight.items()]
+                return [Observation(v, self._rank_attrs[k]) for k, v in self._inflight.items()]
 
         def last_seq(_options: Any) -> Iterable[Observation]:
             with self._lock:
-                return [Observation(s, {ATTR_COMM: c, ATTR_RANK: r, ATTR_HOST: h})
-                        for (c, r), (s, h) in self._last_seq.items()]
+                return [Observation(s, {**self._rank_attrs[k], ATTR_HOST: h}) for k, (s, h) in self._last_seq.items()]
 
         meter.create_observable_counter(NETWORK_WAIT, [waits], unit="s",
                                         description="time flows waited on the network, per peer and direction")
@@ -410,18 +440,27 @@ def metrics_config(env: Mapping[str, str] | None = None) -> MetricsConfig:
     return MetricsConfig(exporter, protocol, interval)
 
 
+def metrics_resource(resource_attrs: Sequence[tuple[str, Any]] = ()) -> Any:
+    """The agent's metrics resource: the node (service.instance.id, host.name) beside ``resource_attrs``."""
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+    attrs = dict(resource_attrs)
+    given = OTELResourceDetector().detect().attributes  # OTEL_RESOURCE_ATTRIBUTES wins over what we detect
+    if "service.instance.id" not in given:
+        # Prometheus' `instance` label: without it two nodes' series of one communicator collide
+        attrs["service.instance.id"] = socket.gethostname()
+    if sc.HOST_NAME not in given:
+        attrs[sc.HOST_NAME] = socket.gethostname()  # the node (target_info's host_name in Prometheus)
+    return Resource.create(attrs)
+
+
 def meter_provider(cfg: MetricsConfig, metrics: CollectiveMetrics, resource_attrs: Sequence[tuple[str, Any]] = ()
                    ) -> Any:
     """An SDK MeterProvider whose periodic reader exports, per OTEL_*, the SDK's instruments and ``metrics``."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
-    attrs = dict(resource_attrs)
-    if "service.instance.id" not in OTELResourceDetector().detect().attributes:  # not in OTEL_RESOURCE_ATTRIBUTES
-        # Prometheus' `instance` label: without it two nodes' series of one communicator collide
-        attrs["service.instance.id"] = socket.gethostname()
-    resource = Resource.create(attrs)
+    resource = metrics_resource(resource_attrs)
     if cfg.exporter == "console":
         inner = ConsoleMetricExporter()
     elif cfg.protocol == "grpc":

@@ -135,6 +135,42 @@ def test_allgather_busbw_is_per_rank_bytes_times_n_minus_1(tmp_path, otel_env):
     assert bw.sum == pytest.approx(7 * (4 << 20) / (2e-3 - 1e-6))
 
 
+def test_every_series_names_its_job_and_communicator_kind(tmp_path, otel_env):
+    """Job id and where the communicator's ranks are (NCCL's node count) on every collective series."""
+    FakeRing(tmp_path / "tp", rank=0, nranks=8, comm_hash=0x11, job_id="job-7", nnodes=1).op_done()
+    FakeRing(tmp_path / "dp", rank=0, nranks=4, comm_hash=0x22, job_id="job-7", nnodes=4).op_done()
+    FakeRing(tmp_path / "unk", rank=0, nranks=2, comm_hash=0x33, job_id="job-7", nnodes=0).op_done()
+    cm = am.CollectiveMetrics()
+    provider, cap = _pipeline(cm)
+    try:
+        _poll(tmp_path, cm)
+        provider.force_flush()
+        got = _metrics(cap)
+    finally:
+        provider.shutdown()
+    kinds = {"0000000000000011": "intra_node", "0000000000000022": "inter_node", "0000000000000033": None}
+    for name in (am.DURATION, am.BUS_BANDWIDTH, am.NETWORK_WAIT, am.IN_FLIGHT, am.LAST_SEQUENCE):
+        points = got[name].data.data_points
+        assert {p.attributes[am.ATTR_COMM] for p in points} == set(kinds), name
+        for p in points:
+            assert p.attributes[am.ATTR_JOB] == "job-7", name
+            assert p.attributes.get(am.ATTR_KIND) == kinds[p.attributes[am.ATTR_COMM]], name
+
+
+def test_the_node_is_the_metrics_resource(monkeypatch):
+    import socket
+
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    attrs = am.metrics_resource([("service.name", "a")]).attributes
+    assert attrs["host.name"] == socket.gethostname() == attrs["service.instance.id"]
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "host.name=n7")
+    assert am.metrics_resource().attributes["host.name"] == "n7"  # the operator's word wins
+
+
+def test_comm_kind_from_node_count():
+    assert [am.comm_kind(n) for n in (-1, 0, 1, 2, 64)] == [None, None, "intra_node", "inter_node", "inter_node"]
+
+
 def test_size_buckets():
     assert am.size_bucket(0) == "1KiB" and am.size_bucket(1024) == "1KiB" and am.size_bucket(1025) == "4KiB"
     assert am.size_bucket(1 << 20) == "1MiB" and am.size_bucket(4 << 30) == "4GiB"
