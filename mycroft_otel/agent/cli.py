@@ -45,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if collective is not None:  # the agent's own health and the collective metrics, per OTEL_*
         provider = meter_provider(mcfg, collective, [("service.name", settings.service_name)])
         register_otel_metrics(agent.health, provider)
+        agent.plugin.register(provider)
     server = None
     if args.metrics_port is not None:
-        server = MetricsServer(agent.health, args.metrics_port, args.metrics_bind)
+        server = MetricsServer(agent.health, args.metrics_port, args.metrics_bind, extra=[agent.plugin])
         logging.getLogger("mycroft_otel.agent").info("metrics on http://%s:%d/metrics", args.metrics_bind,
                                                      server.port)
     stop = threading.Event()

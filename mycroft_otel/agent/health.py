@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Sequence
 
 log = logging.getLogger("mycroft_otel.agent")
 
@@ -72,7 +72,7 @@ class MetricsServer:
     REQUEST_TIMEOUT_S = 5.0
     MAX_REQUEST_BYTES = 8192
 
-    def __init__(self, health: Health, port: int, bind: str = "0.0.0.0"):
+    def __init__(self, health: Health, port: int, bind: str = "0.0.0.0", extra: Sequence[Any] = ()):
         import selectors
         import socket
 
@@ -90,6 +90,8 @@ class MetricsServer:
 
         self.registry = CollectorRegistry()
         self.registry.register(_Collector())
+        for collector in extra:  # other families served beside the health (the plugin's counters: plugin_counters.py)
+            self.registry.register(collector)
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

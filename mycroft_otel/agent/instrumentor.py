@@ -48,6 +48,8 @@ class NcclInstrumentor(_Base):
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
+        from opentelemetry import metrics
+
         from mycroft_otel.agent.agent import Agent
         from mycroft_otel.agent.health import register_otel_metrics
         from mycroft_otel.agent.settings import AgentSettings
@@ -62,6 +64,7 @@ class NcclInstrumentor(_Base):
         agent = Agent(settings, transport=kwargs.get("transport"),
                       only_pid=None if kwargs.get("all_rings") else os.getpid())
         register_otel_metrics(agent.health, kwargs.get("meter_provider"))
+        agent.plugin.register(kwargs.get("meter_provider") or metrics.get_meter_provider())
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), name="mycroft-otel-agent", daemon=True)
         thread.start()
