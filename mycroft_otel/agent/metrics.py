@@ -454,14 +454,17 @@ def metrics_resource(resource_attrs: Sequence[tuple[str, Any]] = ()) -> Any:
     return Resource.create(attrs)
 
 
-def meter_provider(cfg: MetricsConfig, metrics: CollectiveMetrics, resource_attrs: Sequence[tuple[str, Any]] = ()
-                   ) -> Any:
-    """An SDK MeterProvider whose periodic reader exports, per OTEL_*, the SDK's instruments and ``metrics``."""
+def meter_provider(cfg: MetricsConfig, metrics: CollectiveMetrics, resource_attrs: Sequence[tuple[str, Any]] = (),
+                   exporter: Any = None) -> Any:
+    """An SDK MeterProvider whose periodic reader exports, per OTEL_*, the SDK's instruments and ``metrics``
+    (``exporter``: a MetricExporter to use instead of the one OTEL_METRICS_EXPORTER names)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 
     resource = metrics_resource(resource_attrs)
-    if cfg.exporter == "console":
+    if exporter is not None:
+        inner = exporter
+    elif cfg.exporter == "console":
         inner = ConsoleMetricExporter()
     elif cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter

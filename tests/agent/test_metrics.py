@@ -232,3 +232,38 @@ def test_hostile_records_stay_bounded(tmp_path, otel_env):
     assert {p.attributes[am.ATTR_SIZE] for p in dur.data.data_points} == {"inf"}
     waits = cm._comms["5f3a9c0e12ab44d1"].net_wait_ns
     assert len(waits) <= 2 * 8 + 1 and (-1, -1) in waits  # capped, the rest in the overflow series
+
+
+def test_instrument_exports_the_agents_collective_metrics(tmp_path, otel_env, monkeypatch):
+    """instrument() (in-process) exports what `mycroft-otel agent` does: collective, health and plugin metrics."""
+    import time
+
+    import mycroft_otel.agent.agent as agent_mod
+    from agent_shm import FakeReader
+    from mycroft_otel.agent import plugin_counters as pc
+    from mycroft_otel.agent.instrumentor import NcclInstrumentor
+    from mycroft_otel.agent.settings import AgentSettings
+
+    monkeypatch.setenv("NCCL_PROFILER_PLUGIN", "/nonexistent")  # keep the process's own setting untouched
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")  # only the shutdown's export
+    monkeypatch.setattr(agent_mod, "default_reader_factory", FakeReader)
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2, job_id="job-9")
+    env = dict(__import__("os").environ, MYCROFT_RING_DIR=str(tmp_path), MYCROFT_POLL_MS="20",
+               MYCROFT_STATE_DIR=str(tmp_path.parent / (tmp_path.name + ".state")))
+    cap = Capture()
+    inst = NcclInstrumentor()
+    inst.instrument(settings=AgentSettings.from_env(env), metric_exporter=cap)
+    try:
+        for _ in range(3):
+            ring.op_done()
+        deadline = time.monotonic() + 10
+        while inst.agent.health.records_read < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        inst.uninstrument()
+    got = _metrics(cap)
+    dur = got[am.DURATION].data.data_points
+    assert sum(p.count for p in dur) == 3 and {p.attributes[am.ATTR_JOB] for p in dur} == {"job-9"}
+    assert am.LAST_SEQUENCE in got and am.NETWORK_WAIT in got
+    assert got["mycroft.agent.records_read"].data.data_points[0].value == 3
+    assert pc.UNTRACKED_OPERATIONS in got and pc.BAD_HANDLES in got
