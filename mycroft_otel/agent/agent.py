@@ -395,6 +395,8 @@ class Agent:
                 ctx.last_end = end[i]
                 ctx.idle_emits = 0
                 ctx.idle_next = 0
+        if self.metrics and keep:  # exported ones link the duration histogram to their traces (exemplars)
+            self.metrics.exemplars(ctx.src, recs[np.asarray(keep, dtype=np.int64)], [traces[i] for i in keep])
         if len(keep) >= VECTOR_MIN:
             sel = recs[np.asarray(keep, dtype=np.int64)]
             out.extend(b.op_spans(sel, [traces[i] for i in keep], anomalies))

@@ -49,6 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent import spans as sp
 from mycroft_otel.agent.source import RingSource
@@ -136,6 +137,9 @@ class _Hist:
     total: float = 0.0
     lo: float = float("inf")
     hi: float = float("-inf")
+    # bucket -> (value, unix ns, trace id, span id) of the last exported operation that fell in it (the SDK's
+    # aligned-bucket exemplar reservoir: at most one exemplar per bucket, the latest)
+    exemplars: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.counts is None:
@@ -258,6 +262,35 @@ class CollectiveMetrics:
                 if rk is not None and last > self._last_seq.get(rk, (-1, ""))[0]:
                     self._last_seq[rk] = (last, src.host)
 
+    def exemplars(self, src: RingSource, recs: np.ndarray, traces: Sequence[int]) -> None:
+        """Attach exported operations to the duration histogram as exemplars (their trace id and op span id).
+
+        Only operations the agent exported as spans: an exemplar links to a trace the backend holds
+        (a trace id as a label would make a series per collective; an exemplar costs nothing per series).
+        Called after :meth:`record` of the same batch, so the series exist.
+        """
+        if not len(recs):
+            return
+        ops = recs["op"]
+        begin = ops["start_ns"].astype(np.int64)
+        begin = np.where(begin > 0, begin, ops["api_ns"].astype(np.int64))
+        end = ops["end_ns"].astype(np.int64)
+        func = ops["func"].astype(np.int64)
+        func[func >= len(sp.FUNC_NAMES)] = _UNKNOWN_FUNC
+        size = np.searchsorted(_SIZE_EDGES, ops["bytes"], side="left")
+        with self._lock:
+            c = self._comms.get(src.comm_hex)
+            if c is None:  # over the communicator cap: the overflow series carries no exemplars
+                return
+            for i in range(len(recs)):
+                b, e = int(begin[i]), int(end[i])
+                h = c.duration.get((int(func[i]), int(size[i])))
+                if h is None or b <= 0 or e < b:
+                    continue
+                v = (e - b) * 1e-9
+                bucket = int(np.searchsorted(h.bounds, v, side="left"))
+                h.exemplars[bucket] = (v, src.to_real(e), int(traces[i]), ids.span_id(traces[i], src.rank, sc.ROLE_OP))
+
     def in_flight(self, src: RingSource, count: int) -> None:
         """Operations of this ring currently in flight (the live table's occupied slots)."""
         with self._lock:
@@ -320,6 +353,7 @@ class CollectiveMetrics:
 
     def histograms(self, now_ns: int | None = None) -> list:
         """The two histograms as SDK ``Metric`` objects (cumulative), for :class:`MergingExporter`."""
+        from opentelemetry.sdk.metrics import Exemplar
         from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
 
         now_ns = now_ns or time.time_ns()
@@ -338,7 +372,9 @@ class CollectiveMetrics:
                         points.append(HistogramDataPoint(
                             attributes=attrs, start_time_unix_nano=self.start_ns, time_unix_nano=now_ns,
                             count=int(h.counts.sum()), sum=h.total, bucket_counts=h.counts.tolist(),
-                            explicit_bounds=list(map(float, h.bounds)), min=h.lo, max=h.hi))
+                            explicit_bounds=list(map(float, h.bounds)), min=h.lo, max=h.hi,
+                            exemplars=[Exemplar({}, v, t, span_id=sid, trace_id=tid)
+                                       for _, (v, t, tid, sid) in sorted(h.exemplars.items())]))
             if points:
                 out.append(Metric(name=name, description=desc, unit=unit,
                                   data=Histogram(data_points=points,

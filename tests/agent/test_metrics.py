@@ -267,3 +267,47 @@ def test_instrument_exports_the_agents_collective_metrics(tmp_path, otel_env, mo
     assert am.LAST_SEQUENCE in got and am.NETWORK_WAIT in got
     assert got["mycroft.agent.records_read"].data.data_points[0].value == 3
     assert pc.UNTRACKED_OPERATIONS in got and pc.BAD_HANDLES in got
+
+
+def test_duration_exemplars_link_exported_spans_not_labels(tmp_path, otel_env):
+    """Exported operations are the duration histogram's exemplars (trace id + op span id); unexported are not."""
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    for _ in range(3):
+        ring.op_done(dur_ns=1_000_000, count=1 << 18)
+    ring.op_done(dur_ns=3_000_000_000, func=BROADCAST, count=1 << 10)
+    cm = am.CollectiveMetrics()
+    agent = make_agent(tmp_path, sample_ratio=1.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+        assert agent.queue.flush(10)
+    finally:
+        agent.close()
+    spans = {(s["trace_id"], s["span_id"]) for s in otel_env.sink.spans if s["name"].startswith("nccl.")}
+    points = {p.attributes[am.ATTR_FUNC]: p for p in cm.histograms()[0].data.data_points}
+    ar, bc = points["AllReduce"], points["Broadcast"]
+    assert len(ar.exemplars) == 1 and len(bc.exemplars) == 1  # one per bucket: the latest there
+    for p in (ar, bc):
+        ex = p.exemplars[0]
+        assert (ex.trace_id, ex.span_id) in spans and not ex.filtered_attributes
+        assert ex.time_unix_nano > 1_600_000_000 * 10 ** 9  # wall-clock time, not the ring's monotonic clock
+        assert not {k for k in p.attributes if "trace" in k}
+    assert bc.exemplars[0].value == pytest.approx(3.0 - 1e-6)
+    assert cm.histograms()[1].data.data_points[0].exemplars == []  # bandwidth: none (duration carries them)
+
+
+def test_unexported_operations_are_no_exemplars(tmp_path, otel_env):
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    for _ in range(3):
+        ring.op_done()
+    cm = am.CollectiveMetrics()
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+        kept = agent.health.spans_built
+    finally:
+        agent.close()
+    points = cm.histograms()[0].data.data_points
+    assert sum(p.count for p in points) == 3
+    assert kept == 0 and sum(len(p.exemplars) for p in points) == 0, kept
