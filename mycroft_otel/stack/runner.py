@@ -415,6 +415,7 @@ class LocalStack:
             f"--web.listen-address={LOOPBACK}:{self.ports['prom']}",
             "--web.enable-remote-write-receiver",
             "--web.enable-lifecycle",
+            "--enable-feature=exemplar-storage",  # trace ids of the duration histograms (/api/v1/query_exemplars)
         ]
         url = f"http://{LOOPBACK}:{self.ports['prom']}/-/ready"
         self._spawn("prometheus", argv, {}, lambda: http_ok(url))
