@@ -10,7 +10,8 @@ import threading
 
 from mycroft_otel.agent.agent import Agent
 from mycroft_otel.agent.health import MetricsServer, register_otel_metrics
-from mycroft_otel.agent.metrics import CollectiveMetrics, meter_provider, metrics_config
+from mycroft_otel.agent.meter import meter_provider, metrics_config
+from mycroft_otel.agent.metrics import CollectiveMetrics
 from mycroft_otel.agent.settings import AgentSettings
 
 

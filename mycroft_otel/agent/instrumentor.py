@@ -15,7 +15,7 @@ Metrics are the node agent's: the collective metrics, the agent's health and the
 plugin's counters, on a MeterProvider of its own built exactly as ``mycroft-otel
 agent`` builds it (OTEL_METRICS_EXPORTER, default otlp; ``none`` turns them off).
 Its own because the collective histograms are aggregated in bulk and handed to the
-exporter (metrics.MergingExporter), which an application's provider cannot be
+exporter (meter.MergingExporter), which an application's provider cannot be
 given. ``meter_provider=`` still receives the health and plugin counters;
 ``metric_exporter=`` replaces the exporter OTEL_METRICS_EXPORTER names.
 """
@@ -61,7 +61,8 @@ class NcclInstrumentor(_Base):
 
         from mycroft_otel.agent.agent import Agent
         from mycroft_otel.agent.health import register_otel_metrics
-        from mycroft_otel.agent.metrics import CollectiveMetrics, meter_provider, metrics_config
+        from mycroft_otel.agent.meter import meter_provider, metrics_config
+        from mycroft_otel.agent.metrics import CollectiveMetrics
         from mycroft_otel.agent.settings import AgentSettings
         from mycroft_otel.paths import plugin_path
 

@@ -8,6 +8,7 @@ from opentelemetry.sdk.metrics.export import (AggregationTemporality, MetricExpo
                                               PeriodicExportingMetricReader)
 from opentelemetry.sdk.resources import Resource
 
+from mycroft_otel.agent import meter
 from mycroft_otel.agent import metrics as am
 from mycroft_otel.config import ConfigError
 from agent_helpers import make_agent
@@ -37,7 +38,7 @@ class Capture(MetricExporter):
 def _pipeline(cm: am.CollectiveMetrics):
     cap = Capture()
     resource = Resource.create({"service.name": "agent-test"})
-    reader = PeriodicExportingMetricReader(am.MergingExporter(cap, cm, resource), export_interval_millis=3_600_000)
+    reader = PeriodicExportingMetricReader(meter.MergingExporter(cap, cm, resource), export_interval_millis=3_600_000)
     provider = MeterProvider(resource=resource, metric_readers=[reader])
     cm.register(provider)
     return provider, cap
@@ -161,10 +162,10 @@ def test_the_node_is_the_metrics_resource(monkeypatch):
     import socket
 
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
-    attrs = am.metrics_resource([("service.name", "a")]).attributes
+    attrs = meter.metrics_resource([("service.name", "a")]).attributes
     assert attrs["host.name"] == socket.gethostname() == attrs["service.instance.id"]
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "host.name=n7")
-    assert am.metrics_resource().attributes["host.name"] == "n7"  # the operator's word wins
+    assert meter.metrics_resource().attributes["host.name"] == "n7"  # the operator's word wins
 
 
 def test_comm_kind_from_node_count():
@@ -186,16 +187,16 @@ def test_size_buckets():
 ])
 def test_bad_settings_are_named(env, match):
     with pytest.raises(ConfigError, match=match):
-        am.metrics_config(env)
+        meter.metrics_config(env)
 
 
 def test_settings():
     # the OpenTelemetry specification's default exporter is otlp; none turns metrics off
-    assert am.metrics_config({}).exporter == "otlp" and am.metrics_config({}).enabled
-    assert am.MetricsConfig().exporter == "otlp"
-    assert not am.metrics_config({"OTEL_METRICS_EXPORTER": "none"}).enabled
-    assert am.metrics_config({"OTEL_METRICS_EXPORTER": "console"}).exporter == "console"
-    cfg = am.metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+    assert meter.metrics_config({}).exporter == "otlp" and meter.metrics_config({}).enabled
+    assert meter.MetricsConfig().exporter == "otlp"
+    assert not meter.metrics_config({"OTEL_METRICS_EXPORTER": "none"}).enabled
+    assert meter.metrics_config({"OTEL_METRICS_EXPORTER": "console"}).exporter == "console"
+    cfg = meter.metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
                              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
     assert (cfg.exporter, cfg.protocol, cfg.interval_ms) == ("otlp", "http/protobuf", 1000)
 
