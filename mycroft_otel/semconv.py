@@ -45,6 +45,12 @@ COMM_HASH = "mycroft.comm.hash"      # string, 16 lowercase hex digits
 COMM_NAME = "mycroft.comm.name"
 COMM_NRANKS = "mycroft.comm.nranks"
 COMM_NNODES = "mycroft.comm.nnodes"
+# Metrics only: where a communicator's ranks are, from NCCL's own node count (nNodes at init). One node:
+# its traffic stays on NVLink/PCIe/SHM (tensor-parallel groups usually are); more: it crosses the network.
+# Parallelism roles (tp/dp/pp) are the framework's and never reach NCCL, so they are not guessed.
+COMM_KIND = "mycroft.comm.kind"
+COMM_KIND_INTRA_NODE = "intra_node"
+COMM_KIND_INTER_NODE = "inter_node"
 RANK = "mycroft.rank"                # rank in the communicator
 GLOBAL_RANK = "mycroft.global_rank"  # launcher's RANK, absent if unknown
 LOCAL_RANK = "mycroft.local_rank"

@@ -125,7 +125,8 @@ class Metrics:
     """The agent's collective metrics as `mycroft-otel agent` runs them (OTEL_METRICS_EXPORTER=otlp)."""
 
     def __init__(self, service_name: str, interval_ms: int = 1000):
-        from mycroft_otel.agent.metrics import CollectiveMetrics, meter_provider, metrics_config
+        from mycroft_otel.agent.meter import meter_provider, metrics_config
+        from mycroft_otel.agent.metrics import CollectiveMetrics
 
         self.collective = CollectiveMetrics()
         cfg = metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": str(interval_ms)})

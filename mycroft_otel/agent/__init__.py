@@ -7,7 +7,8 @@ sampling, summaries) → ``spans`` (records → span bytes per docs/span-schema.
 with ``otlp``, the protobuf writer) → ``exporter`` (bounded queue, OTLP per
 OTEL_*) → ``state`` (cursors for restarts); ``agent`` is the poll loop tying them
 together (``budget``: each ring's and each owner's fair share of a poll), ``health``
-its own metrics, ``metrics`` the collective metrics over every completed op, ``cli``
+its own metrics, ``plugin_counters`` the plugin's drop counters summed per node, ``metrics`` the
+collective metrics over every completed op and ``meter`` the MeterProvider that exports them, ``cli``
 the ``mycroft-otel agent`` verb and ``instrumentor`` the in-process mode.
 """
 

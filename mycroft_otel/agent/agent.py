@@ -35,6 +35,7 @@ from mycroft_otel.agent.discovery import Candidate, Discovery, sparse_problem
 from mycroft_otel.agent.exporter import ExportQueue, OtlpTransport, Transport
 from mycroft_otel.agent.health import Health, RateLimitedLog
 from mycroft_otel.agent.metrics import CollectiveMetrics
+from mycroft_otel.agent.plugin_counters import PluginCounters
 from mycroft_otel.agent.sampling import Baselines, Cadence, FlowRule, Summary, sample_bound, sampled
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.agent.source import PROC_EXITED, PROC_STOPPED, RingSource, default_reader_factory
@@ -102,6 +103,7 @@ class Agent:
         self.metrics = metrics  # collective metrics over every completed op (OTEL_METRICS_EXPORTER)
         self.only_pid = only_pid  # in-process mode: follow only this process's rings
         self.health = health or Health()
+        self.plugin = PluginCounters()  # the plugin's drop and bad-handle counters, summed over the node's rings
         self.reader_factory = reader_factory or default_reader_factory
         self.discovery = Discovery(settings.ring_dir, all_users=settings.all_users)
         self.store = CursorStore(settings.state_dir)
@@ -182,6 +184,7 @@ class Agent:
             self._drain(ctx, out, self.now_ns())  # the mapping outlives the unlink: read the rest
             self._queue(ctx, out)
         self.store.forget(ctx.src.identity.key)
+        self.plugin.forget(path)
         ctx.src.close()
         log.info("ring gone: %s", path)
 
@@ -392,6 +395,8 @@ class Agent:
                 ctx.last_end = end[i]
                 ctx.idle_emits = 0
                 ctx.idle_next = 0
+        if self.metrics and keep:  # exported ones link the duration histogram to their traces (exemplars)
+            self.metrics.exemplars(ctx.src, recs[np.asarray(keep, dtype=np.int64)], [traces[i] for i in keep])
         if len(keep) >= VECTOR_MIN:
             sel = recs[np.asarray(keep, dtype=np.int64)]
             out.extend(b.op_spans(sel, [traces[i] for i in keep], anomalies))
@@ -510,7 +515,9 @@ class Agent:
                     by_comm: dict[int, list[_Ctx]]) -> None:
         src = ctx.src
         st = pstate.get(src.pid)
-        finalized = int(src.refresh_header().get("finalized_ns", 0)) != 0
+        header = src.refresh_header()
+        self.plugin.observe(src.path, header)
+        finalized = int(header.get("finalized_ns", 0)) != 0
         if st == PROC_EXITED and not finalized:
             self._exited(ctx, out, now)
             return

@@ -10,7 +10,8 @@ import threading
 
 from mycroft_otel.agent.agent import Agent
 from mycroft_otel.agent.health import MetricsServer, register_otel_metrics
-from mycroft_otel.agent.metrics import CollectiveMetrics, meter_provider, metrics_config
+from mycroft_otel.agent.meter import meter_provider, metrics_config
+from mycroft_otel.agent.metrics import CollectiveMetrics
 from mycroft_otel.agent.settings import AgentSettings
 
 
@@ -45,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
     if collective is not None:  # the agent's own health and the collective metrics, per OTEL_*
         provider = meter_provider(mcfg, collective, [("service.name", settings.service_name)])
         register_otel_metrics(agent.health, provider)
+        agent.plugin.register(provider)
     server = None
     if args.metrics_port is not None:
-        server = MetricsServer(agent.health, args.metrics_port, args.metrics_bind)
+        server = MetricsServer(agent.health, args.metrics_port, args.metrics_bind, extra=[agent.plugin])
         logging.getLogger("mycroft_otel.agent").info("metrics on http://%s:%d/metrics", args.metrics_bind,
                                                      server.port)
     stop = threading.Event()

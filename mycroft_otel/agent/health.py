@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Sequence
 
 log = logging.getLogger("mycroft_otel.agent")
 
@@ -45,16 +45,38 @@ class Health:
                 "rings_removed", "rings_skipped", "deferred_live_reads", "deferred_snapshots")
     GAUGES = ("sources", "queue_spans", "ring_backlog", "export_lag_s", "poll_duration_s")
 
+    # The unit of each instrument (UCUM; braces are annotations, counted things). The unit is in the
+    # instrument's unit field, never its name: a field named *_s is seconds and its metric name drops the
+    # suffix (OTel: mycroft.agent.export_lag, unit s; Prometheus, which appends units: *_seconds).
+    UNITS = {"records_read": "{record}", "spans_built": "{span}", "spans_exported": "{span}",
+             "dropped_ring": "{record}", "dropped_export_queue": "{span}", "dropped_export_failed": "{span}",
+             "export_errors": "{request}", "export_requests": "{request}", "polls": "{poll}",
+             "sources_opened": "{ring}", "bad_files": "{file}", "rings_removed": "{ring}", "rings_skipped": "{ring}",
+             "deferred_live_reads": "{read}", "deferred_snapshots": "{snapshot}", "sources": "{ring}",
+             "queue_spans": "{span}", "ring_backlog": "{record}", "export_lag_s": "s", "poll_duration_s": "s"}
+
+    @staticmethod
+    def otel_name(name: str) -> str:
+        """``mycroft.agent.<name>``, a seconds suffix dropped (the unit says it)."""
+        return "mycroft.agent." + (name[:-2] if Health.UNITS[name] == "s" else name)
+
+    @staticmethod
+    def prometheus_name(name: str) -> str:
+        """The OTel name as the OTel → Prometheus rules write it: ``_`` for ``.``, ``_seconds`` for unit s
+        (units in braces add nothing; counters get ``_total`` where they are written)."""
+        base = Health.otel_name(name).replace(".", "_")
+        return base + "_seconds" if Health.UNITS[name] == "s" else base
+
     def snapshot(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def prometheus_text(self) -> str:
         lines = []
         for name in self.COUNTERS:
-            m = f"mycroft_agent_{name}_total"
+            m = self.prometheus_name(name) + "_total"
             lines += [f"# TYPE {m} counter", f"{m} {getattr(self, name)}"]
         for name in self.GAUGES:
-            m = f"mycroft_agent_{name}"
+            m = self.prometheus_name(name)
             lines += [f"# TYPE {m} gauge", f"{m} {getattr(self, name)}"]
         return "\n".join(lines) + "\n"
 
@@ -72,7 +94,7 @@ class MetricsServer:
     REQUEST_TIMEOUT_S = 5.0
     MAX_REQUEST_BYTES = 8192
 
-    def __init__(self, health: Health, port: int, bind: str = "0.0.0.0"):
+    def __init__(self, health: Health, port: int, bind: str = "0.0.0.0", extra: Sequence[Any] = ()):
         import selectors
         import socket
 
@@ -82,14 +104,16 @@ class MetricsServer:
         class _Collector:
             def collect(self_inner):  # noqa: N805
                 for name in Health.COUNTERS:
-                    yield CounterMetricFamily(f"mycroft_agent_{name}", name.replace("_", " "),
+                    yield CounterMetricFamily(Health.prometheus_name(name), name.replace("_", " "),
                                               value=getattr(health, name))
                 for name in Health.GAUGES:
-                    yield GaugeMetricFamily(f"mycroft_agent_{name}", name.replace("_", " "),
+                    yield GaugeMetricFamily(Health.prometheus_name(name), name.replace("_", " "),
                                             value=getattr(health, name))
 
         self.registry = CollectorRegistry()
         self.registry.register(_Collector())
+        for collector in extra:  # other families served beside the health (the plugin's counters: plugin_counters.py)
+            self.registry.register(collector)
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -199,10 +223,10 @@ def register_otel_metrics(health: Health, meter_provider: Any = None) -> None:
 
     meter = (meter_provider or metrics.get_meter_provider()).get_meter("mycroft_otel.agent")
     for name in Health.COUNTERS:
-        meter.create_observable_counter(f"mycroft.agent.{name}", callbacks=[
+        meter.create_observable_counter(Health.otel_name(name), unit=Health.UNITS[name], callbacks=[
             (lambda n: (lambda options: [Observation(getattr(health, n))]))(name)])
     for name in Health.GAUGES:
-        meter.create_observable_gauge(f"mycroft.agent.{name}", callbacks=[
+        meter.create_observable_gauge(Health.otel_name(name), unit=Health.UNITS[name], callbacks=[
             (lambda n: (lambda options: [Observation(getattr(health, n))]))(name)])
 
 

@@ -10,6 +10,14 @@ configuration. Each in-process agent follows only the rings its own process writ
 ``all_rings=True`` to follow the whole ring directory instead. A process cannot
 report its own death: for ``process_exited`` evidence run the node agent
 (``mycroft-otel agent``) as a sidecar.
+
+Metrics are the node agent's: the collective metrics, the agent's health and the
+plugin's counters, on a MeterProvider of its own built exactly as ``mycroft-otel
+agent`` builds it (OTEL_METRICS_EXPORTER, default otlp; ``none`` turns them off).
+Its own because the collective histograms are aggregated in bulk and handed to the
+exporter (meter.MergingExporter), which an application's provider cannot be
+given. ``meter_provider=`` still receives the health and plugin counters;
+``metric_exporter=`` replaces the exporter OTEL_METRICS_EXPORTER names.
 """
 
 from __future__ import annotations
@@ -43,13 +51,18 @@ class NcclInstrumentor(_Base):
     _agent = None
     _thread = None
     _stop = None
+    _provider = None  # the agent's own MeterProvider (None when OTEL_METRICS_EXPORTER=none)
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
+        from opentelemetry import metrics
+
         from mycroft_otel.agent.agent import Agent
         from mycroft_otel.agent.health import register_otel_metrics
+        from mycroft_otel.agent.meter import meter_provider, metrics_config
+        from mycroft_otel.agent.metrics import CollectiveMetrics
         from mycroft_otel.agent.settings import AgentSettings
         from mycroft_otel.paths import plugin_path
 
@@ -59,13 +72,22 @@ class NcclInstrumentor(_Base):
             except FileNotFoundError:
                 pass  # no plugin built: nothing will be recorded, but do not break the application
         settings = kwargs.get("settings") or AgentSettings.from_env(ring_dir=kwargs.get("ring_dir"))
+        mcfg = metrics_config()
+        collective = CollectiveMetrics() if mcfg.enabled else None
         agent = Agent(settings, transport=kwargs.get("transport"),
-                      only_pid=None if kwargs.get("all_rings") else os.getpid())
-        register_otel_metrics(agent.health, kwargs.get("meter_provider"))
+                      only_pid=None if kwargs.get("all_rings") else os.getpid(), metrics=collective)
+        own = None
+        if collective is not None:  # as the node agent (cli.py): collective metrics, health, plugin counters
+            own = meter_provider(mcfg, collective, [("service.name", settings.service_name)],
+                                 exporter=kwargs.get("metric_exporter"))
+        target = kwargs.get("meter_provider") or own or metrics.get_meter_provider()
+        register_otel_metrics(agent.health, target)
+        agent.plugin.register(target)
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), name="mycroft-otel-agent", daemon=True)
         thread.start()
         NcclInstrumentor._agent, NcclInstrumentor._thread, NcclInstrumentor._stop = agent, thread, stop
+        NcclInstrumentor._provider = own
         atexit.register(self._shutdown)
 
     def _shutdown(self) -> None:
@@ -76,7 +98,10 @@ class NcclInstrumentor(_Base):
         thread.join(timeout=5)
         agent.poll_once()  # the last completions
         agent.close()
+        if NcclInstrumentor._provider is not None:
+            NcclInstrumentor._provider.shutdown(timeout_millis=1000)  # a last export of what the final poll added
         NcclInstrumentor._agent = NcclInstrumentor._thread = NcclInstrumentor._stop = None
+        NcclInstrumentor._provider = None
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._shutdown()

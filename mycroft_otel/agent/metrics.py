@@ -3,25 +3,36 @@
 Every completed operation the agent drains from a ring (all of them, not only the sampled ones
 that become spans) is aggregated here, per batch, with numpy: no per-record SDK call, so the
 cost grows with the number of batches and series, not with the collective rate. The aggregates
-are exported by the OpenTelemetry SDK's ``MeterProvider`` and its OTLP metric exporter, configured
-by the standard variables (``OTEL_METRICS_EXPORTER``, ``OTEL_EXPORTER_OTLP_METRICS_*`` /
+are exported by the OpenTelemetry SDK's ``MeterProvider`` and its OTLP metric exporter (built in
+:mod:`.meter`), configured by the standard variables (``OTEL_METRICS_EXPORTER``, ``OTEL_EXPORTER_OTLP_METRICS_*`` /
 ``OTEL_EXPORTER_OTLP_*``, ``OTEL_METRIC_EXPORT_INTERVAL``):
 
 =================================  =========  ==========  =======================================================
 instrument                         type       unit        attributes
 =================================  =========  ==========  =======================================================
-``mycroft.collective.duration``    histogram  ``s``       comm hash, func, size bucket
-``mycroft.collective.bus_bandwidth`` histogram ``By/s``   comm hash, func, size bucket (NCCL's busBw)
-``mycroft.network.wait.time``      counter    ``s``       comm hash, peer rank, direction (send | recv)
-``mycroft.collective.in_flight``   gauge      ``{operation}`` comm hash, rank
-``mycroft.collective.last_sequence`` gauge    ``{collective}`` comm hash, rank, host (the lag gauge)
+``mycroft.collective.duration``    histogram  ``s``       comm, func, size bucket
+``mycroft.collective.bus_bandwidth`` histogram ``By/s``   comm, func, size bucket (NCCL's busBw)
+``mycroft.network.wait.time``      counter    ``s``       comm, peer rank, direction (send | recv)
+``mycroft.collective.in_flight``   gauge      ``{operation}`` comm, rank
+``mycroft.collective.last_sequence`` gauge    ``{collective}`` comm, rank, host (the lag gauge)
 =================================  =========  ==========  =======================================================
+
+"comm" is the communicator's identity on every series: ``mycroft.comm.hash``, ``mycroft.job.id`` (the
+ring's job, when it has one) and ``mycroft.comm.kind`` (``intra_node`` when NCCL counts one node in the
+communicator, ``inter_node`` when more; absent when the plugin could not tell). The job is a data point
+attribute, not a resource attribute, because one node agent serves every job on its node; none of the
+three adds series (a communicator belongs to one job and has one node count). The node is the resource:
+``host.name`` and ``service.instance.id`` (the ``instance`` label in Prometheus).
 
 The histograms are cumulative explicit-bucket histograms (whatever temporality the exporter
 prefers) aggregated here and handed to the
 exporter beside the SDK's own instruments (:class:`MergingExporter`), because the SDK's
 ``Histogram.record`` costs microseconds per value; the counter and gauges are SDK observable
 instruments reading plain integers.
+
+The duration histogram's exemplars are the operations the agent exported as spans (trace id and
+op span id, the latest per bucket): a link from a bucket to a trace the backend holds, where a
+trace-id label would make a series per collective.
 
 Cardinality is bounded per agent (one node): at most ``MAX_COMMS`` communicators, ``MAX_RANKS``
 (communicator, rank) pairs for the gauges and ``MAX_PEERS`` peers per communicator. What is over a
@@ -33,19 +44,17 @@ a few sizes), network wait 64 × 64 × 2, the gauges 512 each.
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent import spans as sp
 from mycroft_otel.agent.source import RingSource
-from mycroft_otel.config import ConfigError
 
 SCOPE_NAME = "mycroft_otel.agent.collectives"
 
@@ -64,6 +73,8 @@ ATTR_SIZE = "mycroft.coll.size_bucket"
 ATTR_PEER = sc.FLOW_PEER
 ATTR_DIRECTION = sc.FLOW_DIRECTION
 ATTR_OVERFLOW = "otel.metric.overflow"
+ATTR_JOB = sc.JOB_ID
+ATTR_KIND = sc.COMM_KIND
 
 MAX_COMMS = 64
 MAX_RANKS = 512
@@ -92,8 +103,24 @@ _OVERFLOW_ATTRS = {ATTR_OVERFLOW: True}
 _UNKNOWN_FUNC = 255
 _BINCOUNT_MAX = 1 << 16  # (peer, direction) keys below this are counted with bincount
 
-EXPORTERS = ("otlp", "console", "none")
-_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def comm_kind(nnodes: int) -> str | None:
+    """``intra_node`` / ``inter_node`` from NCCL's node count of the communicator; None when unknown (<= 0)."""
+    if nnodes <= 0:
+        return None
+    return sc.COMM_KIND_INTRA_NODE if nnodes == 1 else sc.COMM_KIND_INTER_NODE
+
+
+def comm_attributes(src: RingSource) -> dict[str, Any]:
+    """The communicator's identity on every series: hash, job id (if any), kind (if known)."""
+    attrs: dict[str, Any] = {ATTR_COMM: src.comm_hex}
+    if src.job_id:
+        attrs[ATTR_JOB] = src.job_id
+    kind = comm_kind(src.nnodes)
+    if kind is not None:
+        attrs[ATTR_KIND] = kind
+    return attrs
 
 
 def size_bucket(nbytes: int) -> str:
@@ -109,6 +136,9 @@ class _Hist:
     total: float = 0.0
     lo: float = float("inf")
     hi: float = float("-inf")
+    # bucket -> (value, unix ns, trace id, span id) of the last exported operation that fell in it (the SDK's
+    # aligned-bucket exemplar reservoir: at most one exemplar per bucket, the latest)
+    exemplars: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.counts is None:
@@ -148,6 +178,7 @@ class CollectiveMetrics:
         self._overflow = _Comm(dict(_OVERFLOW_ATTRS))
         self._last_seq: dict[tuple[str, int], tuple[int, str]] = {}   # (comm, rank) -> (seq, host)
         self._inflight: dict[tuple[str, int], int] = {}
+        self._rank_attrs: dict[tuple[str, int], dict[str, Any]] = {}  # (comm, rank) -> the gauges' attributes
         self.records = 0
         if meter_provider is not None:
             self.register(meter_provider)
@@ -203,7 +234,7 @@ class CollectiveMetrics:
         last = int(ops["seq"][coll].max()) if coll.any() else -1
         with self._lock:
             self.records += n
-            c = self._comm(src.comm_hex)
+            c = self._comm(src)
             for k in groups:
                 sel = ok if len(groups) == 1 else ok & (key == k)
                 if not sel.any():
@@ -230,6 +261,35 @@ class CollectiveMetrics:
                 if rk is not None and last > self._last_seq.get(rk, (-1, ""))[0]:
                     self._last_seq[rk] = (last, src.host)
 
+    def exemplars(self, src: RingSource, recs: np.ndarray, traces: Sequence[int]) -> None:
+        """Attach exported operations to the duration histogram as exemplars (their trace id and op span id).
+
+        Only operations the agent exported as spans: an exemplar links to a trace the backend holds
+        (a trace id as a label would make a series per collective; an exemplar costs nothing per series).
+        Called after :meth:`record` of the same batch, so the series exist.
+        """
+        if not len(recs):
+            return
+        ops = recs["op"]
+        begin = ops["start_ns"].astype(np.int64)
+        begin = np.where(begin > 0, begin, ops["api_ns"].astype(np.int64))
+        end = ops["end_ns"].astype(np.int64)
+        func = ops["func"].astype(np.int64)
+        func[func >= len(sp.FUNC_NAMES)] = _UNKNOWN_FUNC
+        size = np.searchsorted(_SIZE_EDGES, ops["bytes"], side="left")
+        with self._lock:
+            c = self._comms.get(src.comm_hex)
+            if c is None:  # over the communicator cap: the overflow series carries no exemplars
+                return
+            for i in range(len(recs)):
+                b, e = int(begin[i]), int(end[i])
+                h = c.duration.get((int(func[i]), int(size[i])))
+                if h is None or b <= 0 or e < b:
+                    continue
+                v = (e - b) * 1e-9
+                bucket = int(np.searchsorted(h.bounds, v, side="left"))
+                h.exemplars[bucket] = (v, src.to_real(e), int(traces[i]), ids.span_id(traces[i], src.rank, sc.ROLE_OP))
+
     def in_flight(self, src: RingSource, count: int) -> None:
         """Operations of this ring currently in flight (the live table's occupied slots)."""
         with self._lock:
@@ -237,17 +297,20 @@ class CollectiveMetrics:
             if rk is not None:
                 self._inflight[rk] = int(count)
 
-    def _comm(self, comm: str) -> _Comm:
-        c = self._comms.get(comm)
+    def _comm(self, src: RingSource) -> _Comm:
+        c = self._comms.get(src.comm_hex)
         if c is None:
             if len(self._comms) >= self.max_comms:
                 return self._overflow
-            c = self._comms[comm] = _Comm({ATTR_COMM: comm})
+            c = self._comms[src.comm_hex] = _Comm(comm_attributes(src))
         return c
 
     def _rank_key(self, src: RingSource) -> tuple[str, int] | None:
         k = (src.comm_hex, src.rank)
-        if k in self._last_seq or k in self._inflight or len(self._last_seq) < self.max_ranks:
+        if k in self._rank_attrs:
+            return k
+        if len(self._rank_attrs) < self.max_ranks:
+            self._rank_attrs[k] = {**comm_attributes(src), ATTR_RANK: src.rank}
             return k
         return None  # over the cap: not reported (a gauge cannot be summed into an overflow series)
 
@@ -274,12 +337,11 @@ class CollectiveMetrics:
 
         def inflight(_options: Any) -> Iterable[Observation]:
             with self._lock:
-                return [Observation(v, {ATTR_COMM: c, ATTR_RANK: r}) for (c, r), v in self._inflight.items()]
+                return [Observation(v, self._rank_attrs[k]) for k, v in self._inflight.items()]
 
         def last_seq(_options: Any) -> Iterable[Observation]:
             with self._lock:
-                return [Observation(s, {ATTR_COMM: c, ATTR_RANK: r, ATTR_HOST: h})
-                        for (c, r), (s, h) in self._last_seq.items()]
+                return [Observation(s, {**self._rank_attrs[k], ATTR_HOST: h}) for k, (s, h) in self._last_seq.items()]
 
         meter.create_observable_counter(NETWORK_WAIT, [waits], unit="s",
                                         description="time flows waited on the network, per peer and direction")
@@ -290,6 +352,7 @@ class CollectiveMetrics:
 
     def histograms(self, now_ns: int | None = None) -> list:
         """The two histograms as SDK ``Metric`` objects (cumulative), for :class:`MergingExporter`."""
+        from opentelemetry.sdk.metrics import Exemplar
         from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
 
         now_ns = now_ns or time.time_ns()
@@ -308,129 +371,11 @@ class CollectiveMetrics:
                         points.append(HistogramDataPoint(
                             attributes=attrs, start_time_unix_nano=self.start_ns, time_unix_nano=now_ns,
                             count=int(h.counts.sum()), sum=h.total, bucket_counts=h.counts.tolist(),
-                            explicit_bounds=list(map(float, h.bounds)), min=h.lo, max=h.hi))
+                            explicit_bounds=list(map(float, h.bounds)), min=h.lo, max=h.hi,
+                            exemplars=[Exemplar({}, v, t, span_id=sid, trace_id=tid)
+                                       for _, (v, t, tid, sid) in sorted(h.exemplars.items())]))
             if points:
                 out.append(Metric(name=name, description=desc, unit=unit,
                                   data=Histogram(data_points=points,
                                                  aggregation_temporality=AggregationTemporality.CUMULATIVE)))
         return out
-
-
-def _exporter_base() -> type:
-    from opentelemetry.sdk.metrics.export import MetricExporter
-
-    return MetricExporter
-
-
-class MergingExporter(_exporter_base()):  # type: ignore[misc]
-    """A ``MetricExporter`` that adds the collective histograms to each export of the SDK's reader.
-
-    Wraps the real exporter (OTLP, console); the PeriodicExportingMetricReader drives it, so the
-    export interval, timeout and shutdown are the SDK's.
-    """
-
-    def __init__(self, inner: Any, metrics: CollectiveMetrics, resource: Any):
-        super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
-                         preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
-        self.inner = inner
-        self.metrics = metrics
-        self.resource = resource
-
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
-        from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-        import mycroft_otel
-
-        hist = self.metrics.histograms()
-        if hist:
-            scope = ScopeMetrics(InstrumentationScope(SCOPE_NAME, mycroft_otel.__version__), hist, "")
-            rms = list(metrics_data.resource_metrics) if metrics_data is not None else []
-            if rms:
-                first = rms[0]
-                rms[0] = ResourceMetrics(first.resource, [*first.scope_metrics, scope], first.schema_url)
-            else:
-                rms = [ResourceMetrics(self.resource, [scope], "")]
-            metrics_data = MetricsData(rms)
-        return self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """What OTEL_METRICS_EXPORTER and friends ask for, checked once."""
-    exporter: str = "none"
-    protocol: str = "grpc"
-    interval_ms: int = 60_000
-
-    @property
-    def enabled(self) -> bool:
-        return self.exporter != "none"
-
-
-def metrics_config(env: Mapping[str, str] | None = None) -> MetricsConfig:
-    """Validate OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRIC_EXPORT_INTERVAL.
-
-    The agent exports metrics only when asked (OTEL_METRICS_EXPORTER=otlp or console): its
-    default pipeline (agent → gateway) carries spans, and a gateway without a metrics pipeline
-    would reject every metrics request.
-    """
-    env = os.environ if env is None else env
-
-    def get(name: str) -> str | None:
-        v = env.get(name)
-        return v.strip() if v is not None and v.strip() else None
-
-    names = [x.strip().lower() for x in (get("OTEL_METRICS_EXPORTER") or "none").split(",") if x.strip()]
-    bad = [x for x in names if x not in EXPORTERS]
-    if bad or not names:
-        raise ConfigError(f"OTEL_METRICS_EXPORTER={get('OTEL_METRICS_EXPORTER')!r} must be one of "
-                          f"{', '.join(EXPORTERS)}")
-    exporter = "otlp" if "otlp" in names else "console" if "console" in names else "none"
-    var = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL" if get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") else \
-        "OTEL_EXPORTER_OTLP_PROTOCOL"
-    protocol = get(var) or "grpc"
-    if protocol not in _PROTOCOLS:
-        raise ConfigError(f"{var}={protocol!r} must be one of {', '.join(_PROTOCOLS)} (http/json is not supported)")
-    raw = get("OTEL_METRIC_EXPORT_INTERVAL")
-    interval = 60_000
-    if raw is not None:
-        try:
-            interval = int(raw)
-        except ValueError:
-            raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={raw!r} is not an integer (milliseconds)") from None
-        if not 100 <= interval <= 86_400_000:
-            raise ConfigError(f"OTEL_METRIC_EXPORT_INTERVAL={raw!r} is out of range [100, 86400000] ms")
-    return MetricsConfig(exporter, protocol, interval)
-
-
-def meter_provider(cfg: MetricsConfig, metrics: CollectiveMetrics, resource_attrs: Sequence[tuple[str, Any]] = ()
-                   ) -> Any:
-    """An SDK MeterProvider whose periodic reader exports, per OTEL_*, the SDK's instruments and ``metrics``."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-
-    attrs = dict(resource_attrs)
-    if "service.instance.id" not in OTELResourceDetector().detect().attributes:  # not in OTEL_RESOURCE_ATTRIBUTES
-        # Prometheus' `instance` label: without it two nodes' series of one communicator collide
-        attrs["service.instance.id"] = socket.gethostname()
-    resource = Resource.create(attrs)
-    if cfg.exporter == "console":
-        inner = ConsoleMetricExporter()
-    elif cfg.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        inner = OTLPMetricExporter()
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        inner = OTLPMetricExporter()
-    reader = PeriodicExportingMetricReader(MergingExporter(inner, metrics, resource),
-                                           export_interval_millis=cfg.interval_ms)
-    provider = MeterProvider(resource=resource, metric_readers=[reader])
-    metrics.register(provider)
-    return provider

@@ -252,6 +252,16 @@ class LocalStack:
             raise StackError(f"prometheus query {promql!r} failed: {doc}")
         return doc["data"]["result"]
 
+    def prometheus_exemplars(self, promql: str, window_s: float = 3600.0) -> list[dict]:
+        """Exemplars of the series ``promql`` selects over the last ``window_s`` (/api/v1/query_exemplars)."""
+        now = time.time()
+        q = urllib.parse.urlencode({"query": promql, "start": now - window_s, "end": now})
+        with urllib.request.urlopen(f"{self.prometheus_url}/api/v1/query_exemplars?{q}", timeout=5) as resp:  # noqa: S310
+            doc = json.load(resp)
+        if doc.get("status") != "success":
+            raise StackError(f"prometheus exemplar query {promql!r} failed: {doc}")
+        return doc["data"] or []
+
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> "LocalStack":
         self.start()
@@ -415,6 +425,7 @@ class LocalStack:
             f"--web.listen-address={LOOPBACK}:{self.ports['prom']}",
             "--web.enable-remote-write-receiver",
             "--web.enable-lifecycle",
+            "--enable-feature=exemplar-storage",  # trace ids of the duration histograms (/api/v1/query_exemplars)
         ]
         url = f"http://{LOOPBACK}:{self.ports['prom']}/-/ready"
         self._spawn("prometheus", argv, {}, lambda: http_ok(url))

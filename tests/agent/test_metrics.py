@@ -8,6 +8,7 @@ from opentelemetry.sdk.metrics.export import (AggregationTemporality, MetricExpo
                                               PeriodicExportingMetricReader)
 from opentelemetry.sdk.resources import Resource
 
+from mycroft_otel.agent import meter
 from mycroft_otel.agent import metrics as am
 from mycroft_otel.config import ConfigError
 from agent_helpers import make_agent
@@ -37,7 +38,7 @@ class Capture(MetricExporter):
 def _pipeline(cm: am.CollectiveMetrics):
     cap = Capture()
     resource = Resource.create({"service.name": "agent-test"})
-    reader = PeriodicExportingMetricReader(am.MergingExporter(cap, cm, resource), export_interval_millis=3_600_000)
+    reader = PeriodicExportingMetricReader(meter.MergingExporter(cap, cm, resource), export_interval_millis=3_600_000)
     provider = MeterProvider(resource=resource, metric_readers=[reader])
     cm.register(provider)
     return provider, cap
@@ -135,6 +136,42 @@ def test_allgather_busbw_is_per_rank_bytes_times_n_minus_1(tmp_path, otel_env):
     assert bw.sum == pytest.approx(7 * (4 << 20) / (2e-3 - 1e-6))
 
 
+def test_every_series_names_its_job_and_communicator_kind(tmp_path, otel_env):
+    """Job id and where the communicator's ranks are (NCCL's node count) on every collective series."""
+    FakeRing(tmp_path / "tp", rank=0, nranks=8, comm_hash=0x11, job_id="job-7", nnodes=1).op_done()
+    FakeRing(tmp_path / "dp", rank=0, nranks=4, comm_hash=0x22, job_id="job-7", nnodes=4).op_done()
+    FakeRing(tmp_path / "unk", rank=0, nranks=2, comm_hash=0x33, job_id="job-7", nnodes=0).op_done()
+    cm = am.CollectiveMetrics()
+    provider, cap = _pipeline(cm)
+    try:
+        _poll(tmp_path, cm)
+        provider.force_flush()
+        got = _metrics(cap)
+    finally:
+        provider.shutdown()
+    kinds = {"0000000000000011": "intra_node", "0000000000000022": "inter_node", "0000000000000033": None}
+    for name in (am.DURATION, am.BUS_BANDWIDTH, am.NETWORK_WAIT, am.IN_FLIGHT, am.LAST_SEQUENCE):
+        points = got[name].data.data_points
+        assert {p.attributes[am.ATTR_COMM] for p in points} == set(kinds), name
+        for p in points:
+            assert p.attributes[am.ATTR_JOB] == "job-7", name
+            assert p.attributes.get(am.ATTR_KIND) == kinds[p.attributes[am.ATTR_COMM]], name
+
+
+def test_the_node_is_the_metrics_resource(monkeypatch):
+    import socket
+
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    attrs = meter.metrics_resource([("service.name", "a")]).attributes
+    assert attrs["host.name"] == socket.gethostname() == attrs["service.instance.id"]
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "host.name=n7")
+    assert meter.metrics_resource().attributes["host.name"] == "n7"  # the operator's word wins
+
+
+def test_comm_kind_from_node_count():
+    assert [am.comm_kind(n) for n in (-1, 0, 1, 2, 64)] == [None, None, "intra_node", "inter_node", "inter_node"]
+
+
 def test_size_buckets():
     assert am.size_bucket(0) == "1KiB" and am.size_bucket(1024) == "1KiB" and am.size_bucket(1025) == "4KiB"
     assert am.size_bucket(1 << 20) == "1MiB" and am.size_bucket(4 << 30) == "4GiB"
@@ -150,12 +187,16 @@ def test_size_buckets():
 ])
 def test_bad_settings_are_named(env, match):
     with pytest.raises(ConfigError, match=match):
-        am.metrics_config(env)
+        meter.metrics_config(env)
 
 
 def test_settings():
-    assert not am.metrics_config({}).enabled
-    cfg = am.metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+    # the OpenTelemetry specification's default exporter is otlp; none turns metrics off
+    assert meter.metrics_config({}).exporter == "otlp" and meter.metrics_config({}).enabled
+    assert meter.MetricsConfig().exporter == "otlp"
+    assert not meter.metrics_config({"OTEL_METRICS_EXPORTER": "none"}).enabled
+    assert meter.metrics_config({"OTEL_METRICS_EXPORTER": "console"}).exporter == "console"
+    cfg = meter.metrics_config({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
                              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
     assert (cfg.exporter, cfg.protocol, cfg.interval_ms) == ("otlp", "http/protobuf", 1000)
 
@@ -192,3 +233,82 @@ def test_hostile_records_stay_bounded(tmp_path, otel_env):
     assert {p.attributes[am.ATTR_SIZE] for p in dur.data.data_points} == {"inf"}
     waits = cm._comms["5f3a9c0e12ab44d1"].net_wait_ns
     assert len(waits) <= 2 * 8 + 1 and (-1, -1) in waits  # capped, the rest in the overflow series
+
+
+def test_instrument_exports_the_agents_collective_metrics(tmp_path, otel_env, monkeypatch):
+    """instrument() (in-process) exports what `mycroft-otel agent` does: collective, health and plugin metrics."""
+    import time
+
+    import mycroft_otel.agent.agent as agent_mod
+    from agent_shm import FakeReader
+    from mycroft_otel.agent import plugin_counters as pc
+    from mycroft_otel.agent.instrumentor import NcclInstrumentor
+    from mycroft_otel.agent.settings import AgentSettings
+
+    monkeypatch.setenv("NCCL_PROFILER_PLUGIN", "/nonexistent")  # keep the process's own setting untouched
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")  # only the shutdown's export
+    monkeypatch.setattr(agent_mod, "default_reader_factory", FakeReader)
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2, job_id="job-9")
+    env = dict(__import__("os").environ, MYCROFT_RING_DIR=str(tmp_path), MYCROFT_POLL_MS="20",
+               MYCROFT_STATE_DIR=str(tmp_path.parent / (tmp_path.name + ".state")))
+    cap = Capture()
+    inst = NcclInstrumentor()
+    inst.instrument(settings=AgentSettings.from_env(env), metric_exporter=cap)
+    try:
+        for _ in range(3):
+            ring.op_done()
+        deadline = time.monotonic() + 10
+        while inst.agent.health.records_read < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        inst.uninstrument()
+    got = _metrics(cap)
+    dur = got[am.DURATION].data.data_points
+    assert sum(p.count for p in dur) == 3 and {p.attributes[am.ATTR_JOB] for p in dur} == {"job-9"}
+    assert am.LAST_SEQUENCE in got and am.NETWORK_WAIT in got
+    assert got["mycroft.agent.records_read"].data.data_points[0].value == 3
+    assert pc.UNTRACKED_OPERATIONS in got and pc.BAD_HANDLES in got
+
+
+def test_duration_exemplars_link_exported_spans_not_labels(tmp_path, otel_env):
+    """Exported operations are the duration histogram's exemplars (trace id + op span id); unexported are not."""
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    for _ in range(3):
+        ring.op_done(dur_ns=1_000_000, count=1 << 18)
+    ring.op_done(dur_ns=3_000_000_000, func=BROADCAST, count=1 << 10)
+    cm = am.CollectiveMetrics()
+    agent = make_agent(tmp_path, sample_ratio=1.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+        assert agent.queue.flush(10)
+    finally:
+        agent.close()
+    spans = {(s["trace_id"], s["span_id"]) for s in otel_env.sink.spans if s["name"].startswith("nccl.")}
+    points = {p.attributes[am.ATTR_FUNC]: p for p in cm.histograms()[0].data.data_points}
+    ar, bc = points["AllReduce"], points["Broadcast"]
+    assert len(ar.exemplars) == 1 and len(bc.exemplars) == 1  # one per bucket: the latest there
+    for p in (ar, bc):
+        ex = p.exemplars[0]
+        assert (ex.trace_id, ex.span_id) in spans and not ex.filtered_attributes
+        assert ex.time_unix_nano > 1_600_000_000 * 10 ** 9  # wall-clock time, not the ring's monotonic clock
+        assert not {k for k in p.attributes if "trace" in k}
+    assert bc.exemplars[0].value == pytest.approx(3.0 - 1e-6)
+    assert cm.histograms()[1].data.data_points[0].exemplars == []  # bandwidth: none (duration carries them)
+
+
+def test_unexported_operations_are_no_exemplars(tmp_path, otel_env):
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=2)
+    for _ in range(3):
+        ring.op_done()
+    cm = am.CollectiveMetrics()
+    agent = make_agent(tmp_path, sample_ratio=0.0)
+    agent.metrics = cm
+    try:
+        agent.poll_once()
+        kept = agent.health.spans_built
+    finally:
+        agent.close()
+    points = cm.histograms()[0].data.data_points
+    assert sum(p.count for p in points) == 3
+    assert kept == 0 and sum(len(p.exemplars) for p in points) == 0, kept

@@ -217,13 +217,27 @@ def test_health_as_otel_metrics():
     from mycroft_otel.agent.health import Health, register_otel_metrics
 
     reader = InMemoryMetricReader()
-    h = Health(records_read=11, export_errors=2, queue_spans=5)
+    h = Health(records_read=11, export_errors=2, queue_spans=5, export_lag_s=1.5)
     register_otel_metrics(h, MeterProvider(metric_readers=[reader]))
     data = reader.get_metrics_data()
-    got = {m.name: m.data.data_points[0].value for rm in data.resource_metrics for sm in rm.scope_metrics
-           for m in sm.metrics}
+    metrics = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    got = {name: m.data.data_points[0].value for name, m in metrics.items()}
     assert got["mycroft.agent.records_read"] == 11 and got["mycroft.agent.export_errors"] == 2
     assert got["mycroft.agent.queue_spans"] == 5
+    # units in the unit field, not in the name
+    assert got["mycroft.agent.export_lag"] == 1.5 and metrics["mycroft.agent.export_lag"].unit == "s"
+    assert metrics["mycroft.agent.poll_duration"].unit == "s" and metrics["mycroft.agent.records_read"].unit == "{record}"
+    assert not [n for n in metrics if n.endswith("_s")]
+    assert all(m.unit for m in metrics.values())
+
+
+def test_health_prometheus_names_follow_the_otel_rules():
+    """The agent's own /metrics names are what the gateway's exporter makes of the OTel instruments."""
+    from mycroft_otel.agent.health import Health
+
+    text = Health(export_lag_s=0.25, polls=3).prometheus_text()
+    assert "mycroft_agent_export_lag_seconds 0.25" in text and "mycroft_agent_poll_duration_seconds 0.0" in text
+    assert "mycroft_agent_polls_total 3" in text and "_s " not in text
 
 
 def test_local_peers_of_an_anomalous_collective_are_exported(tmp_path, otel_env):

@@ -80,3 +80,12 @@ def test_agent_metrics_reach_prometheus_and_collective_health_queries_return_dat
     ranks = [r["metric"]["mycroft_rank"] for r in seqs]
     assert len(ranks) >= 2 and len(set(ranks)) == len(ranks), seqs
     assert all(r["metric"].get("host_name") for r in seqs)
+    # every collective series names its job and where its ranks are (4 nodes: inter_node)
+    dur = stack.prometheus_query(f'mycroft_collective_duration_seconds_count{{mycroft_comm_hash="{comm}"}}')
+    assert dur and all(r["metric"].get("mycroft_job_id") and r["metric"].get("mycroft_comm_kind") for r in dur), dur
+    # the exported operations' trace ids are exemplars of the duration histogram, never labels
+    assert not [r for r in dur if any("trace" in k for k in r["metric"])]
+    ex = wait_until(lambda: stack.prometheus_exemplars('mycroft_collective_duration_seconds_bucket{job="mycroft-agent"}')
+                    or None, 30, "exemplars of the duration histogram")  # fmt: skip
+    points = [e for series in ex for e in series["exemplars"]]
+    assert points and all(len(e["labels"].get("trace_id", "")) == 32 for e in points), ex[:2]

@@ -73,7 +73,7 @@ def test_a_jobs_spans_all_go_out_beside_four_stalled_rings_and_12000_junk_files(
             for _ in range(VICTIM_OPS // 20):
                 victim.op_done()
             time.sleep(0.25)
-            worst_poll = max(worst_poll, agent.metrics()["poll_duration_s"])
+            worst_poll = max(worst_poll, agent.metrics()["poll_duration_seconds"])
         victim_hex = ids.comm_hash_hex(VICTIM_COMM)
 
         def victim_ops(spans):

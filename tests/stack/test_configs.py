@@ -84,7 +84,11 @@ def test_gateway_serves_agent_metrics_and_root_cause_counts_to_prometheus():
     assert pipes["metrics/agents"]["receivers"] == ["otlp"] and pipes["metrics/agents"]["exporters"] == ["prometheus"]
     dims = {d["name"] for d in cfg["connectors"]["spanmetrics/rootcause"]["dimensions"]}
     from mycroft_otel import semconv as sc
-    assert {sc.RCA_KIND, sc.RCA_CATEGORY, sc.RCA_CULPRIT_HOSTS, sc.RCA_EVIDENCE, sc.RCA_TRACE_ID} <= dims
+    assert {sc.RCA_KIND, sc.RCA_CATEGORY, sc.RCA_CULPRIT_HOSTS} <= dims
+    # a series per verdict is what a trace id or free text as a label makes: the trace id is an exemplar
+    assert not dims & {sc.RCA_EVIDENCE, sc.RCA_TRACE_ID}
+    assert cfg["connectors"]["spanmetrics/rootcause"]["exemplars"]["enabled"] is True
+    assert cfg["exporters"]["prometheus"]["enable_open_metrics"] is True  # exemplars are OpenMetrics-only
     prom = yaml.safe_load((CONF / "prometheus.yml").read_text())
     assert "otelcol-gateway-metrics" in {j["job_name"] for j in prom["scrape_configs"]}
 
