@@ -3,8 +3,9 @@
     python -m mycroft_otel.grafana.dashboards            # regenerate dashboards/*.json
     python -m mycroft_otel.grafana.dashboards --check    # exit 1 if a committed file differs
 
-Three dashboards: ``mycroft-overview`` (root causes, their spans in Tempo and in Jaeger,
-detection latency, processor health), ``mycroft-collective`` (one collective's trace) and
+Four dashboards: ``mycroft-overview`` (root causes, their spans in Tempo and in Jaeger,
+detection latency, processor health), ``mycroft-collective`` (one collective's trace, Tempo),
+``mycroft-jaeger`` (the root causes and their drill-down for a Jaeger trace store) and
 ``mycroft-collective-health`` (the agents' collective metrics: duration quantiles, bus
 bandwidth, per-peer network wait, in flight, the laggiest ranks). The SDK is the build for
 Grafana 11.6 (schemaVersion 41); Grafana 11.x and 12.x import it (12 migrates the schema on
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,7 +66,9 @@ PEER_L, DIR_L, SIZE_L = "mycroft_flow_peer", "mycroft_flow_direction", "mycroft_
 
 
 class JaegerQuery(variants.Dataquery):
-    """A Jaeger datasource search (the SDK has no Jaeger query type): service, operation, tags."""
+    """A Jaeger datasource search (the SDK has no Jaeger query type): service, operation, tags (logfmt, which
+    Grafana turns into the JSON ``tags`` parameter of Jaeger's GET /api/traces). Grafana's answer is one row per
+    trace (traceID, traceName, startTime, duration): no span tags."""
 
     def __init__(self, ref_id: str, service: str, operation: str, tags: str = "", limit: int = 50):
         self.ref_id, self.service, self.operation, self.tags, self.limit = ref_id, service, operation, tags, limit
@@ -75,6 +79,17 @@ class JaegerQuery(variants.Dataquery):
         if self.tags:
             out["tags"] = self.tags
         return out
+
+
+class JaegerTraceQuery(variants.Dataquery):
+    """A Jaeger datasource trace-ID query (no queryType): GET /api/traces/<id>, one row per span with its
+    serviceName, operationName and ``tags`` (a JSON array of {key, type, value})."""
+
+    def __init__(self, ref_id: str, trace_id: str):
+        self.ref_id, self.trace_id = ref_id, trace_id
+
+    def to_json(self) -> dict[str, Any]:
+        return {"refId": self.ref_id, "datasource": JAEGER.to_json(), "query": self.trace_id}
 
 
 class _Built:
@@ -169,11 +184,56 @@ RCA_SELECT = ("select(" + ", ".join(f"span.{k}" for k in (
 COLLECTIVE_LINK = "/d/mycroft-collective/mycroft-collective?var-trace_id=${__value.raw}&${__url_time_range}"
 
 
-def _trace_links(*fields: str) -> list[dm.DashboardFieldConfigSourceOverrides]:
-    link = [{"title": "Open in mycroft collective", "url": COLLECTIVE_LINK}]
+def _field_links(fields: Sequence[str], links: list[dict]) -> list[dm.DashboardFieldConfigSourceOverrides]:
     return [dm.DashboardFieldConfigSourceOverrides(matcher=dm.MatcherConfig(id_val="byName", options=f),
-                                                   properties=[dm.DynamicConfigValue(id_val="links", value=link)])
+                                                   properties=[dm.DynamicConfigValue(id_val="links", value=links)])
             for f in fields]
+
+
+def _trace_links(*fields: str) -> list[dm.DashboardFieldConfigSourceOverrides]:
+    return _field_links(fields, [{"title": "Open in mycroft collective", "url": COLLECTIVE_LINK}])
+
+
+# --- Jaeger: what Grafana's Jaeger datasource returns (field names of its data frames) and the links out of it
+JAEGER_TRACE_FIELDS = ("traceID", "Trace ID")  # the search frame's trace id (name, display name)
+JAEGER_DASHBOARD_LINK = "/d/mycroft-jaeger/mycroft-root-causes-jaeger?var-trace_id=${__value.raw}&${__url_time_range}"
+JAEGER_SELF_LINK = JAEGER_DASHBOARD_LINK + "&${service:queryparam}&${tags:queryparam}&${jaeger_ui:queryparam}"
+# Grafana 10.2+ Explore state (schemaVersion 1, one pane): the Jaeger datasource's trace-ID query
+_EXPLORE_PANE = json.dumps({"jaeger": {"datasource": JAEGER.uid, "queries": [
+    {"refId": "A", "datasource": {"type": "jaeger", "uid": JAEGER.uid}, "query": "${__value.raw}"}],
+    "range": {"from": "${__from}", "to": "${__to}"}}}, separators=(",", ":"), sort_keys=True)
+JAEGER_EXPLORE_LINK = "/explore?schemaVersion=1&panes=" + urllib.parse.quote(_EXPLORE_PANE, safe="${}")
+JAEGER_UI_LINK = "${jaeger_ui}/trace/${__value.raw}"
+#: the root-cause span's tags shown as columns of the verdict table (Jaeger key -> column)
+JAEGER_VERDICT_COLUMNS = {sc.RCA_KIND: "kind", sc.RCA_CATEGORY: "category",
+                          sc.RCA_CULPRIT_GLOBAL_RANKS: "culprit global ranks", sc.RCA_CULPRIT_HOSTS: "culprit hosts",
+                          sc.RCA_CULPRIT_RANKS: "culprit ranks (communicator)",
+                          sc.RCA_CULPRIT_CHANNEL: "channel", sc.RCA_CULPRIT_PEER: "peer",
+                          sc.RCA_CONFIDENCE: "confidence", sc.RCA_EVIDENCE: "evidence", sc.COMM_HASH: "communicator",
+                          sc.COLL_FUNC: "function", sc.COLL_SEQ: "sequence"}
+
+
+def _transform(kind: str, options: dict) -> dm.DataTransformerConfig:
+    return dm.DataTransformerConfig(id_val=kind, options=options)
+
+
+def jaeger_tag_columns() -> list[dm.DataTransformerConfig]:
+    """A trace-ID answer (one row per span, ``tags`` an array of {key, type, value} that Jaeger sorts by key)
+    to one row per verdict with a column per tag, keyed by the tag's name, never its position (optional tags
+    such as the culprit's hosts move the others): keep the root-cause span, spread its tags into fields,
+    transpose them into rows, split each into key/type/value, then make the keys the columns."""
+    return [
+        _transform("filterByValue", {"type": "include", "match": "any", "filters": [
+            {"fieldName": "operationName", "config": {"id": "equal", "options": {"value": sc.ROOT_CAUSE_SPAN}}}]}),
+        _transform("extractFields", {"source": "tags", "format": "json", "replace": True}),
+        _transform("transpose", {}),
+        _transform("extractFields", {"source": "Value", "format": "json", "replace": True}),
+        _transform("rowsToFields", {"mappings": [{"fieldName": "key", "handlerKey": "field.name"},
+                                                 {"fieldName": "value", "handlerKey": "field.value"}]}),
+        _transform("organize", {"includeByName": {k: True for k in JAEGER_VERDICT_COLUMNS},
+                                "indexByName": {k: i for i, k in enumerate(JAEGER_VERDICT_COLUMNS)},
+                                "renameByName": dict(JAEGER_VERDICT_COLUMNS)}),
+    ]
 
 
 # --- the dashboards -------------------------------------------------------------------------------
@@ -220,7 +280,8 @@ def overview() -> db.Dashboard:
               "The same verdicts from a Jaeger datasource (the trace store the project tests against): a search "
               f"for {sc.ROOT_CAUSE_SPAN} spans of service {PROCESSOR_SERVICE}; the trace id opens the drill-down.",
               (0, 23, 24, 8), [_Built(JaegerQuery("A", PROCESSOR_SERVICE, sc.ROOT_CAUSE_SPAN))], ds=JAEGER,
-              overrides=_trace_links("traceID", "Trace ID")),
+              overrides=_field_links(JAEGER_TRACE_FIELDS, [{"title": "Open in mycroft root causes (Jaeger)",
+                                                            "url": JAEGER_DASHBOARD_LINK}])),
         row(8, "Detection latency", 31),
         panel("bargauge", 9, "Detection latency in range (p50 / p90 / p99)",
               "From the estimated fault onset to the verdict, over the dashboard's range (Mycroft's anchor: 90% "
@@ -306,6 +367,44 @@ def collective() -> db.Dashboard:
     return d
 
 
+def jaeger_root_causes() -> db.Dashboard:
+    """The overview's root-cause spans and the collective drill-down, for a Jaeger trace store (Grafana's Jaeger
+    datasource: search, then trace by id; no TraceQL)."""
+    d = base("mycroft-jaeger", "mycroft root causes (Jaeger)",
+             f"The processors' {sc.ROOT_CAUSE_SPAN} spans in Jaeger: the list (a Jaeger search), the verdict of "
+             "the chosen trace with its culprit, and that collective's trace (every rank, one trace).", "30s")
+    d = d.with_variable(db.TextBoxVariable("service").label("processor service").default_value(PROCESSOR_SERVICE)
+                        .description("service.name of the processors (their OTEL_SERVICE_NAME)"))
+    d = d.with_variable(db.TextBoxVariable("tags").label("tags").default_value("").description(
+        f"Jaeger tag filter, logfmt, exact values: {sc.RCA_CATEGORY}=gpu_stalled {sc.RCA_KIND}=hang "
+        f"{sc.COMM_HASH}=<16 hex digits>"))
+    d = d.with_variable(db.TextBoxVariable("trace_id").label("trace id").default_value("").description(
+        "32 hex digits: the collective's trace (a row's link below fills it)"))
+    d = d.with_variable(db.TextBoxVariable("jaeger_ui").label("Jaeger UI").default_value("http://localhost:16686")
+                        .description("base URL of Jaeger's own UI, for the 'Open in Jaeger UI' links"))
+    links = [{"title": "Show this collective below", "url": JAEGER_SELF_LINK},
+             {"title": "Open in Explore (Jaeger)", "url": JAEGER_EXPLORE_LINK, "targetBlank": True},
+             {"title": "Open in Jaeger UI", "url": JAEGER_UI_LINK, "targetBlank": True}]
+    for p in (
+        panel("table", 1, "Root-cause traces (Jaeger search)",
+              f"Jaeger search: service $service, operation {sc.ROOT_CAUSE_SPAN}, tags $tags. One row per "
+              "collective with a verdict (Grafana's search answer holds no span tags: the verdict's columns are "
+              "in the table below). The trace id shows that collective below, in Explore or in Jaeger's UI.",
+              (0, 0, 24, 9), [_Built(JaegerQuery("A", "${service}", sc.ROOT_CAUSE_SPAN, tags="${tags}"))],
+              ds=JAEGER, overrides=_field_links(JAEGER_TRACE_FIELDS, links)),
+        panel("table", 2, "Verdict of the chosen collective",
+              f"The {sc.ROOT_CAUSE_SPAN} span of trace $trace_id, its tags as columns (empty: choose a row "
+              "above, or this collective has no verdict).", (0, 9, 24, 5),
+              [_Built(JaegerTraceQuery("A", "${trace_id}"))], ds=JAEGER, transformations=jaeger_tag_columns()),
+        panel("traces", 3, "Trace", "Every rank's evidence of the collective in one trace (nccl.* op spans, "
+              "mycroft.inflight snapshots, mycroft.status spans) and the verdict; span references are the "
+              "data dependencies (recv_from / send_to) and the verdict's culprit/evidence.", (0, 14, 24, 16),
+              [_Built(JaegerTraceQuery("A", "${trace_id}"))], ds=JAEGER),
+    ):
+        d = d.with_panel(p)
+    return d
+
+
 def collective_health() -> db.Dashboard:
     """Built on the agents' collective metrics (every completed op, not only the exported spans)."""
     d = base("mycroft-collective-health", "mycroft collective health",
@@ -364,7 +463,7 @@ def collective_health() -> db.Dashboard:
 
 
 DASHBOARDS = {"mycroft-overview.json": overview, "mycroft-collective.json": collective,
-              "mycroft-collective-health.json": collective_health}
+              "mycroft-jaeger.json": jaeger_root_causes, "mycroft-collective-health.json": collective_health}
 
 
 def render(build: Any) -> str:

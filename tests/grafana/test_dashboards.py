@@ -17,7 +17,8 @@ from grafana_helpers import GRAFANA_RULES, PROM_RULES, binary, panels, prom_expr
 
 
 def test_dashboards_exist(dashboards):
-    assert {"mycroft-overview.json", "mycroft-collective.json", "mycroft-collective-health.json"} <= set(dashboards)
+    assert {"mycroft-overview.json", "mycroft-collective.json", "mycroft-jaeger.json",
+            "mycroft-collective-health.json"} <= set(dashboards)
     assert len({d["uid"] for d in dashboards.values()}) == len(dashboards)
 
 
@@ -40,8 +41,9 @@ def test_every_panel_and_target_uses_a_provisioned_datasource(dashboards, dataso
                 assert tds["uid"] in datasource_uids and tds["type"] == datasource_uids[tds["uid"]], where
                 if tds["type"] == "prometheus":
                     assert t.get("expr"), where
-                elif tds["type"] == "jaeger":  # Jaeger's search: service and operation
-                    assert t.get("queryType") == "search" and t.get("service") and t.get("operation"), where
+                elif tds["type"] == "jaeger":  # Jaeger's search (service and operation) or a trace id
+                    assert (t.get("queryType") == "search" and t.get("service") and t.get("operation")) or \
+                        ("queryType" not in t and t.get("query")), where
                 else:
                     assert t.get("query") and t.get("queryType") == "traceql", where
         for v in d["templating"]["list"]:

@@ -60,6 +60,55 @@ def test_jaeger_root_cause_table(dashboards):
     assert (t["service"], t["operation"]) == ("mycroft-processor", "mycroft.root_cause")
 
 
+def test_jaeger_dashboard_is_jaeger_only_and_searches_the_processors_spans(dashboards):
+    """The Jaeger variant: no Tempo query anywhere; the search is service $service (default: the processors'
+    OTEL_SERVICE_NAME of the stack and docker-compose) and operation mycroft.root_cause; the verdict and trace
+    panels query the trace id that the search table's link fills."""
+    import yaml
+
+    from mycroft_otel import semconv
+
+    d = dashboards["mycroft-jaeger.json"]
+    targets = [t for p in d["panels"] for t in p["targets"]]
+    assert {p["datasource"]["type"] for p in d["panels"]} == {"jaeger"}
+    assert {t["datasource"]["uid"] for t in targets} == {"mycroft-jaeger"}
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert set(variables) == {"service", "tags", "trace_id", "jaeger_ui"}
+    compose = yaml.safe_load((REPO / "collector_config" / "docker-compose.yaml").read_text())
+    processor_services = {s["environment"]["OTEL_SERVICE_NAME"] for name, s in compose["services"].items()
+                          if name.startswith("mycroft-processor")}
+    assert processor_services == {variables["service"]["query"]} == {gen.PROCESSOR_SERVICE}
+    runner = (REPO / "mycroft_otel" / "stack" / "runner.py").read_text()
+    assert f'"OTEL_SERVICE_NAME": "{gen.PROCESSOR_SERVICE}"' in runner, "the local stack's processors"
+    (search,) = [t for t in targets if t.get("queryType") == "search"]
+    assert (search["service"], search["operation"], search["tags"]) == ("${service}", semconv.ROOT_CAUSE_SPAN,
+                                                                        "${tags}")
+    assert [t["query"] for t in targets if "queryType" not in t] == ["${trace_id}", "${trace_id}"]
+    assert [p["type"] for p in d["panels"]] == ["table", "table", "traces"]
+    links = {ln["title"]: ln["url"] for o in d["panels"][0]["fieldConfig"]["overrides"] for p in o["properties"]
+             for ln in p["value"]}
+    assert links["Show this collective below"].startswith("/d/mycroft-jaeger/")
+    assert "var-trace_id=${__value.raw}" in links["Show this collective below"]
+    assert links["Open in Jaeger UI"] == "${jaeger_ui}/trace/${__value.raw}"
+    assert "mycroft-jaeger" in links["Open in Explore (Jaeger)"]
+    # the columns are tags of the root-cause span (semconv keys), picked by name after the reshaping
+    verdict = d["panels"][1]
+    assert [t["id"] for t in verdict["transformations"]] == [
+        "filterByValue", "extractFields", "transpose", "extractFields", "rowsToFields", "organize"]
+    keys = {v for k, v in vars(semconv).items() if isinstance(v, str) and k.isupper()}
+    columns = verdict["transformations"][-1]["options"]["renameByName"]
+    assert set(columns) <= keys and {semconv.RCA_CATEGORY, semconv.RCA_CULPRIT_GLOBAL_RANKS,
+                                     semconv.RCA_CULPRIT_HOSTS} <= set(columns)
+
+
+def test_overviews_jaeger_table_opens_the_jaeger_drill_down(dashboards):
+    """The collective dashboard is TraceQL (Tempo); a Jaeger row's link goes to the Jaeger variant."""
+    over = dashboards["mycroft-overview.json"]
+    (table,) = [p for p in over["panels"] if p.get("datasource", {}).get("type") == "jaeger"]
+    urls = [ln["url"] for o in table["fieldConfig"]["overrides"] for p in o["properties"] for ln in p["value"]]
+    assert urls and all(u.startswith("/d/mycroft-jaeger/") and "var-trace_id=${__value.raw}" in u for u in urls)
+
+
 def test_alert_annotations_traceql_parses_with_grafanas_grammar():
     """The `traceql` annotation of each alert (what the on-call pastes into Grafana), templates filled in."""
     import re

@@ -19,7 +19,7 @@ def test_payloads_are_well_formed():
     assert prom["url"] == "http://prom.example:9090" and prom["access"] == "proxy"
     assert p.folder == {"uid": "mycroft-otel", "title": "mycroft-otel"}
     assert {d["dashboard"]["uid"] for d in p.dashboards} == {"mycroft-overview", "mycroft-collective",
-                                                             "mycroft-collective-health"}
+                                                             "mycroft-jaeger", "mycroft-collective-health"}
     for d in p.dashboards:
         assert d["overwrite"] is True and d["folderUid"] == "mycroft-otel" and d["dashboard"]["id"] is None
     assert "MycroftRootCause" in {r["title"] for r in p.rules}
