@@ -186,7 +186,7 @@ def trace_section(t: CollTrace, verdict_index: dict) -> str:
         topo = topology_svg(t, hops, v)
         if topo:
             out.append("<h4>The communicator: culprit and blocked flow</h4>" + topo)
-        heat = heatmap_svg(t, walk_ranks)
+        heat = heatmap_svg(t, walk_ranks, v)
         if heat:
             out.append("<h4>What each rank waited in, over time</h4>" + heat)
         out.append("<h4>Per-flow transfer times</h4>" + transfers_svg(t, v))
