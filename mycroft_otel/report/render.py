@@ -177,7 +177,8 @@ def trace_section(t: CollTrace, verdict_index: dict) -> str:
     hops = t.walk()
     out = [f'<section class="trace" id="t-{t.trace_id}">',
            f"<h3>{esc(t.func)} #{esc(t.seq)} · communicator {esc(t.comm)} · "
-           f"{len(t.ranks)}/{t.nranks} ranks reported · {esc(t.state)}</h3>",
+           f"{len(t.ranks)}/{t.nranks} ranks reported · {esc(t.state)}"
+           + (f" · {t.job_ended} rank(s) ended with the job" if t.job_ended else "") + "</h3>",
            f'<div class="meta mono">trace {esc(t.trace_id)}</div>']
     for v in t.verdicts:
         out.append(f'<p>Verdict {verdict_index[id(v)] + 1}: <b>{esc(v.category)}</b> at {esc(_where(v))}</p>')
