@@ -2,8 +2,8 @@
 per-flow transfer times.
 
 Ring or tree: the flows both sides of each pair report (model.flows_of), drawn in the direction the
-data moves, the culprit and its blocked flows red, the wait chain orange. Heat map: the state each
-rank waited in, from its in-flight snapshots. Transfer times: each flow's time from its first step,
+data moves, the culprit and its blocked flows red, the wait chain orange. Heat map: what each rank
+waited for, as the processor's hang walk reads its evidence at each moment (waits.py). Transfer times: each flow's time from its first step,
 split where it stopped making progress.
 """
 
