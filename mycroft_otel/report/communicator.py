@@ -262,7 +262,6 @@ def heatmap_svg(t: CollTrace, walk_ranks: list[int], verdict=None) -> str:
            f'aria-label="wait states of the ranks over time">']
     seen: set[str] = set()
     for i, (r, _b) in enumerate(rows):
-        rv = t.ranks[r]
         y = TOP + i * RH
         cul = r in culprits
         out.append(f'<text x="4" y="{y + 10}" font-size="10"{_BOLD_RED if cul else ""}>rank {r}'
