@@ -92,7 +92,7 @@ VARS: dict[str, Var] = {
             "An open incident's page resolves when its job sent no span this long, and a slowdown when nothing "
             "was found of it this long (s; a hang resolves when the job moves again).", "processor"),
         Var("MYCROFT_TRACE_UI_URL", "",
-            "Trace UI the page links to: a base URL that /trace/<trace id> is appended to (Jaeger), or a URL "
+            "Trace UI the page and `mycroft-otel report` link to: a base URL that /trace/<trace id> is appended to (Jaeger), or a URL "
             "with {trace_id} in it (Grafana Explore, any UI); empty: no link.", "processor"),
         Var("MYCROFT_MAX_TRACES", "20000", "Traces the processor holds at once; the oldest are evicted.",
             "processor"),

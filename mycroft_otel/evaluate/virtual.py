@@ -129,8 +129,10 @@ def measured_slowdown(sim: Simulation, truth: dict) -> float | None:
 
 
 def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None,
-                 model: TimingModel | None = None, ring_records: int | None = None) -> VirtualOutcome:
-    """``model``: the job's timing model (default the eval model under NCCL's noise; the corpus varies the
+                 model: TimingModel | None = None, ring_records: int | None = None,
+                 record: list | None = None) -> VirtualOutcome:
+    """``record``: a list that receives the run's OTLP traffic as ExportTraceServiceRequest bytes, what the
+    processor received and then its root-cause spans (the input of ``mycroft-otel report``). ``model``: the job's timing model (default the eval model under NCCL's noise; the corpus varies the
     noise and the DP algorithm). ``ring_records``: completions per ring (default the plugin's; a job of
     thousands of contexts needs fewer to fit /dev/shm)."""
     if needs_real_processes(sc):
@@ -170,10 +172,14 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
                 agent.queue.flush()  # the export thread hands its requests over before the processor looks
                 for payload in transport.take():
                     proc.ingest_payload(payload)
+                    if record is not None:
+                        record.append(payload)
                 next_poll += poll_ns
             if t == next_tick:
                 verdicts += proc.tick()
                 next_tick += tick_ns
+        if record is not None and verdicts:
+            record.append(_root_cause_request(verdicts))
         out.truth = (job.truths() or [{"fault": "healthy"}])[0]
         out.verdicts = [Verdict(v.detected_ns, v.trace_id.hex(), v.span_id.hex(), v.attributes()) for v in verdicts]
         if faults and out.truth.get("onset_sim_ns") is not None:
@@ -200,6 +206,13 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
     out.wall_s = time.monotonic() - t_wall
     log(f"  {sc.name}: {len(out.verdicts)} verdict(s), {out.sim_s:.1f} s simulated in {out.wall_s:.1f} s")
     return out
+
+
+def _root_cause_request(verdicts: list) -> bytes:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from mycroft_otel.processor.exporter import root_cause_span
+    return encode_spans([root_cause_span(v) for v in verdicts]).SerializeToString()
 
 
 def score(o: VirtualOutcome) -> dict:

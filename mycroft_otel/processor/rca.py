@@ -23,6 +23,8 @@ needs nothing outside the trace (that is what lets processors scale out by trace
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor.mismatch import check_mismatch, check_step_mismatch
 from mycroft_otel.processor.state import TraceState
@@ -72,10 +74,26 @@ def _edges(v: RankView) -> tuple[list[tuple], bool]:
     return edges, gpu
 
 
-def _resolve(v: RankView, views: dict[int, RankView], nranks: int) -> tuple[list[tuple], list[int]]:
-    """(terminals reached directly, ranks to follow) from stalled rank ``v``."""
-    terms: list[tuple] = []
-    follow: list[int] = []
+@dataclass(frozen=True)
+class Wait:
+    """What one stalled rank waits for, as the walk reads it (one per edge, or the rank's own wait).
+
+    ``kind``: ``data`` (a recv flow waits for ``peer``'s data), ``credit`` (a send flow waits for ``peer``'s
+    free buffer), ``net`` (sent data not completed by the network to ``peer``), or, when no peer explains the
+    wait, the rank's own: ``gpu`` (data arrived, its GPU neither consumes nor produces), ``not_started``,
+    ``noflow``. ``terminal``: where the walk ends on this wait (a rank or flow terminal tuple as ``walk``
+    votes for), None when the walk follows it to ``peer``."""
+
+    kind: str
+    peer: int = -1
+    channel: int = -1
+    terminal: tuple | None = None
+
+
+def rank_waits(v: RankView, views, nranks: int) -> list[Wait]:
+    """Every wait of stalled rank ``v``, in the order the walk reads them (``views``: rank -> RankView, any
+    mapping with ``get``). The rank's walk ends at the terminals among them, else follows the first other."""
+    out: list[Wait] = []
     edges, gpu = _edges(v)
     r = v.rank
     for kind, p, ch, f in edges:
@@ -83,35 +101,35 @@ def _resolve(v: RankView, views: dict[int, RankView], nranks: int) -> tuple[list
             continue
         pv = views.get(p)
         t = _rank_terminal(pv, p)
-        if t is not None:
-            terms.append(t)
-            continue
-        if kind == "data":  # r receives from p on ch
+        if t is None and kind == "data":  # r receives from p on ch
             pf = pv.send_flow(ch, r)
             if pv.state == COMPLETED or (pf is not None and pf.finished):
-                terms.append(("flow", p, r, ch))
+                t = ("flow", p, r, ch)
             elif pf is not None and pf.wait_state in ("SendPeerWait", "SendWait"):
-                terms.append(("flow", p, r, ch))
-            else:
-                follow.append(p)
-        else:  # r sends to p on ch: waits for p's credit or for the network
+                t = ("flow", p, r, ch)
+        elif t is None:  # r sends to p on ch: waits for p's credit or for the network
             qf = pv.recv_flow(ch, r)
             if pv.state == COMPLETED or (qf is not None and qf.finished):
-                terms.append(("flow", r, p, ch))
+                t = ("flow", r, p, ch)
             elif qf is not None and (qf.wait_state == "RecvWait" or (kind == "net" and not qf.wait_state)):
-                terms.append(("flow", r, p, ch))
+                t = ("flow", r, p, ch)
             elif qf is None and kind == "net":
-                terms.append(("flow", r, p, ch))
-            else:
-                follow.append(p)
-    if not terms and not follow:
+                t = ("flow", r, p, ch)
+        out.append(Wait(kind, p, ch, t))
+    if not out:
         if not v.flows:
-            terms.append(("rank", "noflow", r, "no network flows"))
+            out.append(Wait("noflow", terminal=("rank", "noflow", r, "no network flows")))
         elif all(f.posted == 0 and f.ready == 0 for f in v.flows):
-            terms.append(("rank", "rank_absent", r, "not_started"))
+            out.append(Wait("not_started", terminal=("rank", "rank_absent", r, "not_started")))
         else:
-            terms.append(("rank", "gpu_stalled", r, "gpu" if gpu else "gpu_unfinished"))
-    return terms, follow
+            out.append(Wait("gpu", terminal=("rank", "gpu_stalled", r, "gpu" if gpu else "gpu_unfinished")))
+    return out
+
+
+def _resolve(v: RankView, views: dict[int, RankView], nranks: int) -> tuple[list[tuple], list[int]]:
+    """(terminals reached directly, ranks to follow) from stalled rank ``v``."""
+    waits = rank_waits(v, views, nranks)
+    return [w.terminal for w in waits if w.terminal is not None], [w.peer for w in waits if w.terminal is None]
 
 
 MAX_STARTS = 1024

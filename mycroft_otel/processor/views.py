@@ -52,12 +52,14 @@ class RankView:
 
     __slots__ = ("rank", "state", "ref", "host", "global_rank", "_attrs", "_flows")
 
-    def __init__(self, rank: int, state: str, ref: SpanRef | None):
+    def __init__(self, rank: int, state: str, ref: SpanRef | None, flows: list[Flow] | None = None):
+        """``flows``: already decoded (a reader that holds them in another form, e.g. the report); else
+        decoded from ``ref`` on first use."""
         self.rank, self.state, self.ref = rank, state, ref
         self.host = ref.resource.host if ref is not None else ""
         self.global_rank = ref.global_rank if ref is not None else -1
         self._attrs: dict | None = None
-        self._flows: list[Flow] | None = None
+        self._flows: list[Flow] | None = flows
 
     @property
     def attrs(self) -> dict:

@@ -31,7 +31,7 @@ from mycroft_otel.report.otlp_json import (DEFAULT_MAX_INPUT_BYTES, OtlpJsonFile
                                            read_path)
 from mycroft_otel.report.render import page
 
-__all__ = ["OtlpJsonFileExporter", "OtlpJsonWriter", "render_report", "add_arguments", "run"]
+__all__ = ["OtlpJsonFileExporter", "OtlpJsonWriter", "render_report", "trace_ui_url", "add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-input-mib", type=float, default=DEFAULT_MAX_INPUT_BYTES / (1 << 20),
                    help="read each input file only up to this many MiB, after gzip (default %(default)g: the "
                         "report holds about ten times its input as Python objects)")
+    p.add_argument("--trace-ui", default=None, metavar="URL",
+                   help="trace UI the report's trace ids link to: a base URL that /trace/<id> is appended to "
+                        "(Jaeger), or a URL with {trace_id} (Grafana Explore); default MYCROFT_TRACE_UI_URL; "
+                        "without one a trace id links to its section of the report")
     p.add_argument("--replay", action="store_true",
                    help="derive the verdicts by replaying processor recordings (.rec, .otlp[.gz]) through the "
                         "processor on virtual time, for recordings made without the processor's output")
@@ -78,11 +82,24 @@ def replayed_verdicts(recording: str, problems: list[Problem], decided: Run | No
     return spans_from_request(request_to_json(req), f"{recording} (replayed)", problems)
 
 
+def trace_ui_url(value: str | None = None, env=None) -> str:
+    """The trace UI the report links trace ids to: ``value``, else MYCROFT_TRACE_UI_URL ('' for none);
+    config.ConfigError names a value that is not an http(s) URL."""
+    from mycroft_otel import config
+    name = "--trace-ui" if value is not None else "MYCROFT_TRACE_UI_URL"
+    url = value if value is not None else config.get_str("MYCROFT_TRACE_UI_URL", env)
+    if url and not url.startswith(("http://", "https://")):
+        raise config.ConfigError(f"{name}={url!r} must be an http:// or https:// URL")
+    return url
+
+
 def render_report(path: str | list[str], max_traces: int = 20, replay: bool = False,
-                  source: str | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
-                  ) -> tuple[str, Run, list[Problem]]:
+                  source: str | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+                  trace_ui: str | None = None) -> tuple[str, Run, list[Problem]]:
     """(html, run, problems) for a recorded run at ``path`` (a file or directory, or a list of them);
-    ``source`` names the input on the page (default: the paths)."""
+    ``source`` names the input on the page (default: the paths); ``trace_ui``: the trace UI trace ids
+    link to (default MYCROFT_TRACE_UI_URL, see trace_ui_url)."""
+    trace_ui = trace_ui_url(trace_ui)
     problems: list[Problem] = []
     evals: list = []
     recordings: list[str] = []
@@ -99,7 +116,7 @@ def render_report(path: str | list[str], max_traces: int = 20, replay: bool = Fa
     run_.evals = evals
     run_.decisions, run_.decision_counts = decided.decisions, decided.decision_counts
     source = source or (path if isinstance(path, str) else ", ".join(path))
-    return page(run_, problems, max_traces, source), run_, problems
+    return page(run_, problems, max_traces, source, trace_ui), run_, problems
 
 
 def _default_output(path: str) -> str:
@@ -119,8 +136,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.max_input_mib > 0:
         print("mycroft-otel report: --max-input-mib must be > 0", file=sys.stderr)
         return 2
+    from mycroft_otel.config import ConfigError
+    try:
+        trace_ui = trace_ui_url(args.trace_ui)
+    except ConfigError as exc:
+        print(f"mycroft-otel report: {exc}", file=sys.stderr)
+        return 2
     html, run_, problems = render_report(args.input, args.max_traces, replay=args.replay,
-                                         max_input_bytes=int(args.max_input_mib * (1 << 20)))
+                                         max_input_bytes=int(args.max_input_mib * (1 << 20)), trace_ui=trace_ui)
     out = args.output or (_default_output(args.input) if os.path.exists(args.input) else "mycroft-report.html")
     for p in problems[:20]:
         print(f"mycroft-otel report: {p}", file=sys.stderr)

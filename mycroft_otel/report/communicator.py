@@ -2,8 +2,8 @@
 per-flow transfer times.
 
 Ring or tree: the flows both sides of each pair report (model.flows_of), drawn in the direction the
-data moves, the culprit and its blocked flows red, the wait chain orange. Heat map: the state each
-rank waited in, from its in-flight snapshots. Transfer times: each flow's time from its first step,
+data moves, the culprit and its blocked flows red, the wait chain orange. Heat map: what each rank
+waited for, as the processor's hang walk reads its evidence at each moment (waits.py). Transfer times: each flow's time from its first step,
 split where it stopped making progress.
 """
 
@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from mycroft_otel import semconv as sc
 from mycroft_otel.report.model import CollTrace, flows_of
 from mycroft_otel.report.pictures import drawn_rows, esc, fmt_dur
+from mycroft_otel.report.waits import (NETWORK, NOT_STARTED, OWN_GPU, PEER_CREDIT, PEER_DATA, PEER_GONE, ROOT_STATES,
+                                       Cell, TraceAt, exited, wait_cell)
+
+CULPRIT, NOT_ARRIVED = "culprit", "not arrived"
 
 
 # --- communicator: ring or tree -----------------------------------------------------------------
@@ -24,23 +28,25 @@ _DASHED = ' stroke-dasharray="3,2"'
 _BOLD_RED = ' font-weight="bold" fill="#b00020"'
 _OUTLINE = ' stroke="#000" stroke-width="2"'
 
-#: Heat-map states: (colour, legend). Waits as NCCL's ProxyStep states name them, plus two read
-#: from the counters, and what a rank's evidence says outside a wait.
+#: Heat-map states: (colour, legend). An in-flight rank is painted by what the processor's hang walk reads
+#: as its wait (waits.py); outside a wait, by what its evidence says. The verdict's culprit, where its own
+#: state ends the walk, is painted as the verdict names it.
 _STATES: dict[str, tuple[str, str]] = {
-    "not sent": ("#7b3294", "data ready, not on the wire (① > ②)"),
-    "not completed": ("#c2a5cf", "on the wire, not completed (② > ③)"),
-    "RecvGpuWait": ("#b00020", "RecvGpuWait: its GPU does not consume"),
-    "RecvFlushWait": ("#f58518", "RecvFlushWait: flush not done"),
-    "SendWait": ("#ff9d9a", "SendWait: the NIC has not completed"),
-    "RecvWait": ("#9ecae9", "RecvWait: waits for a peer's data"),
-    "SendPeerWait": ("#c6dbef", "SendPeerWait: waits for a peer's buffer"),
-    "SendGpuWait": ("#e45756", "SendGpuWait: its GPU has not produced"),
+    CULPRIT: ("#b00020", "the verdict's culprit, in the state the verdict names"),
+    OWN_GPU: ("#e45756", "its own GPU: data arrived, nothing consumed or produced"),
+    NETWORK: ("#7b3294", "the network: a flow both sides wait on"),
+    NOT_STARTED: ("#c2a5cf", "in the collective, no flow started"),
+    PEER_GONE: ("#f58518", "waits on a peer that is silent, not entered or exited"),
+    PEER_DATA: ("#9ecae9", "waits for a peer's data"),
+    PEER_CREDIT: ("#c6dbef", "waits for a peer's free buffer"),
     "idle": ("#eeca3b", "in flight, no step waited on"),
+    "stopped": ("#5a5a5a", "process stopped (SIGSTOP)"),
     "entered": ("#f2e6a0", "in the collective, before its first snapshot"),
+    NOT_ARRIVED: ("#f4f4f4", "not in the collective yet (it completed it later)"),
     "running": ("#4c78a8", "in the collective (completed later)"),
     "done": ("#d9e6c3", "collective completed"),
     "not entered": ("#bab0ac", "not entered"),
-    "exited": ("#7f0000", "process exited"),
+    "exited": ("#7f0000", "process exited while in the collective"),
 }
 _UNKNOWN_STATE = ("#999999", "")
 
@@ -186,62 +192,58 @@ def topology_svg(t: CollTrace, hops, verdict=None) -> str:
 HEAT_COLS = 60
 
 
-# The most telling wait first: a rank whose own GPU or NIC holds the data explains its peers'
-# waits. A send flow whose GPU-ready count runs ahead of what went on the wire is stuck at this
-# rank (Mycroft's ① > ②), whatever step it waits on; SendGpuWait comes last, since a rank's
-# kernel cannot produce what it has not yet received.
-_NOT_SENT, _NOT_DONE = "not sent", "not completed"
-_WAIT_PRIORITY = ("RecvGpuWait", _NOT_SENT, _NOT_DONE, "RecvFlushWait", "SendWait", "RecvWait", "SendPeerWait",
-                  "SendGpuWait", "idle")
-
-
-def _flow_state(f) -> str:
-    if f.direction == "send" and f.ready > f.transmitted:
-        return _NOT_SENT
-    if f.direction == "send" and f.transmitted > f.done:
-        return _NOT_DONE
-    return f.wait_state or "idle"
-
-
-def _snapshot_state(s) -> str:
-    """What a rank waited on at a snapshot: the most telling state among its unfinished flows."""
-    states = {_flow_state(f) for f in flows_of(s) if f.unfinished}
-    for st in _WAIT_PRIORITY:
-        if st in states:
-            return st
-    return min(states) if states else "idle"
-
-
-def _state_at(rv, ns: int) -> str:
+def _state_at(at: TraceAt, rv, ns: int) -> Cell:
     if rv.op is not None:
         a0 = rv.op.attrs.get(sc.TIME_API) or rv.op.start_ns
         if ns >= rv.op.end_ns:
-            return "done"
+            return Cell("done")
         if ns >= a0:
-            return "running"
-    state = ""
-    last_seen = 0
-    for sn in rv.snapshots:
-        if sn.end_ns <= ns:
-            state, last_seen = _snapshot_state(sn), sn.end_ns
-        elif sn.start_ns <= ns and not state:
-            state = "entered"
-    for st in rv.statuses:   # an exit ends the rank's evidence: it shows after its last snapshot
-        kind = str(st.attrs.get(sc.STATUS_KIND, ""))
-        if kind == sc.STATUS_PROCESS_EXITED and max(st.start_ns, last_seen) <= ns and \
-                not any(last_seen < sn.end_ns <= ns for sn in rv.snapshots) and \
-                (not rv.snapshots or ns > rv.snapshots[-1].end_ns):
-            return "exited"
-    if state:
-        return state
-    for st in rv.statuses:
-        if str(st.attrs.get(sc.STATUS_KIND, "")) == sc.STATUS_NOT_ENTERED and st.start_ns <= ns:
-            return "not entered"
-    return ""
+            return Cell("running")
+        if not rv.snapshots and not rv.statuses:
+            return Cell(NOT_ARRIVED)
+    if exited(rv, ns):
+        return Cell("exited", str(rv.attr(sc.STATUS_LAST_STATE, "") or ""))
+    cell = wait_cell(at, rv.rank, ns)
+    if cell is not None:
+        return cell
+    v = at.at(ns).get(rv.rank)
+    if v is not None and v.state == "stopped":
+        return Cell("stopped")
+    if any(sn.start_ns <= ns for sn in rv.snapshots):
+        return Cell("entered")
+    if v is not None and v.state == "not_entered":
+        return Cell("not entered", str(rv.attr(sc.STATUS_LAST_STATE, "") or ""))
+    return Cell("")
 
 
-def heatmap_svg(t: CollTrace, walk_ranks: list[int]) -> str:
-    """Ranks x time: each cell the state the rank waited in then (its latest in-flight snapshot)."""
+def _culprit_cell(cell: Cell, verdict) -> Cell:
+    """The culprit's own root state (for a slowdown: its late arrival or its slow run), named as the verdict
+    names it; a culprit whose wait the walk follows elsewhere keeps that wait (the picture disagrees openly)."""
+    roots = ROOT_STATES | ({NOT_ARRIVED, "running"} if verdict.kind == sc.KIND_SLOWDOWN else set())
+    if cell.state not in roots:
+        return cell
+    return Cell(CULPRIT, f"verdict {verdict.kind} {verdict.category}; its evidence: "
+                         f"{cell.text or _STATES[cell.state][1]}")
+
+
+def heat_cells(t: CollTrace, rows: list[int], verdict=None) -> dict[int, list[Cell]]:
+    """rank -> HEAT_COLS cells: the state each rank waited in at the end of each time column."""
+    spans = [s for rv in t.ranks.values() for s in ([rv.op] if rv.op else []) + rv.snapshots + rv.statuses]
+    times = [x for s in spans for x in (s.start_ns, s.end_ns) if x]
+    if not rows or not times or max(times) <= min(times):
+        return {}
+    t0, t1 = min(times), max(times)
+    at = TraceAt(t)
+    culprits = set(verdict.ranks) if verdict is not None else set()
+    out: dict[int, list[Cell]] = {}
+    for r in rows:
+        cells = [_state_at(at, t.ranks[r], int(t0 + (c + 1) * (t1 - t0) / HEAT_COLS)) for c in range(HEAT_COLS)]
+        out[r] = [_culprit_cell(c, verdict) for c in cells] if r in culprits else cells
+    return out
+
+
+def heatmap_svg(t: CollTrace, walk_ranks: list[int], verdict=None) -> str:
+    """Ranks x time: each cell what the rank waited for then, as the hang walk reads its latest evidence."""
     rows, _ = drawn_rows(t, walk_ranks)
     rows = [(a, b) for a, b in rows if a == b and a in t.ranks]
     spans = [s for rv in t.ranks.values() for s in ([rv.op] if rv.op else []) + rv.snapshots + rv.statuses]
@@ -252,6 +254,7 @@ def heatmap_svg(t: CollTrace, walk_ranks: list[int]) -> str:
     if t1 <= t0:
         return ""
     culprits = t.culprits()
+    cells = heat_cells(t, [a for a, _b in rows], verdict)
     W, L, TOP, RH = 960, 200, 8, 12
     CW = (W - L - 20) / HEAT_COLS
     H = TOP + RH * len(rows) + 22
@@ -259,21 +262,22 @@ def heatmap_svg(t: CollTrace, walk_ranks: list[int]) -> str:
            f'aria-label="wait states of the ranks over time">']
     seen: set[str] = set()
     for i, (r, _b) in enumerate(rows):
-        rv = t.ranks[r]
         y = TOP + i * RH
         cul = r in culprits
         out.append(f'<text x="4" y="{y + 10}" font-size="10"{_BOLD_RED if cul else ""}>rank {r}'
                    f'{" ★" if cul else ""}</text>')
         prev, start = None, 0
-        for c in range(HEAT_COLS + 1):   # runs of equal state become one rect
-            st = _state_at(rv, int(t0 + (c + 1) * (t1 - t0) / HEAT_COLS)) if c < HEAT_COLS else None
-            if st != prev:
-                if prev:
-                    seen.add(prev)
-                    out.append(f'<rect x="{L + start * CW:.1f}" y="{y}" width="{(c - start) * CW:.1f}" '
-                               f'height="{RH - 1}" fill="{_STATES.get(prev, _UNKNOWN_STATE)[0]}"><title>rank {r}: '
-                               f"{esc(_STATES.get(prev, _UNKNOWN_STATE)[1] or prev)}</title></rect>")
-                prev, start = st, c
+        row = cells[r] + [None]
+        for c, cell in enumerate(row):   # runs of equal state become one rect
+            if cell != prev:
+                if prev is not None and prev.state:
+                    seen.add(prev.state)
+                    col, label = _STATES.get(prev.state, _UNKNOWN_STATE)
+                    out.append(f'<rect class="heat" data-rank="{r}" data-state="{esc(prev.state)}" '
+                               f'x="{L + start * CW:.1f}" y="{y}" width="{(c - start) * CW:.1f}" '
+                               f'height="{RH - 1}" fill="{col}"><title>rank {r}: '
+                               f"{esc(prev.text or label or prev.state)}</title></rect>")
+                prev, start = cell, c
     yb = TOP + RH * len(rows)
     out.append(f'<text x="{L}" y="{yb + 14}" font-size="10">0</text><text x="{W - 20}" y="{yb + 14}" '
                f'font-size="10" text-anchor="end">+{esc(fmt_dur(t1 - t0))}</text>')

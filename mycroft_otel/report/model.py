@@ -82,6 +82,9 @@ class RankView:
     op: Span | None = None
     snapshots: list[Span] = field(default_factory=list)   # in-flight, by snapshot number
     statuses: list[Span] = field(default_factory=list)
+    # process-exited statuses that are no evidence: the job's own end, or an exit outside the collective
+    # (after completing it, or while nobody was in it); see _sort_exits
+    ended: list[Span] = field(default_factory=list)
 
     @property
     def latest(self) -> Span | None:
@@ -97,7 +100,7 @@ class RankView:
         return sc.STATUS_PROCESS_EXITED if sc.STATUS_PROCESS_EXITED in kinds else (kinds[-1] if kinds else "")
 
     def attr(self, key, default=None):
-        for s in ([self.op] if self.op else []) + self.snapshots[::-1] + self.statuses[::-1]:
+        for s in ([self.op] if self.op else []) + self.snapshots[::-1] + self.statuses[::-1] + self.ended:
             if key in s.attrs:
                 return s.attrs[key]
         return default
@@ -194,14 +197,23 @@ class CollTrace:
             return "in flight"
         if any(rv.op is None and rv.statuses for rv in self.ranks.values()):
             return "rank(s) not entered"
+        if all(rv.op is None for rv in self.ranks.values()):
+            return "never started: the job ended"
         anomalies = {str(rv.op.attrs.get(sc.ANOMALY)) for rv in self.ranks.values()
                      if rv.op is not None and rv.op.attrs.get(sc.ANOMALY)}
         return "completed" + (f" ({', '.join(sorted(anomalies))})" if anomalies else "")
 
     @property
+    def job_ended(self) -> int:
+        """Ranks whose processes ended with the job (or outside this collective): no evidence here."""
+        return sum(1 for rv in self.ranks.values() if rv.ended)
+
+    @property
     def interest(self) -> int:
         """Sort key: verdicts first, then hangs, then anomalies."""
         s = self.state
+        if s.startswith("never started"):
+            return 100 if self.verdicts else 0
         return (100 if self.verdicts else 0) + (10 if not s.startswith("completed") else 0) + \
             (1 if "(" in s else 0)
 
@@ -402,5 +414,40 @@ def build(spans: list[Span], files: list[str], problems: list[Problem] | None = 
         for rv in t.ranks.values():
             rv.snapshots.sort(key=lambda s: (s.attrs.get(sc.SNAPSHOT_SEQ) or 0, s.end_ns))  # ints (_checked)
             rv.statuses.sort(key=lambda s: s.end_ns)
+    _sort_exits(traces)
     verdicts.sort(key=lambda v: v.detected_ns)
     return Run(len(spans), traces, verdicts, files, other)
+
+
+#: Exits this close to the run's last one, from several processes, are the job ending (the launcher or the
+#: demo stopping every rank), not a fault: the agent notices them at the same poll.
+JOB_END_WINDOW_NS = 1_000_000_000
+
+
+def _process(s: Span) -> tuple:
+    r = s.resource
+    pid = r.get(sc.PROCESS_PID) if isinstance(r, dict) else None
+    host = r.get(sc.HOST) if isinstance(r, dict) else None
+    return (host, pid) if pid is not None else (host, s.attrs.get(sc.GLOBAL_RANK), s.attrs.get(sc.COMM_HASH),
+                                                s.attrs.get(sc.RANK))
+
+
+def _sort_exits(traces: dict[str, CollTrace]) -> None:
+    """An exit is evidence about a collective only if the process died while the collective was in flight
+    (the rank itself, or a peer waiting in it) and before the job ended. Moves the others to ``ended``:
+    the exits of a completed rank, of a trace nobody was in, and the job's own end (several processes
+    exiting together as the run's last exits, JOB_END_WINDOW_NS)."""
+    exits = [(rv, s) for t in traces.values() for rv in t.ranks.values() for s in rv.statuses
+             if s.attrs.get(sc.STATUS_KIND) == sc.STATUS_PROCESS_EXITED]
+    if not exits:
+        return
+    last = max(s.end_ns for _rv, s in exits)
+    final = [s for _rv, s in exits if s.end_ns >= last - JOB_END_WINDOW_NS]
+    job_end = len({_process(s) for s in final}) > 1
+    for t in traces.values():
+        in_flight = any(rv.op is None and rv.snapshots for rv in t.ranks.values())
+        for rv in t.ranks.values():
+            for s in [s for s in rv.statuses if s.attrs.get(sc.STATUS_KIND) == sc.STATUS_PROCESS_EXITED]:
+                if rv.op is not None or not in_flight or job_end and s.end_ns >= last - JOB_END_WINDOW_NS:
+                    rv.statuses.remove(s)
+                    rv.ended.append(s)

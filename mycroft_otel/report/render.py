@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from mycroft_otel import semconv as sc
+from mycroft_otel.processor.open_incidents import trace_link
 from mycroft_otel.processor.outcome import NO_CANDIDATE
 from mycroft_otel.report.model import CollTrace, Run, Verdict
 from mycroft_otel.report.otlp_json import Problem
@@ -85,7 +86,19 @@ def decisions_section(decisions: list, counts: dict) -> str:
     return "".join(parts)
 
 
-def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
+def trace_ref(trace_id: str, trace_ui: str = "", drawn: bool = False) -> str:
+    """A trace id as a link: to the trace UI (MYCROFT_TRACE_UI_URL) where one is configured, else to the
+    trace's section of this report when it is drawn here, else the bare id."""
+    tid = esc(trace_id)
+    if trace_ui:
+        return (f'<a class="mono trace-link" href="{esc(trace_link(trace_ui, trace_id))}" '
+                f'title="open in the trace UI">{tid}</a>')
+    if drawn:
+        return f'<a class="mono trace-link" href="#t-{tid}">{tid}</a>'
+    return f'<span class="mono">{tid}</span>'
+
+
+def verdict_card(v: Verdict, idx: int, t: CollTrace | None, trace_ui: str = "") -> str:
     a = v.a
     conf = a.get(sc.RCA_CONFIDENCE)
     lat = v.latency_s
@@ -98,7 +111,7 @@ def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
         ("onset / detected", f"{fmt_time(v.onset_ns)} / {fmt_time(v.detected_ns)}"),
         ("collective", f"{a.get(sc.COLL_FUNC, '?')} #{a.get(sc.COLL_SEQ, '?')} on communicator "
                        f"{a.get(sc.COMM_HASH, '?')}"),
-        ("trace", v.span.trace_id),
+        ("trace", trace_ref(v.span.trace_id, trace_ui, t is not None and bool(t.ranks))),
     ]
     linked = [(role, sid) for role in (sc.LINK_CULPRIT, sc.LINK_EVIDENCE) for sid in v.linked(role)]
     links = []
@@ -112,8 +125,8 @@ def verdict_card(v: Verdict, idx: int, t: CollTrace | None) -> str:
     if links:
         more = f" (+{len(linked) - 12} more)" if len(linked) > 12 else ""
         rows.append(("linked spans", "; ".join(links) + more))
-    body = "".join(f"<tr><th>{esc(k)}</th><td{_CULPRIT_CELL if k == 'culprit' else ''}>{esc(val)}</td></tr>"
-                   for k, val in rows)
+    body = "".join(f"<tr><th>{esc(k)}</th><td{_CULPRIT_CELL if k == 'culprit' else ''}>"
+                   f"{val if k == 'trace' else esc(val)}</td></tr>" for k, val in rows)
     anchor = f"#t-{v.span.trace_id}" if t is not None and t.ranks else ""
     title = f"{esc(v.kind)}: <b>{esc(v.category)}</b>"
     if anchor:
@@ -173,12 +186,13 @@ def _pct(v) -> str:
 
 # --- page ---------------------------------------------------------------------------------------
 
-def trace_section(t: CollTrace, verdict_index: dict) -> str:
+def trace_section(t: CollTrace, verdict_index: dict, trace_ui: str = "") -> str:
     hops = t.walk()
     out = [f'<section class="trace" id="t-{t.trace_id}">',
            f"<h3>{esc(t.func)} #{esc(t.seq)} · communicator {esc(t.comm)} · "
-           f"{len(t.ranks)}/{t.nranks} ranks reported · {esc(t.state)}</h3>",
-           f'<div class="meta mono">trace {esc(t.trace_id)}</div>']
+           f"{len(t.ranks)}/{t.nranks} ranks reported · {esc(t.state)}"
+           + (f" · {t.job_ended} rank(s) ended with the job" if t.job_ended else "") + "</h3>",
+           f'<div class="meta mono">trace {trace_ref(t.trace_id, trace_ui, True)}</div>']
     for v in t.verdicts:
         out.append(f'<p>Verdict {verdict_index[id(v)] + 1}: <b>{esc(v.category)}</b> at {esc(_where(v))}</p>')
     walk_ranks = [h.rank for h in hops]
@@ -186,7 +200,7 @@ def trace_section(t: CollTrace, verdict_index: dict) -> str:
         topo = topology_svg(t, hops, v)
         if topo:
             out.append("<h4>The communicator: culprit and blocked flow</h4>" + topo)
-        heat = heatmap_svg(t, walk_ranks)
+        heat = heatmap_svg(t, walk_ranks, v)
         if heat:
             out.append("<h4>What each rank waited in, over time</h4>" + heat)
         out.append("<h4>Per-flow transfer times</h4>" + transfers_svg(t, v))
@@ -204,7 +218,8 @@ def trace_section(t: CollTrace, verdict_index: dict) -> str:
     return "\n".join(out)
 
 
-def page(run: Run, problems: list[Problem], max_traces: int, source: str) -> str:
+def page(run: Run, problems: list[Problem], max_traces: int, source: str, trace_ui: str = "") -> str:
+    """The report; ``trace_ui``: the trace UI its trace ids link to (open_incidents.trace_link's template)."""
     verdict_index = {id(v): i for i, v in enumerate(run.verdicts)}
     traces = sorted(run.traces.values(), key=lambda t: (-t.interest, str(t.comm), str(t.seq)))
     drawn = [t for t in traces if t.ranks][:max_traces]
@@ -238,19 +253,19 @@ def page(run: Run, problems: list[Problem], max_traces: int, source: str) -> str
                          f"<td>{f'{v.latency_s:.2f} s' if v.latency_s is not None else '-'}</td></tr>")
         parts.append("</table>")
         for i, v in enumerate(run.verdicts):
-            parts.append(verdict_card(v, i, run.traces.get(v.span.trace_id)))
+            parts.append(verdict_card(v, i, run.traces.get(v.span.trace_id), trace_ui))
     if run.decision_counts:
         parts.append("<h2>Decisions</h2>" + decisions_section(run.decisions, run.decision_counts))
     parts.append("<h2>Collectives</h2>")
     if not drawn:
         parts.append('<p class="muted">No rank spans (nccl.*, mycroft.inflight, mycroft.status) in the input.</p>')
     for t in drawn:
-        parts.append(trace_section(t, verdict_index))
+        parts.append(trace_section(t, verdict_index, trace_ui))
     if rest:
         parts.append(f"<h3>{len(rest)} more collective trace(s), not drawn</h3><table><tr><th>trace</th>"
                      "<th>collective</th><th>communicator</th><th>ranks</th><th>state</th></tr>")
         for t in rest[:500]:
-            parts.append(f'<tr><td class="mono">{esc(t.trace_id)}</td><td>{esc(t.func)} #{esc(t.seq)}</td>'
+            parts.append(f'<tr><td>{trace_ref(t.trace_id, trace_ui)}</td><td>{esc(t.func)} #{esc(t.seq)}</td>'
                          f"<td>{esc(t.comm)}</td><td>{len(t.ranks)}/{t.nranks}</td><td>{esc(t.state)}</td></tr>")
         parts.append("</table>")
     if run.other_spans:

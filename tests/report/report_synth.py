@@ -108,3 +108,13 @@ def write_run(path, *requests: dict) -> None:
     with open(path, "w") as f:
         for r in requests:
             f.write(json.dumps(r) + "\n")
+
+
+def exit_status(tid: int, rank: int, seq: int, start: int, end: int, in_flight: bool) -> dict:
+    """The agent's ``process_exited`` status of ``rank`` (in the collective, or idle after ``seq - 1``)."""
+    a = {sc.COMM_HASH: ids.comm_hash_hex(COMM), sc.COMM_NRANKS: 8, sc.RANK: rank, sc.GLOBAL_RANK: rank,
+         sc.HOST: f"node-{rank // 4}", sc.COLL_SEQ: seq, sc.STATUS_KIND: sc.STATUS_PROCESS_EXITED,
+         sc.STATUS_LAST_SEQ: seq - 1,
+         sc.STATUS_LAST_STATE: f"process exited in AllReduce seq {seq}" if in_flight
+         else f"process exited after collective {seq - 1}"}
+    return span(tid, ids.span_id(tid, rank, sc.ROLE_STATUS, 1), sc.STATUS_SPAN, start, end, a)

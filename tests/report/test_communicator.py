@@ -52,14 +52,20 @@ def test_verdict_peer_picks_the_one_blocked_flow(tmp_path):
 
 
 def _tree_hang(n: int = 7, culprit: int = 5) -> tuple[int, list[dict]]:
-    """A binary-tree broadcast (parent (r-1)//2 sends to r) stalled: ``culprit`` never consumes."""
+    """A binary-tree broadcast (parent (r-1)//2 sends to r) stalled: ``culprit`` never consumes, so its
+    parent's send waits for its credit and the parent's kernel stops consuming too, up to the root; the
+    other subtrees wait for data their stuck kernels never produce."""
     tid = ids.coll_trace_id(JOB, COMM, 90)
+    path = {culprit}
+    while min(path):
+        path.add((min(path) - 1) // 2)
     out = []
     for r in range(n):
         flows = []   # (direction, peer, wait state)
         if r:
-            flows.append(("recv", (r - 1) // 2, "RecvGpuWait" if r == culprit else "RecvWait"))
-        flows += [("send", c, "SendPeerWait") for c in (2 * r + 1, 2 * r + 2) if c < n]
+            flows.append(("recv", (r - 1) // 2, "RecvGpuWait" if r in path else "RecvWait"))
+        flows += [("send", c, "SendPeerWait" if c in path else "SendGpuWait") for c in (2 * r + 1, 2 * r + 2)
+                  if c < n]
         a = {sc.COMM_HASH: ids.comm_hash_hex(COMM), sc.COMM_NRANKS: n, sc.RANK: r, sc.COLL_SEQ: 90,
              sc.COLL_FUNC: "Broadcast", sc.SNAPSHOT_SEQ: 0, sc.ANOMALY: "stalled",
              sc.FLOW_CHANNEL: [0] * len(flows), sc.FLOW_DIRECTION: [d for d, _p, _w in flows],
@@ -84,8 +90,12 @@ def test_tree_layout_heat_map_and_transfer_times(tmp_path):
                                                   topo)}
     assert ys[0] < ys[1] == ys[2] < ys[5]
     heat = _svg(html, "heatmap")
-    assert "<title>rank 5: RecvGpuWait: its GPU does not consume</title>" in heat
-    assert "<title>rank 3: RecvWait: waits for a peer's data</title>" in heat
+    # painted as the hang walk reads them: the culprit as the verdict names it, the others by whom they wait on
+    assert ("<title>rank 5: verdict hang gpu_stalled; its evidence: data arrived; its own GPU neither consumes "
+            "nor produces</title>") in heat
+    assert "<title>rank 3: waits for rank 1's data on ch0</title>" in heat
+    assert "<title>rank 0: waits for rank 2's free buffer on ch0</title>" in heat
+    assert 'data-state="own GPU"' not in heat and 'data-state="network"' not in heat
     transfers = _svg(html, "transfers")
     # the culprit's flow stopped progressing first: 100 ms of progress, then stuck until the snapshot
     assert "rank 5 ch0 recv ← r2: 2 s, no progress for the last 1.9 s" in transfers

@@ -236,3 +236,25 @@ def test_a_replayed_slowdown_shows_why_the_processor_was_silent_and_what_won(tmp
     mine = [d for d in run.decisions if d.comm == truth["comm_hash"] and d.outcome.value == "below_bar"
             and hypothesis in d.detail]
     assert mine, "the silences before the verdict name the evidence that was gathering"
+
+
+def test_trace_ids_link_to_the_trace_ui_or_within_the_report(tmp_path, monkeypatch):
+    tid, tid2 = _run_dir(tmp_path)
+    monkeypatch.delenv("MYCROFT_TRACE_UI_URL", raising=False)
+    html, _run, _problems = render_report(str(tmp_path))
+    # no trace UI: the verdict's and each section's trace id link to the trace's section here
+    assert html.count(f'<a class="mono trace-link" href="#t-{tid:032x}">{tid:032x}</a>') == 2
+    assert f'<a class="mono trace-link" href="#t-{tid2:032x}">' in html
+    assert not EXTERNAL.search(html)
+    # Jaeger: a base URL gets /trace/<id>; any other UI: {trace_id} in the template (MYCROFT_TRACE_UI_URL)
+    html, _run, _problems = render_report(str(tmp_path), trace_ui="http://jaeger:16686/")
+    assert html.count(f'href="http://jaeger:16686/trace/{tid:032x}"') == 2
+    monkeypatch.setenv("MYCROFT_TRACE_UI_URL", "https://grafana.example/explore?traceId={trace_id}&x=1")
+    html, _run, _problems = render_report(str(tmp_path))
+    assert f'href="https://grafana.example/explore?traceId={tid2:032x}&amp;x=1"' in html
+    assert '<a class="mono trace-link" href="#t-' not in html   # the UI, wherever a trace id is shown
+    out = tmp_path / "r.html"
+    assert cli.main(["report", str(tmp_path), "-o", str(out), "--trace-ui", "http://jaeger:16686"]) == 0
+    assert f'href="http://jaeger:16686/trace/{tid:032x}"' in out.read_text()
+    monkeypatch.setenv("MYCROFT_TRACE_UI_URL", "jaeger:16686")
+    assert cli.main(["report", str(tmp_path), "-o", str(out)]) == 2   # named, not linked to a bad address
