@@ -43,3 +43,14 @@ def pytest_collection_modifyitems(config, items):
         why = known.get(item.nodeid)
         if why is not None:
             item.add_marker(pytest.mark.xfail(strict=False, reason="known: " + why))
+
+
+@pytest.fixture(scope="module")
+def plugin() -> str:
+    """The built NCCL profiler plugin the virtual-time runs drive (skipped without the native build)."""
+    try:
+        from mycroft_otel.sim.runner import find_plugin
+
+        return find_plugin()
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"native build missing: {exc}")

@@ -35,6 +35,18 @@ class Capture(MetricExporter):
         pass
 
 
+def _collected(ring_dir) -> dict:
+    """The collective metrics of one poll of ``ring_dir``'s rings, through a real MeterProvider."""
+    cm = am.CollectiveMetrics()
+    provider, cap = _pipeline(cm)
+    try:
+        _poll(ring_dir, cm)
+        provider.force_flush()
+        return _metrics(cap)
+    finally:
+        provider.shutdown()
+
+
 def _pipeline(cm: am.CollectiveMetrics):
     cap = Capture()
     resource = Resource.create({"service.name": "agent-test"})
@@ -71,14 +83,7 @@ def test_every_completion_is_counted_not_only_sampled(tmp_path, otel_env):
         ring.op_done(dur_ns=3_000_000_000, func=BROADCAST, count=1 << 10)  # 4 KiB broadcast, 3 s
     live = rings[0].make_op()
     rings[0].begin(live)
-    cm = am.CollectiveMetrics()
-    provider, cap = _pipeline(cm)
-    try:
-        _poll(tmp_path, cm)
-        provider.force_flush()
-        got = _metrics(cap)
-    finally:
-        provider.shutdown()
+    got = _collected(tmp_path)
     dur = got[am.DURATION]
     assert dur.unit == "s" and dur.data.aggregation_temporality == AggregationTemporality.CUMULATIVE
     points = {(p.attributes[am.ATTR_FUNC], p.attributes[am.ATTR_SIZE]): p for p in dur.data.data_points}
@@ -141,14 +146,7 @@ def test_every_series_names_its_job_and_communicator_kind(tmp_path, otel_env):
     FakeRing(tmp_path / "tp", rank=0, nranks=8, comm_hash=0x11, job_id="job-7", nnodes=1).op_done()
     FakeRing(tmp_path / "dp", rank=0, nranks=4, comm_hash=0x22, job_id="job-7", nnodes=4).op_done()
     FakeRing(tmp_path / "unk", rank=0, nranks=2, comm_hash=0x33, job_id="job-7", nnodes=0).op_done()
-    cm = am.CollectiveMetrics()
-    provider, cap = _pipeline(cm)
-    try:
-        _poll(tmp_path, cm)
-        provider.force_flush()
-        got = _metrics(cap)
-    finally:
-        provider.shutdown()
+    got = _collected(tmp_path)
     kinds = {"0000000000000011": "intra_node", "0000000000000022": "inter_node", "0000000000000033": None}
     for name in (am.DURATION, am.BUS_BANDWIDTH, am.NETWORK_WAIT, am.IN_FLIGHT, am.LAST_SEQUENCE):
         points = got[name].data.data_points

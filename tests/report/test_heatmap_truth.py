@@ -26,15 +26,6 @@ DEMO_SHAPE = scenarios.Scenario("nic_down@demo", "nic_down:rank=33,at=3", topolo
 CELL = re.compile(r'<rect class="heat" data-rank="(\d+)" data-state="([^"]+)"[^>]*><title>([^<]*)</title>')
 
 
-@pytest.fixture(scope="module")
-def plugin() -> str:
-    try:
-        from mycroft_otel.sim.runner import find_plugin
-        return find_plugin()
-    except (ImportError, FileNotFoundError) as exc:
-        pytest.skip(f"native build missing: {exc}")
-
-
 def scenario(fault: str) -> scenarios.Scenario:
     if fault == DEMO_SHAPE.name:
         return DEMO_SHAPE
