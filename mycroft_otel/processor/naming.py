@@ -132,6 +132,21 @@ EXPLAINED_BY: tuple[Row, ...] = (
 )
 
 
+def _upstream(flows: list, rank: int) -> set:
+    """The ranks whose data reaches ``rank`` through this collective's flows (sender, receiver, channel),
+    hop by hop: a tree's subtree below it, a whole ring."""
+    senders: dict[int, set] = {}
+    for s, d, _ in flows:
+        senders.setdefault(d, set()).add(s)
+    seen, todo = set(), [rank]
+    while todo:
+        for s in senders.get(todo.pop(), ()):
+            if s not in seen and s != rank:
+                seen.add(s)
+                todo.append(s)
+    return seen
+
+
 def label(measure: str, unit) -> str:
     """A hypothesis in words: the measure and the place (a rank, or a flow sender -> receiver on a channel)."""
     if isinstance(unit, tuple):
@@ -241,12 +256,14 @@ class Naming:
         It holds back its sender's kernel and, through the FIFO credits, every kernel upstream of it in the
         ring (in a large ring the sender is not always the one whose received data waits longest). And a
         link that delivers late delivers in bursts (the steps in flight land together once the window is
-        full), so its receiver's data waits while the GPU reduces and forwards the ones before it."""
+        full), so its receiver's data waits while the GPU reduces and forwards the ones before it. Its data
+        comes hop by hop: in a tree's reduction a link late below a rank's child holds the child's reduce,
+        so the ways into it are every sender upstream of it in this collective's flows, not only its own."""
         found = self._network(st, ev, source)
         if found is not None:
             return found
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
-        behind = {u[0] for u in flows if u[1] == source}
+        behind = _upstream(flows, source)
         behind.update(u for u in ev.values[slowdown.GPU][0]
                       if u != source and (u in alarmed or self.mem.gathering(st, slowdown.GPU, u) is not None))
         for u in sorted(behind):
