@@ -115,12 +115,13 @@ def _late_or_link(n: "Naming", c: _Collective, a: Alarm) -> bool:
 
 EXPLAINED_BY: tuple[Row, ...] = (
     Row((slowdown.LATE,), (
-        Explanation("a GPU, proxy or link that held it back gathers evidence", _held_back, Act.WAIT),)),
+        Explanation("a GPU, proxy, link or late peer that held it back gathers evidence", _held_back, Act.WAIT),)),
     Row((slowdown.GPU,), (
         Explanation("a link of a joined communicator gathers evidence", _link_elsewhere, Act.WAIT),
         Explanation("the rank that started last gathers lateness", _late_rank, Act.NAME),
         Explanation("a proxy of this collective gathers evidence", _proxy, Act.NAME),
-        Explanation("a network path out of it, into it, or out of a GPU it holds back", _gpu_path, Act.NAME),
+        Explanation("a network path out of it, out of a rank upstream, or out of a GPU it holds back", _gpu_path,
+                    Act.NAME),
         Explanation("the one flow that touches it alarms", _one_flow, Act.NAME)), first=_source),
     Row((slowdown.NIC_SEND, slowdown.NIC_RECV)),
     Row((slowdown.FLOW,), (
