@@ -239,7 +239,7 @@ class Naming:
         frees, so the data it received waits for its GPU too), and which of them crosses h first is a matter
         of noise; the held-back wait is the source's, less the slack of NCCL_STEPS slots."""
         best = g
-        for u in ev.values[slowdown.GPU][0]:
+        for u in ev.values.get(slowdown.GPU, ([], None))[0]:
             c = self.mem.gathering(st, slowdown.GPU, u)
             if c is not None and c is not g.cusum and c.last_when_ns == g.cusum.last_when_ns and c.x > best.cusum.x:
                 best = g.led_to(slowdown.GPU, u, c, c.z)
@@ -265,7 +265,7 @@ class Naming:
             return found
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
         behind = _upstream(flows, source)
-        behind.update(u for u in ev.values[slowdown.GPU][0]
+        behind.update(u for u in ev.values.get(slowdown.GPU, ([], None))[0]
                       if u != source and (u in alarmed or self.mem.gathering(st, slowdown.GPU, u) is not None))
         for u in sorted(behind):
             other = self._network(st, ev, u)

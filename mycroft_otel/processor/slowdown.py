@@ -242,8 +242,10 @@ def _recovered_stall(st: TraceState) -> Finding | None:
             decorate(st, views, f)
             return f
     f = rca.analyse_hang(st, sviews)
-    if f is None or f.category not in _FROM_HANG or f.reason == "silent":
-        return None  # a rank we did not hear from in a collective that completed was simply not slow
+    if f is None or f.category not in _FROM_HANG or f.reason in ("silent", "noflow"):
+        # a rank we did not hear from in a collective that completed was simply not slow; and a collective
+        # without network flows (NVLink) says nothing of which rank held it: its walk's culprit is a guess
+        return None
     cat = _FROM_HANG[f.category]
     if cat == "late_rank" and st.func in P2P:  # (as above)
         return None
