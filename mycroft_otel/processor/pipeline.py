@@ -79,7 +79,7 @@ class Processor:
         self.lock = threading.RLock()
         self.listeners: list[Callable[[Verdict], None]] = []
         self.incidents = Incidents(self.store, s.incident_window_s)
-        # its own clock: a page's life is minutes to hours, which tests run on virtual time
+        # its own clock, injectable: a page lives minutes to hours of the job's time, apart from the detector's
         self.open_incidents = OpenIncidents(self.store, s.incident_quiet_s, s.trace_ui_url, metrics,
                                             incident_clock or mono_clock)
         self.propagation = Propagation(self.store, s.stall_ms, clock_ns)
