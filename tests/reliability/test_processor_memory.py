@@ -9,6 +9,7 @@ distinct buffers its spans reference, next to the bytes it accounts.
 
 from __future__ import annotations
 
+import re
 import time
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -195,6 +196,15 @@ HISTORY_BUDGET = 8 * MIB      # MYCROFT_MAX_HISTORY_BYTES of the processor under
 HISTORY_OVERHEAD = 48 * MIB   # stated: 10 MiB bodies in transit and their copies, baselines, allocator slack
 
 
+def _wait_for_traces_in_memory(proc, at_most: int, timeout_s: float = 120.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        m = re.search(r"^mycroft_processor_traces_in_memory (\S+)$", proc.metrics(), re.M)
+        if m and float(m.group(1)) <= at_most:
+            return
+        time.sleep(0.5)
+
+
 def test_communicator_flood_stays_within_the_history_budget(tmp_path):
     """1,200 communicators never seen before, 12 healthy collectives each: what the slowdown detector learns
     of them stays within MYCROFT_MAX_HISTORY_BYTES (each left ~98 KiB behind after its traces expired
@@ -214,9 +224,11 @@ def test_communicator_flood_stays_within_the_history_budget(tmp_path):
         base = proc.rss_bytes()
         for first in range(50, 1250, 50):
             assert post(proc.http_port, batch(first, 50))[0] == 200
-        end = time.monotonic() + 120
-        while "mycroft_processor_traces_in_memory 0.0" not in proc.metrics() and time.monotonic() < end:
-            time.sleep(1)  # analysed, then expired (TTL 2 s)
+            # Paced: at most two batches' traces alive at once. What is measured is the history the detector
+            # keeps, not the trace store's peak (bounded by its own budget, tested above); on a busy machine
+            # an unpaced flood holds all 14,400 traces at once and the allocator keeps that peak's arenas.
+            _wait_for_traces_in_memory(proc, at_most=50 * 12)
+        _wait_for_traces_in_memory(proc, at_most=0)  # analysed, then expired (TTL 2 s)
         after = proc.rss_bytes()
         print(f"communicator flood: RSS {base / MIB:.0f} MiB before, {after / MIB:.0f} after "
               f"(bound {(base + HISTORY_BUDGET + HISTORY_OVERHEAD) / MIB:.0f})")
