@@ -11,7 +11,7 @@ every process; at the end it compares the agent's own counters with the gateway'
 store's, and counts verdicts (a healthy job must have none). Prints one JSON document.
 
 ``throughput``: the capacity of one processor and of the gateway, measured by replaying real agent traffic (the
-processor recording made by ``job``, trace ids renamed per round so nothing is a duplicate) as fast as one
+processor recording made by ``job``, trace and job ids renamed per round so nothing is a duplicate) as fast as one
 sender can: spans/s accepted and CPU seconds per 1,000 spans of each process (the CPU figure is what transfers to
 a dedicated machine; the wall-clock rate on this shared 2-core box is a lower bound).
 
@@ -319,7 +319,9 @@ def _requests_from_recording(path: Path, limit: int = 400) -> list:
 
 
 def _renamed(req, round_no: int) -> bytes:
-    """The request with every trace id (and link trace id) xored with the round number: new traces each round."""
+    """The request with every trace id (and link trace id) xored with the round number: new traces each round;
+    and its job id suffixed with it: the gateway routes by job id, so the rounds spread over the processors
+    as many jobs' traffic does."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     r = ExportTraceServiceRequest()
@@ -330,6 +332,9 @@ def _renamed(req, round_no: int) -> bytes:
         return tid[:12] + bytes(a ^ b for a, b in zip(tid[12:], salt)) if len(tid) == 16 else tid
 
     for rs in r.resource_spans:
+        for kv in rs.resource.attributes:
+            if kv.key == "mycroft.job.id":
+                kv.value.string_value = f"{kv.value.string_value}-r{round_no}"
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 sp.trace_id = ren(sp.trace_id)

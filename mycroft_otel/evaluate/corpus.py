@@ -23,6 +23,7 @@ from mycroft_otel import semconv
 from mycroft_otel.evaluate import virtual
 from mycroft_otel.evaluate.corpus_report import HEALTHY, curve_svg, report, text
 from mycroft_otel.evaluate.harness import culprit_matches
+from mycroft_otel.evaluate.routing import BY_JOB, Routing
 from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.sim.faults import CATALOGUE, SLOWDOWN_PARAM, FaultError, factor_for_slowdown
 from mycroft_otel.sim.model import NOISE_MODELS, TimingModel, eval_model
@@ -309,12 +310,15 @@ def _excused(v, noise_events: list[dict]) -> bool:
     return bool(g) and int(g[0]) in {int(e["rank"]) for e in noise_events}
 
 
-def run_case(case: Case, stall_ms: int, plugin: str | None = None) -> dict:
-    """Run one case on virtual time and score it: a compact row (JSON-able)."""
+def run_case(case: Case, stall_ms: int, plugin: str | None = None, processors: int = 1,
+             routing: Routing = BY_JOB) -> dict:
+    """Run one case on virtual time and score it: a compact row (JSON-able). ``processors``, ``routing``:
+    behind a gateway (virtual.run_scenario)."""
     sc = case.scenario
     if case.fault in HANGS:
         sc = replace(sc, duration_s=HANG_AT_S + stall_ms / 1000 + 5.0)
-    o = virtual.run_scenario(sc, stall_ms, plugin=plugin, model=case.model())
+    o = virtual.run_scenario(sc, stall_ms, plugin=plugin, model=case.model(), processors=processors,
+                             routing=routing)
     r = virtual.score(o)
     truth = o.truth or {}
     healthy = case.fault == HEALTHY
@@ -347,9 +351,9 @@ def run_case(case: Case, stall_ms: int, plugin: str | None = None) -> dict:
 
 def _run_indexed(args: tuple) -> tuple[int, dict]:
     """One case; a case that raises becomes a row naming the error (the others' results are kept)."""
-    i, case, stall_ms, plugin = args
+    i, case, stall_ms, plugin, processors, routing = args
     try:
-        return i, run_case(case, stall_ms, plugin)
+        return i, run_case(case, stall_ms, plugin, processors, routing)
     except Exception as exc:  # noqa: BLE001 -- any failure of one run is reported with its case, not fatal
         return i, {"scenario": case.scenario.name, "fault": case.fault, "topology": case.topology,
                    "comm": case.comm, "noise": case.noise, "seed": case.scenario.seed,
@@ -357,7 +361,8 @@ def _run_indexed(args: tuple) -> tuple[int, dict]:
 
 
 def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | None = None,
-               log: Callable[[str], None] = lambda m: None) -> list[dict]:
+               log: Callable[[str], None] = lambda m: None, processors: int = 1,
+               routing: Routing = BY_JOB) -> list[dict]:
     """Rows in ``todo``'s order. ``jobs`` > 1: a process pool (one plugin per process: the virtual clock
     belongs to one ABI driver per process, so cases never share a process concurrently)."""
     rows: list[dict | None] = [None] * len(todo)
@@ -373,7 +378,7 @@ def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | Non
             f"{' false verdicts: ' + str(row['false_verdicts']) if row['false_verdicts'] else ''}"
             f" [{row['sim_s']} s simulated in {row['wall_s']} s]")
 
-    work = [(i, c, stall_ms, plugin) for i, c in enumerate(todo)]
+    work = [(i, c, stall_ms, plugin, processors, routing) for i, c in enumerate(todo)]
     if jobs <= 1:
         for w in work:
             done(*_run_indexed(w))

@@ -23,11 +23,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from mycroft_otel.agent.agent import Agent
 from mycroft_otel.agent.exporter import Transport
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.evaluate import harness
 from mycroft_otel.evaluate.harness import Outcome
+from mycroft_otel.evaluate.routing import BY_JOB, HashRing, Routing, split
 from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.evaluate.sink import Verdict
 from mycroft_otel.processor.pipeline import Processor
@@ -130,11 +133,13 @@ def measured_slowdown(sim: Simulation, truth: dict) -> float | None:
 
 def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None,
                  model: TimingModel | None = None, ring_records: int | None = None,
-                 record: list | None = None) -> VirtualOutcome:
+                 record: list | None = None, processors: int = 1, routing: Routing = BY_JOB) -> VirtualOutcome:
     """``record``: a list that receives the run's OTLP traffic as ExportTraceServiceRequest bytes, what the
     processor received and then its root-cause spans (the input of ``mycroft-otel report``). ``model``: the job's timing model (default the eval model under NCCL's noise; the corpus varies the
     noise and the DP algorithm). ``ring_records``: completions per ring (default the plugin's; a job of
-    thousands of contexts needs fewer to fit /dev/shm)."""
+    thousands of contexts needs fewer to fit /dev/shm). ``processors``: how many processors analyse the
+    job, each agent request split among them as the gateway's load_balancing exporter does on ``routing``
+    (routing.py)."""
     if needs_real_processes(sc):
         raise ValueError(f"scenario {sc.name}: {sc.fault_name} needs real processes (run it without --virtual)")
     out = VirtualOutcome(sc)
@@ -154,8 +159,9 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
     try:
         settings = AgentSettings.from_env(env, ring_dir=cfg.ring_dir, state_dir=f"{work}/state")
         agent = Agent(settings, transport=transport, resource_extra=[], clock=job.mono_ns)
-        proc = Processor(env=env, clock_ns=job.realtime_ns, mono_clock=lambda: job.mono_ns() / 1e9,
-                         tick_s=TICK_S, stall_ms=stall_ms)
+        procs = [Processor(env=env, clock_ns=job.realtime_ns, mono_clock=lambda: job.mono_ns() / 1e9,
+                           tick_s=TICK_S, stall_ms=stall_ms) for _ in range(processors)]
+        deliver = _gateway(procs, routing)
         poll_ns = max(1, int(round(settings.poll_s * 1e9)))
         tick_ns = int(TICK_S * 1e9)
         end_ns = int((sc.duration_s + GRACE_S) * 1e9)
@@ -171,12 +177,13 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
                     agent.poll_once()
                 agent.queue.flush()  # the export thread hands its requests over before the processor looks
                 for payload in transport.take():
-                    proc.ingest_payload(payload)
+                    deliver(payload)
                     if record is not None:
                         record.append(payload)
                 next_poll += poll_ns
             if t == next_tick:
-                verdicts += proc.tick()
+                for proc in procs:
+                    verdicts += proc.tick()
                 next_tick += tick_ns
         if record is not None and verdicts:
             record.append(_root_cause_request(verdicts))
@@ -206,6 +213,19 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
     out.wall_s = time.monotonic() - t_wall
     log(f"  {sc.name}: {len(out.verdicts)} verdict(s), {out.sim_s:.1f} s simulated in {out.wall_s:.1f} s")
     return out
+
+
+def _gateway(procs: list[Processor], routing: Routing):
+    """The agents' requests into ``procs``: all to the one, or split as the gateway's exporter splits them."""
+    if len(procs) == 1:
+        return procs[0].ingest_payload
+    ring = HashRing([f"processor-{i}:4317" for i in range(len(procs))])
+    by_endpoint = {f"processor-{i}:4317": p for i, p in enumerate(procs)}
+
+    def deliver(payload: bytes) -> None:
+        for endpoint, part in split(ExportTraceServiceRequest.FromString(payload), routing, ring).items():
+            by_endpoint[endpoint].ingest_payload(part.SerializeToString())
+    return deliver
 
 
 def _root_cause_request(verdicts: list) -> bytes:

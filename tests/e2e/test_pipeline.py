@@ -66,10 +66,7 @@ for _name, _rank in _ORDER:
 # - slow_proxy: through the stack the first attempt named nothing in 1 of 1 runs this stop (the retry named it;
 #   `mycroft-otel eval --only slow_proxy` named it in 4 of 4): its proxy sleeps in every other collective only
 #   (p=0.5), and its credit wait reaches the processor only in the collectives the agents export.
-# - coll_mismatch: with 2 processors the mismatched collective and the ones queued behind it land on different
-#   processors (trace-ID routing); the one holding only a queued collective may name gpu_stalled first.
-KNOWN_MISSES = {"slow_proxy": "through the stack an attempt may end with no verdict for it",
-                "coll_mismatch": "cross-trace analysis split over processors"}
+KNOWN_MISSES = {"slow_proxy": "through the stack an attempt may end with no verdict for it"}
 
 
 def _param(sc):

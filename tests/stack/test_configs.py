@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mycroft_otel.evaluate.routing import BY_JOB
+
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "collector_config"
 ALERTS = REPO / "dashboards" / "alerts"
@@ -70,7 +72,9 @@ def test_gateway_has_no_feedback_loop():
     # root-cause spans go to the trace store and to the span counter (a connector into a metrics
     # pipeline), never into the load balancer
     assert by_receiver["otlp/rootcause"] == {"otlp_grpc/traces_backend", "spanmetrics/rootcause"}
-    assert cfg["exporters"][lb[0]]["routing_key"] == "traceID"
+    # a job's spans stay together (the routing the virtual harness measures: evaluate/routing.BY_JOB)
+    assert cfg["exporters"][lb[0]]["routing_key"] == BY_JOB.key.value
+    assert tuple(cfg["exporters"][lb[0]]["routing_attributes"]) == BY_JOB.attributes
     assert by_receiver["spanmetrics/rootcause"] == {"prometheus"}
     assert "spanmetrics/rootcause" in cfg["connectors"]
     traces_only = {e for n, p in pipes.items() if n.startswith("traces/") for e in p["exporters"]}
@@ -151,3 +155,12 @@ def test_root_cause_alert_is_one_per_job_incident():
     am = yaml.safe_load((CONF / "alertmanager.yml").read_text())
     nccl = next(r for r in am["route"]["routes"] if 'component = "nccl"' in r["matchers"])
     assert nccl["group_by"] == ["job_id"]
+
+
+def test_both_gateways_route_by_job():
+    """gateway.yaml and gateway-secure.yaml balance the processors on the same key (a cluster switching to the
+    secure one must not start splitting its jobs)."""
+    for name in ("gateway.yaml", "gateway-secure.yaml"):
+        exporters = yaml.safe_load((CONF / name).read_text())["exporters"]
+        (lb,) = [v for k, v in exporters.items() if k.split("/")[0] == "load_balancing"]
+        assert (lb["routing_key"], tuple(lb["routing_attributes"])) == (BY_JOB.key.value, BY_JOB.attributes), name
