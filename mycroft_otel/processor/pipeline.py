@@ -377,12 +377,12 @@ class Processor:
         return v
 
     def _publish(self, v: Verdict) -> None:
+        with self.lock:  # a restarted processor that names a published verdict again still has its incident
+            self.open_incidents.verdict(v)  # open: the job is still hung, its page must not resolve
         if self.published is not None and not self.published.first(v.trace_id):
             self.counts["already_published"] += 1
             return
         log.warning("root cause: %s", v.summary())
-        with self.lock:
-            self.open_incidents.verdict(v)
         if self.metrics is not None:
             self.metrics.verdict(v)
         if self.exporter is not None:

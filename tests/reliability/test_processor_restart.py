@@ -3,7 +3,8 @@
 The real program, twice over one ``--state-dir``: the first run names a hung collective, is
 stopped, and the second is sent the same collective's evidence again (as an agent still
 reporting a hung collective, or a gateway replaying its queue, sends it). Before, the second
-run published the verdict again: a second alert for one incident.
+run published the verdict again: a second alert for one incident; and a run that did not publish it
+again left its job without an open incident, so the page resolved while the job was still hung.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def test_restart_does_not_publish_a_verdict_again(tmp_path):
     second = start_processor(tmp_path, "--state-dir", str(state))
     try:
         assert post(second.http_port, hung_payload(1))[0] == 200  # the same collective, again
+        # not published again, but the job's incident is open again (its page stays firing while it is hung)
+        end = time.monotonic() + 60
+        while "mycroft_incidents_open{" not in second.metrics() and time.monotonic() < end:
+            time.sleep(0.5)
+        assert "mycroft_incidents_open{" in second.metrics()
+        assert not _root_causes(second.metrics())
         assert post(second.http_port, hung_payload(2))[0] == 200  # a new one: still named
         lines = _wait_root_causes(second, 1)
         time.sleep(2.0)  # both stalls are past the threshold by now: the first would have been named too
