@@ -488,6 +488,7 @@ class LocalStack:
             "MYCROFT_GATEWAY_PROMETHEUS": f"{LOOPBACK}:{p['gw_prometheus']}",
             "MYCROFT_PROCESSORS": f"[{hosts}]",
             "MYCROFT_TRACES_BACKEND": f"{LOOPBACK}:{p['store_otlp_grpc']}",
+            "MYCROFT_GATEWAY_QUEUE_DIR": str(self.run_dir / "gateway-queue"),
         }
         argv = [binary, "--config", str(self.config_dir / "gateway.yaml")]
         url = f"http://{LOOPBACK}:{p['gw_health']}/"
