@@ -151,3 +151,18 @@ def test_root_cause_alert_is_one_per_job_incident():
     am = yaml.safe_load((CONF / "alertmanager.yml").read_text())
     nccl = next(r for r in am["route"]["routes"] if 'component = "nccl"' in r["matchers"])
     assert nccl["group_by"] == ["job_id"]
+
+
+def test_the_page_links_come_from_the_incidents_info_series():
+    """trace_url and runbook_url are the info series' labels, read alike: the processors know the links (their
+    MYCROFT_TRACE_UI_URL, MYCROFT_RUNBOOK_URL), the rule invents none."""
+    rules = yaml.safe_load((ALERTS / "mycroft-rules.yaml").read_text())
+    alert = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "MycroftRootCause")
+    ann = alert["annotations"]
+    for link in ("trace_url", "runbook_url"):
+        assert ann[link] == ann["trace_id"].replace('label "trace_id"', f'label "{link}"'), link
+        assert "http" not in ann[link]
+    grafana = yaml.safe_load((REPO / "dashboards" / "grafana-alert-rules.yaml").read_text())
+    rule = next(r for g in grafana["groups"] for r in g["rules"] if r.get("title") == "MycroftRootCause")
+    for link in ("trace_url", "runbook_url"):
+        assert rule["annotations"][link].startswith(f"label {link} of mycroft_incident_info{{"), link
