@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default loopback; 0.0.0.0 for all interfaces)")
     parser.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (0: any free; -1: off)")
     parser.add_argument("--http-port", type=int, default=4318, help="OTLP/HTTP port (0: any free; -1: off)")
-    parser.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port (-1: off)")
+    parser.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics (and /runbook) port (-1: off)")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BYTES,
                         help="largest OTLP request accepted (decompressed)")
     parser.add_argument("--tls-cert", help="PEM certificate: serve OTLP over TLS (with --tls-key)")

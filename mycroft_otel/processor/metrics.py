@@ -10,9 +10,9 @@ closes, so their series count is the open incidents' (at most open_incidents.MAX
 (kind, category, culprit global ranks and hosts) on ``mycroft_incidents_open`` (1) and
 ``mycroft_incident_confidence`` (the verdict's confidence: with several processors, each may name its own
 verdict of the job, and the alert pages the likeliest), and ``mycroft_incident_info`` adds the trace id,
-its link in the trace UI, the communicator and the evidence sentence. The trace id is kept out of the
-first two so that the alert's identity is the incident's culprit, not one of its traces: two processors
-naming the same culprit make one alert.
+its link in the trace UI, its category's section of the runbook, the communicator and the evidence
+sentence. The trace id is kept out of the first two so that the alert's identity is the incident's
+culprit, not one of its traces: two processors naming the same culprit make one alert.
 
 The same server answers ``/runbook``: docs/runbook.md as HTML (runbook.py), what the page's ``runbook_url``
 links to unless MYCROFT_RUNBOOK_URL points elsewhere.
@@ -225,8 +225,9 @@ class _Runbook(tornado.web.RequestHandler):
             self.set_status(404)
             self.set_header("Content-Type", "text/plain; charset=utf-8")
             self.write(f"no runbook here: {self.path} cannot be read "
-                       f"({exc.strerror if isinstance(exc, OSError) else exc}); it is docs/runbook.md of "
-                       "mycroft-otel\n")
+                       f"({exc.strerror if isinstance(exc, OSError) else exc}). It is mycroft-otel's "
+                       "docs/runbook.md, which the package installs there; or set MYCROFT_RUNBOOK_URL to "
+                       "another copy.\n")
             return
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.write(runbook.render(text))
