@@ -94,6 +94,10 @@ VARS: dict[str, Var] = {
         Var("MYCROFT_TRACE_UI_URL", "",
             "Trace UI the page and `mycroft-otel report` link to: a base URL that /trace/<trace id> is appended to (Jaeger), or a URL "
             "with {trace_id} in it (Grafana Explore, any UI); empty: no link.", "processor"),
+        Var("MYCROFT_RUNBOOK_URL", "",
+            "Runbook the page links to, #<category> appended (its section); empty: the processor's own copy, "
+            "http://<host>:<metrics port>/runbook, host the --bind address (the machine's FQDN for 0.0.0.0).",
+            "processor"),
         Var("MYCROFT_MAX_TRACES", "20000", "Traces the processor holds at once; the oldest are evicted.",
             "processor"),
         Var("MYCROFT_OTLP_TOKEN", "",

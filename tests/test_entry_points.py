@@ -212,8 +212,13 @@ def test_wheel_ships_the_plugin_and_extension_and_runs_every_command(wheel_insta
     names = zipfile.ZipFile(wheel).namelist()
     assert "mycroft_otel/lib/libnccl-profiler-mycroft.so" in names
     assert any(re.fullmatch(r"mycroft_otel/_native\..*\.so", n) for n in names), names
+    assert "mycroft_otel/docs/runbook.md" in names  # what the processor serves at /runbook
     res = inst.run([inst.python, "-c", "import mycroft_otel, mycroft_otel._native as n; print(n.__file__)"])
     assert res.returncode == 0 and res.stdout.strip().startswith(str(inst.venv)), res.stderr
+    res = inst.run([inst.python, "-c", "from mycroft_otel import paths; p = paths.runbook_path(); "
+                    "print(p.is_file(), p)"])
+    assert res.returncode == 0 and res.stdout.startswith(f"True {inst.venv}"), res.stdout + res.stderr
+    assert res.stdout.strip().endswith("mycroft_otel/docs/runbook.md"), res.stdout
     _check_install(inst, tmp_path, extras=False)
 
 

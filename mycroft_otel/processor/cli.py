@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -17,6 +19,7 @@ from mycroft_otel import config
 from mycroft_otel.config import ConfigError
 from mycroft_otel.processor.otlp_http import HttpLimits
 from mycroft_otel.processor.receiver import DEFAULT_MAX_BYTES, Receiver
+from mycroft_otel.processor.settings import Settings
 from mycroft_otel.redact import check_headers
 
 
@@ -25,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default loopback; 0.0.0.0 for all interfaces)")
     parser.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (0: any free; -1: off)")
     parser.add_argument("--http-port", type=int, default=4318, help="OTLP/HTTP port (0: any free; -1: off)")
-    parser.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port (-1: off)")
+    parser.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics (and /runbook) port (-1: off)")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BYTES,
                         help="largest OTLP request accepted (decompressed)")
     parser.add_argument("--tls-cert", help="PEM certificate: serve OTLP over TLS (with --tls-key)")
@@ -64,6 +67,13 @@ def _token(args: argparse.Namespace) -> str | None:
     return config.get_str("MYCROFT_OTLP_TOKEN").strip() or None
 
 
+def own_runbook_url(bind: str, port: int) -> str:
+    """This processor's /runbook as a reader of the page may reach it: at the bound address, or at the
+    machine's FQDN when it listens on every interface."""
+    host = socket.getfqdn() if bind in ("", "0.0.0.0", "::") else bind
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/runbook"
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -81,9 +91,17 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get(var, "").strip():
             check_headers(var, os.environ[var])  # before the SDK's exporter would log a bad one, value and all
     token = _token(args)
+    settings = Settings.from_env()
     published = PublishedVerdicts(args.state_dir) if args.state_dir else None
     metrics = Metrics()
-    processor = Processor(exporter=RootCauseExporter(), metrics=metrics, published=published)
+    try:  # first: the page links to this server's /runbook, at the port it bound
+        mport = metrics.serve(args.metrics_port, args.bind) if args.metrics_port >= 0 else None
+    except OSError as exc:
+        print(f"mycroft-otel processor: {exc}", file=sys.stderr)
+        return 1
+    if not settings.runbook_url and mport is not None:
+        settings = dataclasses.replace(settings, runbook_url=own_runbook_url(args.bind, mport))
+    processor = Processor(exporter=RootCauseExporter(), metrics=metrics, published=published, settings=settings)
     receiver = Receiver(processor, bind=args.bind, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                         http_port=None if args.http_port < 0 else args.http_port,
                         max_bytes=args.max_request_bytes, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -94,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
                                           max_json_bytes=args.max_json_bytes))
     try:
         receiver.start()
-        mport = metrics.serve(args.metrics_port, args.bind) if args.metrics_port >= 0 else None
     except OSError as exc:
         print(f"mycroft-otel processor: {exc}", file=sys.stderr)
         receiver.shutdown()
+        metrics.shutdown()
         return 1
     processor.start()
     print(f"mycroft-otel processor: OTLP gRPC {args.bind}:{receiver.grpc_port}, HTTP {args.bind}:{receiver.http_port}"

@@ -10,9 +10,12 @@ closes, so their series count is the open incidents' (at most open_incidents.MAX
 (kind, category, culprit global ranks and hosts) on ``mycroft_incidents_open`` (1) and
 ``mycroft_incident_confidence`` (the verdict's confidence: with several processors, each may name its own
 verdict of the job, and the alert pages the likeliest), and ``mycroft_incident_info`` adds the trace id,
-its link in the trace UI, the communicator and the evidence sentence. The trace id is kept out of the
-first two so that the alert's identity is the incident's culprit, not one of its traces: two processors
-naming the same culprit make one alert.
+its link in the trace UI, its category's section of the runbook, the communicator and the evidence
+sentence. The trace id is kept out of the first two so that the alert's identity is the incident's
+culprit, not one of its traces: two processors naming the same culprit make one alert.
+
+The same server answers ``/runbook``: docs/runbook.md as HTML (runbook.py), what the page's ``runbook_url``
+links to unless MYCROFT_RUNBOOK_URL points elsewhere.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent import futures
+from pathlib import Path
 
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from mycroft_otel import paths
+from mycroft_otel.processor import runbook
 from mycroft_otel.processor.outcome import Outcome
 from mycroft_otel.processor.state import DROP_REASONS
 
@@ -84,8 +90,10 @@ class Metrics:
                                          _PAGE_LABELS, registry=r)
         self.incident_info = Gauge("mycroft_incident_info",
                                    "1 while the job's incident is open: the trace of the verdict the page shows, "
-                                   "its link in the trace UI (MYCROFT_TRACE_UI_URL), communicator and evidence.",
-                                   _PAGE_LABELS + ["trace_id", "trace_url", "comm", "evidence"], registry=r)
+                                   "its link in the trace UI (MYCROFT_TRACE_UI_URL), its category's section of the "
+                                   "runbook (MYCROFT_RUNBOOK_URL), communicator and evidence.",
+                                   _PAGE_LABELS + ["trace_id", "trace_url", "runbook_url", "comm", "evidence"],
+                                   registry=r)
         self._server = None
         self._comms: set[str] = set()
         self._shown: dict[str, tuple[tuple, tuple]] = {}  # job -> label values of its page and info series
@@ -130,10 +138,10 @@ class Metrics:
             self.detection.labels(v.kind).observe(max(0.0, (v.detected_ns - onset) / 1e9))
         self.analysis.labels(v.kind).observe(v.analysis_s)
 
-    def incident_shown(self, inc, face, trace_url: str) -> None:
+    def incident_shown(self, inc, face, links) -> None:
         self.incident_closed(inc.job)
         page = (inc.job, face.kind, face.category, face.culprit_label(), ",".join(face.hosts))
-        info = page + (face.trace_id.hex(), trace_url, face.comm, face.evidence)
+        info = page + (face.trace_id.hex(), links.trace_url, links.runbook_url, face.comm, face.evidence)
         self.incidents_open.labels(*page).set(1)
         self.incident_confidence.labels(*page).set(face.confidence)
         self.incident_info.labels(*info).set(1)
@@ -146,15 +154,17 @@ class Metrics:
             self.incident_confidence.remove(*shown[0])
             self.incident_info.remove(*shown[1])
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve /metrics (and /); returns the bound port (0 picks a free one). Raises OSError when it cannot
-        bind."""
+    def serve(self, port: int, addr: str = "127.0.0.1", runbook_path: Path | None = None) -> int:
+        """Serve /metrics (and /) and /runbook (``runbook_path``, default paths.runbook_path()); returns the
+        bound port (0 picks a free one). Raises OSError when it cannot bind."""
+        runbook_path = runbook_path or paths.runbook_path()
         loop = asyncio.new_event_loop()
         started: futures.Future = futures.Future()
 
         async def start():
             socks = tornado.netutil.bind_sockets(port, addr, reuse_port=False)
-            app = tornado.web.Application([(r"/(?:metrics)?", _Scrape, {"registry": self.registry})])
+            app = tornado.web.Application([(r"/(?:metrics)?", _Scrape, {"registry": self.registry}),
+                                           (r"/runbook", _Runbook, {"path": runbook_path})])
             server = _CappedServer(app, idle_connection_timeout=METRICS_REQUEST_TIMEOUT_S,
                                    body_timeout=METRICS_REQUEST_TIMEOUT_S, max_body_size=64 << 10,
                                    max_header_size=64 << 10)
@@ -200,6 +210,27 @@ class _Scrape(tornado.web.RequestHandler):
 
     def log_exception(self, *args) -> None:  # a broken scraper is not our error
         pass
+
+
+class _Runbook(tornado.web.RequestHandler):
+    """The runbook, read at each request (a page is rare; an edited file shows at once)."""
+
+    def initialize(self, path: Path) -> None:  # type: ignore[override]
+        self.path = path
+
+    def get(self) -> None:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            self.set_status(404)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.write(f"no runbook here: {self.path} cannot be read "
+                       f"({exc.strerror if isinstance(exc, OSError) else exc}). It is mycroft-otel's "
+                       "docs/runbook.md, which the package installs there; or set MYCROFT_RUNBOOK_URL to "
+                       "another copy.\n")
+            return
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.write(runbook.render(text))
 
 
 class _CappedServer(tornado.httpserver.HTTPServer):

@@ -80,10 +80,19 @@ class OpenIncident:
         return len(self.members)
 
 
+@dataclass(frozen=True)
+class PageLinks:
+    """What a page links to: the face's trace in the trace UI and its category's section of the runbook;
+    '' where none is configured."""
+
+    trace_url: str = ""
+    runbook_url: str = ""
+
+
 class IncidentSink(Protocol):
     """Where the open incidents are shown (metrics.py's gauges)."""
 
-    def incident_shown(self, inc: OpenIncident, face: Member, trace_url: str) -> None:
+    def incident_shown(self, inc: OpenIncident, face: Member, links: PageLinks) -> None:
         """The job's incident is open with this face (replacing any face shown before)."""
 
     def incident_closed(self, job: str) -> None:
@@ -100,14 +109,21 @@ def trace_link(template: str, trace_id: str) -> str:
     return f"{template.rstrip('/')}/trace/{trace_id}"
 
 
+def runbook_link(base: str, category: str) -> str:
+    """The category's section of the runbook at ``base`` (its headings are the categories); '' for no
+    runbook."""
+    return f"{base.partition('#')[0]}#{category}" if base else ""
+
+
 class OpenIncidents:
     """The open incidents of one processor, by job. Not thread-safe: the processor calls it under its lock."""
 
-    def __init__(self, store: TraceStore, quiet_s: float, trace_url: str = "",
+    def __init__(self, store: TraceStore, quiet_s: float, trace_ui_url: str = "", runbook_url: str = "",
                  sink: IncidentSink | None = None, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.quiet_s = quiet_s
-        self.trace_url = trace_url
+        self.trace_ui_url = trace_ui_url  # trace_link's template
+        self.runbook_url = runbook_url    # runbook_link's base
         self.sink = sink
         self.clock = clock
         self.by_job: dict[str, OpenIncident] = {}
@@ -208,7 +224,8 @@ class OpenIncidents:
             return
         inc.shown = face
         if self.sink is not None:
-            self.sink.incident_shown(inc, face, trace_link(self.trace_url, face.trace_id.hex()))
+            self.sink.incident_shown(inc, face, PageLinks(trace_link(self.trace_ui_url, face.trace_id.hex()),
+                                                          runbook_link(self.runbook_url, face.category)))
 
 
 def _moves(m: Member, ref: SpanRef, proc: ProcKey | None) -> bool:

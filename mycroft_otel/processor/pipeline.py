@@ -80,8 +80,8 @@ class Processor:
         self.listeners: list[Callable[[Verdict], None]] = []
         self.incidents = Incidents(self.store, s.incident_window_s)
         # its own clock, injectable: a page lives minutes to hours of the job's time, apart from the detector's
-        self.open_incidents = OpenIncidents(self.store, s.incident_quiet_s, s.trace_ui_url, metrics,
-                                            incident_clock or mono_clock)
+        self.open_incidents = OpenIncidents(self.store, s.incident_quiet_s, s.trace_ui_url, s.runbook_url,
+                                            metrics, incident_clock or mono_clock)
         self.propagation = Propagation(self.store, s.stall_ms, clock_ns)
         self.detector = SlowdownDetector(s, lambda comm, rank: self.store.proc_of.get((comm, rank)),
                                          self.store.waiting)

@@ -24,6 +24,8 @@ class Settings:
     incident_quiet_s: float = 300.0  # MYCROFT_INCIDENT_QUIET_S, > 0: a page resolves when its job is silent this
                                     #   long, or its slowdown unseen (open_incidents.py)
     trace_ui_url: str = ""          # MYCROFT_TRACE_UI_URL: Jaeger base URL, or a URL with {trace_id}
+    runbook_url: str = ""           # MYCROFT_RUNBOOK_URL: the runbook the page links to (#<category> appended);
+                                    #   '' until cli.py fills in the processor's own /runbook (own_runbook_url)
     max_history_bytes: int = 512 << 20  # MYCROFT_MAX_HISTORY_BYTES, >= 1 MiB: the detector's learned history
     # -- detector design ------------------------------------------------------------------------
     cusum: SequentialDesign = field(default_factory=SequentialDesign)
@@ -60,6 +62,7 @@ class Settings:
             max_trace_bytes=config.get_int("MYCROFT_MAX_TRACE_BYTES", env, lo=1 << 20),
             incident_quiet_s=config.get_float("MYCROFT_INCIDENT_QUIET_S", env, lo=0.001),
             trace_ui_url=_url("MYCROFT_TRACE_UI_URL", config.get_str("MYCROFT_TRACE_UI_URL", env)),
+            runbook_url=_url("MYCROFT_RUNBOOK_URL", config.get_str("MYCROFT_RUNBOOK_URL", env)),
             max_history_bytes=config.get_int("MYCROFT_MAX_HISTORY_BYTES", env, lo=1 << 20),
         )
 

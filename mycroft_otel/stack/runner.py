@@ -15,7 +15,8 @@ Wiring (the same files that production uses, with free loopback ports from the e
     Prometheus (prometheus.yml, rules from dashboards/alerts) scrapes processors, gateway (its own
     metrics and its Prometheus exporter: agents' metrics, root-cause span counts), store; with
     ``alert_webhook_url`` it sends alerts to Alertmanager (alertmanager.yml), which posts them there.
-    With Jaeger, the processors' pages link to its UI (MYCROFT_TRACE_UI_URL).
+    With Jaeger, the processors' pages link to its UI (MYCROFT_TRACE_UI_URL); always to the processor's own
+    /runbook on loopback (MYCROFT_RUNBOOK_URL's default where --bind names an address).
 
 Binaries come from $MYCROFT_BIN_DIR (default ${XDG_CACHE_HOME:-~/.cache}/mycroft-otel/bin, what
 scripts/build_stack.sh fills), then PATH. Each process logs to <run_dir>/logs/<name>.log; a

@@ -3,7 +3,8 @@ shipped rules, Alertmanager with the shipped routes, and a webhook served here.
 
 A job hangs (a NIC stops sending on global rank 2). The processor names it and opens the job's incident;
 Prometheus' MycroftRootCause reads it and Alertmanager posts exactly one notification, which names the
-global culprit and its host and links the trace in Jaeger and the runbook. The job stays hung for 15
+global culprit and its host and links the trace in Jaeger and the runbook (the processor's own /runbook,
+fetched here: the page's category is a section of it). The job stays hung for 15
 minutes of the incidents' clock (the processor runs it 20x real time, fast_clock_processor.py; the quiet
 window is 5 of those minutes): the page stays up, nothing resolves. Then the job restarts under the same
 job id and its culprit process runs collectives again: the processor closes the incident and Alertmanager
@@ -13,6 +14,7 @@ ended the page, not the job's silence). Alertmanager's timings are seconds here,
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import urllib.request
@@ -75,7 +77,13 @@ def test_one_page_per_hang_up_while_hung_resolved_on_recovery(stack, webhook):
         assert labels["culprit_ranks"] == "2"  # global rank 2 (rank 1 of its DP communicator)
         assert labels["culprit_hosts"] == "sim-node001", labels
         assert "global rank 2 on sim-node001" in ann["summary"] and hung.job_id in ann["summary"]
-        assert ann["runbook_url"].endswith("runbook.md#net_send_stalled")
+        runbook, _, section = ann["runbook_url"].partition("#")
+        assert runbook == f"http://{stack.processor_ports[0].bind}:{stack.processor_ports[0].metrics}/runbook", ann
+        assert section == labels["category"]
+        with urllib.request.urlopen(runbook, timeout=10) as resp:  # noqa: S310
+            assert resp.headers["Content-Type"].startswith("text/html")
+            page = resp.read().decode()
+        assert re.search(rf'<h[1-6] id="{section}">', page), page[:2000]
         assert ann["description"], ann
         (tid, rca), = wait_until(lambda: verdicts_in_store(stack, "net_send_stalled"), 60, "the verdict in Jaeger")
         assert ann["trace_id"] == tid

@@ -85,6 +85,7 @@ def test_promql_parses_with_promtool(dashboards, tmp_path):
 def _processor_metrics():
     """A real processor Metrics registry that has seen one verdict."""
     from mycroft_otel.processor.metrics import Metrics
+    from mycroft_otel.processor.open_incidents import PageLinks
     m = Metrics()
     v = SimpleNamespace(kind="hang", category="gpu_stalled", comm="5f3a9c0e12ab44d1", detected_ns=4_000_000_000,
                         finding=SimpleNamespace(onset_ns=1_000_000_000), analysis_s=0.002)
@@ -92,7 +93,9 @@ def _processor_metrics():
     face = SimpleNamespace(kind="hang", category="gpu_stalled", culprit_label=lambda: "19", hosts=("node-2",),
                            trace_id=bytes(range(16)), comm="5f3a9c0e12ab44d1", evidence="rank 3 GPU stalled",
                            confidence=0.9)
-    m.incident_shown(SimpleNamespace(job="train-7"), face, "http://jaeger:16686/trace/" + bytes(range(16)).hex())
+    m.incident_shown(SimpleNamespace(job="train-7"), face,
+                     PageLinks("http://jaeger:16686/trace/" + bytes(range(16)).hex(),
+                               "http://p0:9464/runbook#gpu_stalled"))
     m.spans_received(10, 1)
     m.request_rejected("http", "malformed")
     m.traces_in_memory(3, 0, 0)

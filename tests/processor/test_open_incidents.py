@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mycroft_otel.config import ConfigError
 from mycroft_otel.processor.metrics import Metrics
-from mycroft_otel.processor.open_incidents import trace_link
+from mycroft_otel.processor.open_incidents import runbook_link, trace_link
 from mycroft_otel.processor.pipeline import Processor
 from mycroft_otel.processor.settings import Settings
 from synth import JOB, Ring
@@ -35,7 +35,8 @@ def _series(m: Metrics, name: str) -> list[dict]:
 def _processor(quiet_s: float = 300.0):
     clock, metrics = Clock(), Metrics()
     proc = Processor(metrics=metrics, settle_s=0.2, incident_clock=clock,
-                     settings=Settings(incident_quiet_s=quiet_s, trace_ui_url="http://jaeger:16686"))
+                     settings=Settings(incident_quiet_s=quiet_s, trace_ui_url="http://jaeger:16686",
+                                       runbook_url="http://p0:9464/runbook"))
     return proc, metrics, clock
 
 
@@ -69,6 +70,7 @@ def test_a_hang_pages_in_global_ranks_and_hosts_with_a_trace_link():
     info, = _series(m, "mycroft_incident_info")
     tid = ring.tid.to_bytes(16, "big").hex()
     assert info["trace_id"] == tid and info["trace_url"] == f"http://jaeger:16686/trace/{tid}"
+    assert info["runbook_url"] == "http://p0:9464/runbook#gpu_stalled"
     assert info["evidence"] and info["comm"]
 
 
@@ -159,14 +161,29 @@ def test_a_trace_ui_url_that_is_not_http_is_named():
         Settings.from_env({"MYCROFT_TRACE_UI_URL": "jaeger:16686"})
 
 
+@pytest.mark.parametrize("base, want", [
+    ("", ""),
+    ("https://wiki.example/mycroft/runbook", "https://wiki.example/mycroft/runbook#slow_nic"),
+    ("http://p0:9464/runbook#top", "http://p0:9464/runbook#slow_nic"),  # the category's section, not another
+])
+def test_runbook_link(base, want):
+    assert runbook_link(base, "slow_nic") == want
+
+
+def test_a_runbook_url_that_is_not_http_is_named():
+    assert Settings.from_env({"MYCROFT_RUNBOOK_URL": "https://wiki.example/rb"}).runbook_url == "https://wiki.example/rb"
+    with pytest.raises(ConfigError, match="MYCROFT_RUNBOOK_URL"):
+        Settings.from_env({"MYCROFT_RUNBOOK_URL": "wiki.example/rb"})
+
+
 # -- the incident table alone (no analysis): slowdowns, faces -------------------------------------------
 
 class _Sink:
     def __init__(self) -> None:
         self.shown: dict[str, tuple] = {}
 
-    def incident_shown(self, inc, face, trace_url: str) -> None:
-        self.shown[inc.job] = (face.kind, face.category, face.culprit_label(), trace_url)
+    def incident_shown(self, inc, face, links) -> None:
+        self.shown[inc.job] = (face.kind, face.category, face.culprit_label(), links.trace_url)
 
     def incident_closed(self, job: str) -> None:
         del self.shown[job]
@@ -183,7 +200,7 @@ def _table(quiet_s: float = 300.0):
     from mycroft_otel.processor.open_incidents import OpenIncidents
     from mycroft_otel.processor.state import TraceStore
     clock, sink = Clock(), _Sink()
-    return OpenIncidents(TraceStore(), quiet_s, "http://ui", sink, clock), sink, clock
+    return OpenIncidents(TraceStore(), quiet_s, trace_ui_url="http://ui", sink=sink, clock=clock), sink, clock
 
 
 def test_a_slowdown_closes_when_nothing_of_it_is_seen_for_the_quiet_window():

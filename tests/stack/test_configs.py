@@ -164,3 +164,18 @@ def test_both_gateways_route_by_job():
         exporters = yaml.safe_load((CONF / name).read_text())["exporters"]
         (lb,) = [v for k, v in exporters.items() if k.split("/")[0] == "load_balancing"]
         assert (lb["routing_key"], tuple(lb["routing_attributes"])) == (BY_JOB.key.value, BY_JOB.attributes), name
+
+
+def test_the_page_links_come_from_the_incidents_info_series():
+    """trace_url and runbook_url are the info series' labels, read alike: the processors know the links (their
+    MYCROFT_TRACE_UI_URL, MYCROFT_RUNBOOK_URL), the rule invents none."""
+    rules = yaml.safe_load((ALERTS / "mycroft-rules.yaml").read_text())
+    alert = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "MycroftRootCause")
+    ann = alert["annotations"]
+    for link in ("trace_url", "runbook_url"):
+        assert ann[link] == ann["trace_id"].replace('label "trace_id"', f'label "{link}"'), link
+        assert "http" not in ann[link]
+    grafana = yaml.safe_load((REPO / "dashboards" / "grafana-alert-rules.yaml").read_text())
+    rule = next(r for g in grafana["groups"] for r in g["rules"] if r.get("title") == "MycroftRootCause")
+    for link in ("trace_url", "runbook_url"):
+        assert rule["annotations"][link].startswith(f"label {link} of mycroft_incident_info{{"), link
