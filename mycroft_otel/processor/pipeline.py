@@ -231,7 +231,30 @@ class Processor:
 
     # -- hangs ----------------------------------------------------------------------------------
     def _hangs(self, now_ns: int, mono: float) -> list[Verdict]:
-        out = []
+        """The hung collectives' verdicts. All that are ready are analysed first, then heard surest first
+        (then the one that stopped progressing first, then by trace id): a guess about a collective without
+        network flows waits for the evidence that another collective of the same tick holds, and which
+        agent's request arrived first (or which processor of a gateway it went through) decides nothing."""
+        found = [x for x in map(self._analyse_hang, self._hung(now_ns, mono)) if x is not None]
+        found.sort(key=lambda x: (-x[1].confidence, max(x[0].last_progress_ns, x[0].first_evidence_ns),
+                                  x[0].trace_id))
+        out, waited = [], []
+        for x in found:
+            v = self._hear_hang(*x, now_ns, mono)
+            if v is not None:
+                out.append(v)
+            elif self.propagation.waits_for(x[0]):
+                waited.append(x)
+        # a wait heard later in the tick may close a cycle with one heard before it: those are heard again
+        for x in waited:
+            v = self._hear_hang(*x, now_ns, mono)
+            if v is not None:
+                out.append(v)
+        return out
+
+    def _hung(self, now_ns: int, mono: float) -> list:
+        """The hang candidates whose evidence is ready for the analysis (the others wait, or are dropped)."""
+        ready = []
         soonest_ns = self.stall_ms * 1e6 / 3  # the shortest stall any rule calls a hang (detect.is_hung)
         for tid in list(self._hang_cand):
             st = self.store.get(tid)
@@ -253,12 +276,11 @@ class Processor:
             stall_ms = self.stall_thresholds.for_trace(st)
             if (not settling and detect.is_hung(st, now_ns, stall_ms) and not self.store.queued(st)
                     and (detect.seen_stalled(st) or detect.is_hung(st, now_ns, 2 * stall_ms))):
-                v = self._analyse_hang(st, now_ns, mono)
-                if v is not None:
-                    out.append(v)
-        return out
+                ready.append(st)
+        return ready
 
-    def _analyse_hang(self, st, now_ns: int, mono: float) -> Verdict | None:
+    def _analyse_hang(self, st) -> tuple | None:
+        """(st, finding, seconds the analysis took), or None: no finding (or evidence the analysis failed on)."""
         t0 = time.perf_counter()
         try:
             f = rca.analyse_hang(st)
@@ -267,9 +289,11 @@ class Processor:
             self.counts["analysis_errors"] += 1
             st.explained_by = st.trace_id
             return None
-        dt = time.perf_counter() - t0
-        if f is None:
-            return None
+        return None if f is None else (st, f, time.perf_counter() - t0)
+
+    def _hear_hang(self, st, f: Finding, dt: float, now_ns: int, mono: float) -> Verdict | None:
+        """A hang's finding after the others heard before it: moved on, waiting for another's verdict, or a
+        verdict."""
         f = self.propagation.moved_on(st, f)
         before = self.propagation.propagated
         if self.propagation.waits(st, f, mono):

@@ -87,6 +87,10 @@ class Propagation:
                        if (o.comm != st.comm or o.seq < st.seq) and o.has_hang_evidence()]
         return others
 
+    def waits_for(self, st: TraceState) -> bool:
+        """Whether this hang waits for the verdict of hung traces it named (not yet explained by one)."""
+        return st.trace_id in self._deferred and st.explained_by is None
+
     def waits(self, st: TraceState, f: Finding, mono: float) -> bool:
         """True while this hang is (or will be) explained by another trace's verdict: ``st.explained_by`` is
         set once that verdict exists."""
