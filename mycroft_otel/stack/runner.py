@@ -305,7 +305,30 @@ class LocalStack:
             _terminate(proc.popen)
         self._procs.clear()
 
+    def kill_processor(self, index: int) -> None:
+        """SIGKILL processor ``index`` (a crash: nothing flushed, nothing closed)."""
+        proc = self._proc(f"processor-{index}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait(timeout=10)
+
+    def restart_processor(self, index: int) -> None:
+        """Start processor ``index`` again on its ports, as its supervisor would after a crash (its log goes on
+        in the same file), and wait until it is ready."""
+        old = self._proc(f"processor-{index}")
+        if old.popen.poll() is None:
+            raise StackError(f"processor-{index} is still running (kill_processor first)")
+        self._procs.remove(old)
+        self._start_processor(self.processor_ports[index])
+        self._wait_ready()
+
     # -- internals ------------------------------------------------------------------------
+    def _proc(self, name: str) -> _Proc:
+        found = [p for p in self._procs if p.name == name]
+        if not found:
+            raise StackError(f"no {name} in this stack ({', '.join(p.name for p in self._procs)})")
+        return found[0]
+
     def _resolve_binaries(self) -> dict[str, Path]:
         needed = ["otelcol-mycroft"] + (["prometheus"] if self.with_prometheus else [])
         if self.alert_webhook_url:
