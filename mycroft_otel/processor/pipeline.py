@@ -28,6 +28,7 @@ from mycroft_otel.processor.incidents import Incidents, Verdict
 from mycroft_otel.processor.open_incidents import OpenIncidents
 from mycroft_otel.processor.outcome import Decided, Decision, Outcome, silent
 from mycroft_otel.processor.propagation import Propagation
+from mycroft_otel.processor.allocator import Trimmer
 from mycroft_otel.processor.published import PublishedVerdicts
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
@@ -73,6 +74,7 @@ class Processor:
         self.exporter = exporter
         self.metrics = metrics
         self.published = published  # (--state-dir) verdicts published before a restart are not published again
+        self._trimmer = Trimmer()
         self.clock_ns = clock_ns
         self.tick_s = tick_s
         self.settle_s = settle_s
@@ -195,6 +197,7 @@ class Processor:
         out: list[Verdict] = []
         with self.lock:
             self.store.expire()
+            self._trimmer.watch(self.store.bytes)  # after a burst expired: its memory back to the system
             self._stalling = None
             out += self._hangs(now_ns, mono)
             ready = []  # completed collectives to analyse now, measured together
