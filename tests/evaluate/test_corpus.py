@@ -221,10 +221,10 @@ def test_a_run_that_fails_is_reported_and_the_others_kept(monkeypatch):
     todo = corpus.cases(spec)
     real = corpus.run_case
 
-    def flaky(case, stall_ms, plugin=None):
+    def flaky(case, stall_ms, *args):
         if case.scenario.seed == 11:
             raise OSError(28, "No space left on device")
-        return real(case, stall_ms, plugin)
+        return real(case, stall_ms, *args)
     monkeypatch.setattr(corpus, "run_case", flaky)
     logged: list[str] = []
     runs = corpus.run_corpus(todo, 3000, log=logged.append)

@@ -1,4 +1,4 @@
-"""End to end through the real binaries: SDK → gateway → (trace-ID routing) → processors, → trace store;
+"""End to end through the real binaries: SDK → gateway → (routing by job id) → processors, → trace store;
 root-cause spans → gateway's root-cause receiver → trace store only; Prometheus scrapes and loads rules.
 
 The processors are tests/stack/otlp_sink.py (a routing probe, see its docstring), so this runs
@@ -18,6 +18,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from mycroft_otel.evaluate.routing import BY_JOB, HashRing
+from mycroft_otel.semconv import JOB_ID
 from mycroft_otel.stack import LocalStack, ProcessorPorts
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -61,22 +63,40 @@ def sink_records(stack) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _jobs_on_both(stack) -> dict[str, int]:
+    """Job ids and the processor the gateway's ring gives each (evaluate/routing.py, the exporter's own
+    placement): the first ids until both processors have N_TRACES // 4 jobs or more."""
+    ring = HashRing([pp.otlp_grpc for pp in stack.processor_ports])
+    index = {pp.otlp_grpc: pp.index for pp in stack.processor_ports}
+    jobs: dict[str, int] = {}
+    for k in range(1000):
+        job = f"smoke-{k}"
+        jobs[job] = index[ring.endpoint_for("".join(f"{a}={job}|" for a in BY_JOB.attributes).encode())]
+        if len(jobs) >= N_TRACES // 2 and min(list(jobs.values()).count(i) for i in (0, 1)) >= N_TRACES // 4:
+            return jobs
+    raise AssertionError(f"no job ids spread over both processors: {jobs}")
+
+
 @pytest.fixture(scope="module")
 def sent(stack):
-    """Send N_TRACES traces of 3 spans (a parent and two 'rank' children) through the gateway."""
-    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE, "job.id": "smoke"}))
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=stack.agent_otlp_grpc, insecure=True)))
-    tracer = provider.get_tracer("tests.stack")
-    traces: dict[str, list[str]] = {}
-    for i in range(N_TRACES):
-        with tracer.start_as_current_span("ncclAllReduce", attributes={"mycroft.coll.seq": i}) as root:
-            tid = format(root.get_span_context().trace_id, "032x")
-            names = ["ncclAllReduce"]
-            for rank in range(2):
-                with tracer.start_as_current_span(f"rank{rank}", attributes={"mycroft.rank": rank}):
-                    names.append(f"rank{rank}")
-        traces[tid] = names
-    provider.shutdown()
+    """Send N_TRACES traces of 3 spans (a parent and two 'rank' children) through the gateway, two per job,
+    the jobs spread over both processors by the gateway's routing key. {trace id: (span names, job's
+    expected processor)}"""
+    traces: dict[str, tuple[list[str], int]] = {}
+    for job, owner in _jobs_on_both(stack).items():
+        provider = TracerProvider(resource=Resource.create({"service.name": SERVICE, JOB_ID: job}))
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=stack.agent_otlp_grpc,
+                                                                         insecure=True)))
+        tracer = provider.get_tracer("tests.stack")
+        for i in range(2):
+            with tracer.start_as_current_span("ncclAllReduce", attributes={"mycroft.coll.seq": i}) as root:
+                tid = format(root.get_span_context().trace_id, "032x")
+                names = ["ncclAllReduce"]
+                for rank in range(2):
+                    with tracer.start_as_current_span(f"rank{rank}", attributes={"mycroft.rank": rank}):
+                        names.append(f"rank{rank}")
+            traces[tid] = (names, owner)
+        provider.shutdown()
     return traces
 
 
@@ -86,12 +106,12 @@ def test_every_trace_reaches_exactly_one_processor(stack, sent):
         got = {}
         for r in recs:
             got.setdefault(r["trace_id"], []).append(r)
-        return got if all(len(got.get(t, [])) == len(n) for t, n in sent.items()) else None
+        return got if all(len(got.get(t, [])) == len(n) for t, (n, _) in sent.items()) else None
 
     got = wait_until(complete, 30, "all spans at the processors")
     for tid, recs in got.items():
-        assert {r["sink"] for r in recs} == {recs[0]["sink"]}, f"trace {tid} split across processors"
-    # with 12 random trace ids over 2 processors, both get work (fails with p = 2 * 2^-12)
+        # every span of the trace, and of its job, at the processor the exporter's ring gives the job
+        assert {r["sink"] for r in recs} == {sent[tid][1]}, f"trace {tid}: {[r['sink'] for r in recs]}"
     assert {recs[0]["sink"] for recs in got.values()} == {0, 1}
 
 
