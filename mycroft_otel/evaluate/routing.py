@@ -46,6 +46,10 @@ class Routing:
     key: RoutingKey
     attributes: tuple[str, ...] = ()
 
+    def key_for(self, values: dict[str, str]) -> bytes:
+        """The routing key of ``routing_key: attributes`` for these attribute values (a missing one: ``name=|``)."""
+        return "".join(f"{n}={values[n]}|" if n in values else f"{n}=|" for n in self.attributes).encode()
+
 
 #: What the shipped gateway configs route on: a job's spans stay together (its communicators' evidence
 #: is read together: the slowdown test's per-communicator history, cross-communicator naming).
@@ -122,13 +126,14 @@ def _lookup(attrs: Iterable[KeyValue], name: str) -> AnyValue | None:
     return next((kv.value for kv in attrs if kv.key == name), None)
 
 
-def _attribute_key(resource, scope, first_span, names: tuple[str, ...]) -> bytes:
-    out = []
-    for name in names:
+def _attribute_key(resource, scope, first_span, routing: Routing) -> bytes:
+    found = {}
+    for name in routing.attributes:
         v = (_lookup(resource.attributes, name) or _lookup(scope.attributes, name)
              or _lookup(first_span.attributes, name))
-        out.append(f"{name}={_as_string(v)}|" if v is not None else f"{name}=|")
-    return "".join(out).encode()
+        if v is not None:
+            found[name] = _as_string(v)
+    return routing.key_for(found)
 
 
 def split(request: ExportTraceServiceRequest, routing: Routing,
@@ -142,7 +147,7 @@ def split(request: ExportTraceServiceRequest, routing: Routing,
                 by_trace.setdefault(span.trace_id, []).append(span)
             for trace_id, spans in by_trace.items():
                 key = (trace_id if routing.key is RoutingKey.TRACE_ID
-                       else _attribute_key(rs.resource, ss.scope, spans[0], routing.attributes))
+                       else _attribute_key(rs.resource, ss.scope, spans[0], routing))
                 dst = out.setdefault(ring.endpoint_for(key), ExportTraceServiceRequest())
                 out_rs = dst.resource_spans.add(resource=rs.resource, schema_url=rs.schema_url)
                 out_rs.scope_spans.add(scope=ss.scope, schema_url=ss.schema_url).spans.extend(spans)

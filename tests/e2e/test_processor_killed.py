@@ -19,6 +19,7 @@ import pytest
 
 from e2e_helpers import Job, scrape, verdicts_in_store, wait_until
 from mycroft_otel import semconv
+from mycroft_otel.semconv import JOB_ID
 from mycroft_otel.evaluate.routing import BY_JOB, HashRing
 from mycroft_otel.stack import LocalStack, ProcessorPorts
 from mycroft_otel.stack.runner import default_processor_command
@@ -54,8 +55,8 @@ def _gateway_counter(stack: LocalStack, name: str, **labels: str) -> float:
 
 def test_a_processor_killed_mid_hang_gives_one_verdict_and_loses_nothing(stack):
     job = Job(stack, "restart", topology=TOPOLOGY, fault="nic_down:rank=2,at=2", seed=21, duration_s=300)
-    key = "".join(f"{a}={job.job_id}|" for a in BY_JOB.attributes).encode()  # the gateway's routing key
-    owner = HashRing([pp.otlp_grpc for pp in stack.processor_ports]).endpoint_for(key)
+    ring = HashRing([pp.otlp_grpc for pp in stack.processor_ports])
+    owner = ring.endpoint_for(BY_JOB.key_for({JOB_ID: job.job_id}))  # the gateway's placement of the job
     index = next(pp.index for pp in stack.processor_ports if pp.otlp_grpc == owner)
     metrics_url = f"http://127.0.0.1:{stack.processor_ports[index].metrics}/metrics"
     other_url = f"http://127.0.0.1:{stack.processor_ports[1 - index].metrics}/metrics"

@@ -66,3 +66,12 @@ def test_by_job_keeps_each_jobs_spans_on_one_processor_and_by_trace_spreads_them
         for t in _jobs_and_traces(r)[1]:
             owners.setdefault(t, set()).add(ep)
     assert all(len(o) == 1 for o in owners.values())
+
+
+def test_a_jobs_key_is_what_split_routes_its_spans_on():
+    ring = HashRing(_endpoints(8))
+    for job in ("job-a", "job-b"):
+        req = Ring(8, seq=1, comm=0x5100, job=job).request()
+        (endpoint,) = split(req, BY_JOB, ring)
+        assert endpoint == ring.endpoint_for(BY_JOB.key_for({"mycroft.job.id": job}))
+    assert BY_JOB.key_for({}) == b"mycroft.job.id=|"

@@ -71,7 +71,7 @@ def _jobs_on_both(stack) -> dict[str, int]:
     jobs: dict[str, int] = {}
     for k in range(1000):
         job = f"smoke-{k}"
-        jobs[job] = index[ring.endpoint_for("".join(f"{a}={job}|" for a in BY_JOB.attributes).encode())]
+        jobs[job] = index[ring.endpoint_for(BY_JOB.key_for({JOB_ID: job}))]
         if len(jobs) >= N_TRACES // 2 and min(list(jobs.values()).count(i) for i in (0, 1)) >= N_TRACES // 4:
             return jobs
     raise AssertionError(f"no job ids spread over both processors: {jobs}")
