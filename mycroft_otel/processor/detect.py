@@ -70,7 +70,7 @@ def stall_ns(st: TraceState, now_ns: int) -> int:
     """How long nothing progressed in a trace with in-flight evidence (0 when none)."""
     if not st.has_hang_evidence():
         return 0
-    return max(0, now_ns - max(st.last_progress_ns, st.first_evidence_ns))
+    return max(0, now_ns - st.stopped_ns)
 
 
 def seen_stalled(st: TraceState) -> bool:

@@ -205,7 +205,7 @@ class Incidents:
         v = Verdict(trace_id=st.trace_id, span_id=ids.span_id(tid, -1, sc.ROLE_ROOT_CAUSE, 0).to_bytes(8, "big"),
                     comm=st.comm, seq=st.seq, func=st.func, finding=f, detected_ns=now_ns, analysis_s=analysis_s)
         if f.onset_ns <= 0 or f.onset_ns > now_ns:
-            f.onset_ns = min(now_ns, max(st.last_progress_ns, st.first_evidence_ns) or now_ns)
+            f.onset_ns = min(now_ns, st.stopped_ns or now_ns)
         st.verdict = v
         self._named[key] = (mono, st.trace_id)
         _trim(self._named)

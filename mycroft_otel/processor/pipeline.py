@@ -239,8 +239,7 @@ class Processor:
         network flows waits for the evidence that another collective of the same tick holds, and which
         agent's request arrived first (or which processor of a gateway it went through) decides nothing."""
         found = [x for x in map(self._analyse_hang, self._hung(now_ns, mono)) if x is not None]
-        found.sort(key=lambda x: (-x[1].confidence, max(x[0].last_progress_ns, x[0].first_evidence_ns),
-                                  x[0].trace_id))
+        found.sort(key=lambda x: (-x[1].confidence, x[0].stopped_ns, x[0].trace_id))
         out, waited = [], []
         for x in found:
             v = self._hear_hang(*x, now_ns, mono)
@@ -266,7 +265,7 @@ class Processor:
                 continue
             # finishing the collective before this one is progress for this one (they run in order)
             st.last_progress_ns = max(st.last_progress_ns, self.store.runnable_ns(st))
-            if now_ns - max(st.last_progress_ns, st.first_evidence_ns) < soonest_ns:
+            if now_ns - st.stopped_ns < soonest_ns:
                 continue  # not hung yet whatever it holds: look again on a later tick
             if not st.has_hang_evidence():
                 if st.complete() or not st.inflight:

@@ -238,7 +238,7 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
     if not votes:
         return None
     total = sum(votes.values())
-    onset = max(st.last_progress_ns, st.first_evidence_ns)
+    onset = st.stopped_ns
     flow_votes = {t: w for t, w in votes.items() if t[0] == "flow"}
     rank_votes = {t: w for t, w in votes.items() if t[0] == "rank"}
     # noflow terminals are the weakest explanation: only when nothing else is there

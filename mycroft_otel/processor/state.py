@@ -119,6 +119,11 @@ class TraceState:
             if s is None or s.status != sc.STATUS_PROCESS_EXITED:
                 yield ref
 
+    @property
+    def stopped_ns(self) -> int:
+        """Since when nothing of this collective moved: its last progress, or its first evidence if later."""
+        return max(self.last_progress_ns, self.first_evidence_ns)
+
     def has_hang_evidence(self) -> bool:
         """Some rank that is alive waits in this collective (a dead or idle rank alone is no hang)."""
         return next(self.waiters(), None) is not None
