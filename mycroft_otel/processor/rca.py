@@ -81,7 +81,8 @@ class Wait:
     ``kind``: ``data`` (a recv flow waits for ``peer``'s data), ``credit`` (a send flow waits for ``peer``'s
     free buffer), ``net`` (sent data not completed by the network to ``peer``), or, when no peer explains the
     wait, the rank's own: ``gpu`` (data arrived, its GPU neither consumes nor produces), ``not_started``,
-    ``noflow``. ``terminal``: where the walk ends on this wait (a rank or flow terminal tuple as ``walk``
+    ``noflow``. ``kernel``: no network flows; the kernel of ``peer`` (-1: this rank's own) never started.
+    ``terminal``: where the walk ends on this wait (a rank or flow terminal tuple as ``walk``
     votes for), None when the walk follows it to ``peer``."""
 
     kind: str
@@ -90,9 +91,27 @@ class Wait:
     terminal: tuple | None = None
 
 
-def rank_waits(v: RankView, views, nranks: int) -> list[Wait]:
+def kernel_not_started(views, nranks: int) -> list[int]:
+    """Ranks in flight whose GPU has not started the collective's kernel while another rank's has (``views`` as
+    for :func:`rank_waits`). A kernel moves data only with every rank's kernel running, so those inside wait for
+    these: their GPU is stalled, or its stream is held by earlier work that does not finish. Empty when no
+    GPU started it (all queued behind other work, or an NCCL that reports no KernelCh): nothing tells them apart."""
+    inside, before = False, []
+    for p in range(nranks):
+        pv = views.get(p)
+        if pv is None or pv.state != IN_FLIGHT:
+            continue
+        if pv.kernel_started:
+            inside = True
+        else:
+            before.append(p)
+    return before if inside else []
+
+
+def rank_waits(v: RankView, views, nranks: int, unstarted: list[int] | None = None) -> list[Wait]:
     """Every wait of stalled rank ``v``, in the order the walk reads them (``views``: rank -> RankView, any
-    mapping with ``get``). The rank's walk ends at the terminals among them, else follows the first other."""
+    mapping with ``get``). The rank's walk ends at the terminals among them, else follows the first other.
+    ``unstarted``: :func:`kernel_not_started` of the trace, when the caller has it."""
     out: list[Wait] = []
     edges, gpu = _edges(v)
     r = v.rank
@@ -116,19 +135,27 @@ def rank_waits(v: RankView, views, nranks: int) -> list[Wait]:
             elif qf is None and kind == "net":
                 t = ("flow", r, p, ch)
         out.append(Wait(kind, p, ch, t))
-    if not out:
-        if not v.flows:
-            out.append(Wait("noflow", terminal=("rank", "noflow", r, "no network flows")))
-        elif all(f.posted == 0 and f.ready == 0 for f in v.flows):
-            out.append(Wait("not_started", terminal=("rank", "rank_absent", r, "not_started")))
+    if not out and not v.flows:
+        # no network flows (NVLink/P2P: no proxy steps): the only evidence is whose GPU started the kernel
+        unstarted = kernel_not_started(views, nranks) if unstarted is None else unstarted
+        if r in unstarted:
+            out.append(Wait("kernel", terminal=("rank", "gpu_stalled", r, "kernel_not_started")))
         else:
-            out.append(Wait("gpu", terminal=("rank", "gpu_stalled", r, "gpu" if gpu else "gpu_unfinished")))
+            out += [Wait("kernel", p, terminal=("rank", "gpu_stalled", p, "kernel_not_started"))
+                    for p in unstarted]
+        if not out:
+            out.append(Wait("noflow", terminal=("rank", "noflow", r, "no network flows")))
+    elif not out and all(f.posted == 0 and f.ready == 0 for f in v.flows):
+        out.append(Wait("not_started", terminal=("rank", "rank_absent", r, "not_started")))
+    elif not out:
+        out.append(Wait("gpu", terminal=("rank", "gpu_stalled", r, "gpu" if gpu else "gpu_unfinished")))
     return out
 
 
-def _resolve(v: RankView, views: dict[int, RankView], nranks: int) -> tuple[list[tuple], list[int]]:
+def _resolve(v: RankView, views: dict[int, RankView], nranks: int,
+             unstarted: list[int] | None) -> tuple[list[tuple], list[int]]:
     """(terminals reached directly, ranks to follow) from stalled rank ``v``."""
-    waits = rank_waits(v, views, nranks)
+    waits = rank_waits(v, views, nranks, unstarted)
     return [w.terminal for w in waits if w.terminal is not None], [w.peer for w in waits if w.terminal is None]
 
 
@@ -147,10 +174,15 @@ def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
     memo: dict[int, list[tuple]] = {}
     direct: dict[int, tuple[list[tuple], list[int]]] = {}
 
+    unstarted: list[list[int]] = []  # kernel_not_started, once a rank without flows asks
+
     def step(r: int) -> tuple[list[tuple], list[int]]:
         d = direct.get(r)
         if d is None:
-            d = direct[r] = _resolve(views[r], views, nranks)
+            v = views[r]
+            if not v.flows and not unstarted:
+                unstarted.append(kernel_not_started(views, nranks))
+            d = direct[r] = _resolve(v, views, nranks, unstarted[0] if unstarted else None)
         return d
 
     def result(start: int) -> list[tuple]:
@@ -311,7 +343,7 @@ def _rank_finding(st: TraceState, views: dict[int, RankView], term: tuple, share
     _, cat, r, why = term
     v = views.get(r)
     base = {"silent": 0.75, "not_entered": 0.9, "stopped": 0.9, "exited": 0.95, "gpu": 0.9,
-            "gpu_unfinished": 0.6, "not_started": 0.6, "cycle": 0.4}.get(why, 0.5)
+            "gpu_unfinished": 0.6, "not_started": 0.6, "kernel_not_started": 0.8, "cycle": 0.4}.get(why, 0.5)
     conf = round(min(0.99, base * (0.5 + 0.5 * min(1.0, share))), 3)
     waiting = len(st.stalled_ranks())
     onset = 0
@@ -327,6 +359,9 @@ def _rank_finding(st: TraceState, views: dict[int, RankView], term: tuple, share
     elif why == "exited":
         state = v.attrs.get(sc.STATUS_LAST_STATE, "") if v else ""
         ev = f"rank {r}'s process exited" + (f" ({state})" if state else "") + f"; {waiting} ranks wait on it"
+    elif why == "kernel_not_started":
+        ev = (f"rank {r}'s GPU never started the kernel of {st.func} {st.seq} (no KernelCh) while the other ranks' "
+              f"kernels wait inside it; {waiting} ranks wait")
     elif why == "not_started":
         ev = f"rank {r} is in {st.func} {st.seq} but none of its flows started; its peers wait on it"
     else:

@@ -164,8 +164,10 @@ def flows_of(ref: SpanRef) -> list[Flow]:
     return flows_by_span((ref,))[0]
 
 
-# What the analysis reads besides the flows (status details, the arrival of a rank without flows).
-_EVIDENCE_KEYS = frozenset({sc.STATUS_LAST_STATE, sc.STATUS_LAST_SEQ, sc.TIME_API, sc.TIME_ENQUEUE, sc.TIME_LAUNCH})
+# What the analysis reads besides the flows (status details, the arrival of a rank without flows, whether its
+# GPU started the collective's kernel).
+_EVIDENCE_KEYS = frozenset({sc.STATUS_LAST_STATE, sc.STATUS_LAST_SEQ, sc.TIME_API, sc.TIME_ENQUEUE, sc.TIME_LAUNCH,
+                            sc.KERNEL_CHANNELS})
 
 _decoders: dict[frozenset[str], Any] = {}
 

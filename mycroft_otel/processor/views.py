@@ -52,13 +52,14 @@ class RankView:
 
     __slots__ = ("rank", "state", "ref", "host", "global_rank", "_attrs", "_flows")
 
-    def __init__(self, rank: int, state: str, ref: SpanRef | None, flows: list[Flow] | None = None):
-        """``flows``: already decoded (a reader that holds them in another form, e.g. the report); else
-        decoded from ``ref`` on first use."""
+    def __init__(self, rank: int, state: str, ref: SpanRef | None, flows: list[Flow] | None = None,
+                 attrs: dict | None = None):
+        """``flows``, ``attrs``: already decoded (a reader that holds them in another form, e.g. the report);
+        else decoded from ``ref`` on first use."""
         self.rank, self.state, self.ref = rank, state, ref
         self.host = ref.resource.host if ref is not None else ""
         self.global_rank = ref.global_rank if ref is not None else -1
-        self._attrs: dict | None = None
+        self._attrs: dict | None = attrs
         self._flows: list[Flow] | None = flows
 
     @property
@@ -72,6 +73,13 @@ class RankView:
         if self._flows is None:
             self._flows = [] if self.ref is None else flows_of(self.ref)
         return self._flows
+
+    @property
+    def kernel_started(self) -> bool:
+        """Whether the rank's GPU started the collective's kernel on any channel (a KernelCh event: NCCL starts
+        it when the GPU's own work counter says the channel began)."""
+        kc = self.attrs.get(sc.KERNEL_CHANNELS)
+        return bool(kc) and int(kc[0]) > 0
 
     @staticmethod
     def load_flows(views: list[RankView]) -> None:

@@ -64,7 +64,7 @@ class TraceAt:
         if i:
             sn = rv.snapshots[i - 1]
             state = pv.STOPPED if sn.attrs.get(sc.PROCESS_STOPPED) else pv.IN_FLIGHT
-            return pv.RankView(r, state, None, self._flows_of(sn))
+            return pv.RankView(r, state, None, self._flows_of(sn), sn.attrs)
         if any(str(st.attrs.get(sc.STATUS_KIND, "")) == sc.STATUS_NOT_ENTERED and st.start_ns <= ns
                for st in rv.statuses):
             return pv.RankView(r, pv.NOT_ENTERED, None, [])
@@ -101,6 +101,8 @@ def _describe(w: Wait, rank: int) -> Cell:
         return Cell(OWN_GPU, "data arrived; its own GPU neither consumes nor produces")
     if w.kind == "not_started":
         return Cell(NOT_STARTED, "in the collective, none of its flows started")
+    if w.kind == "kernel":
+        return Cell(OWN_GPU, "in the collective, its GPU never started the kernel")
     if w.kind == "noflow":
         return Cell("idle", "in flight without network flows")
     if w.terminal is not None:   # a flow: both sides wait on each other, the network between them is to blame

@@ -393,6 +393,9 @@ def simulate_batch(insts: list, mods_list: list, model: TimingModel, slots: Slot
         kready = cat([np.asarray(i.kready if i.kready is not None else np.zeros(nm), dtype=np.float64)
                       for i in insts])
         kstart = np.maximum(kstart, kready)
+    # A GPU that stalled runs no kernel it had not started: NCCL's KernelCh start comes from the GPU's own work
+    # counter (the proxy reads workStarted), so no KernelCh either. The host still posts the ProxyOps.
+    kstart = _kill(kstart, m["gpu_stall_t"])
     pstart = launch + gpu.proxy_post_ns
     funcs = [first.func] * (K * nm)
     counts = np.full(K * nm, first.count, dtype=np.uint64)

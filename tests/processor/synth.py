@@ -121,6 +121,7 @@ class R:
     global_rank: int = -1
     pid: int = 1000
     job: str = JOB
+    kernel_channels: tuple[int, int] | None = None  # KernelCh (started, stopped); None: not reported
 
 
 def comm_hex(comm: int) -> str:
@@ -143,6 +144,8 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
                   sc.OP_STATE: "completed" if r.kind == "op" else "in_flight"})
         if r.kind == "op" and r.end > r.start:  # the synthetic collective's kernel runs for its whole span
             a[sc.KERNEL_DURATION] = r.end - r.start
+        if r.kernel_channels is not None:
+            a[sc.KERNEL_CHANNELS] = list(r.kernel_channels)
         if r.flows:
             fl = r.flows
             flow_attrs.update({
@@ -262,6 +265,14 @@ class Ring:
         for f in self.flows((c - 1) % self.n, True):
             f.ready = k + 1
             f.wait = "SendPeerWait"
+
+    def nvlink_hang(self, unstarted: list[int]) -> None:
+        """A collective without network flows (NVLink/P2P) in flight on every rank: the GPUs of ``unstarted``
+        never started its kernel (no KernelCh), the others' kernels run and wait inside."""
+        self.hang_all()
+        for r, rv in self.ranks.items():
+            rv.flows = []
+            rv.kernel_channels = (0, 0) if r in unstarted else (self.nch, 0)
 
     def net_send_stall(self, c: int, channel: int | None, k: int = 5) -> None:
         self.hang_all(k)

@@ -42,6 +42,28 @@ def test_gpu_stalled(n, c):
     assert v.span_id == ids.span_id(ring.tid, -1, sc.ROLE_ROOT_CAUSE, 0).to_bytes(8, "big")
 
 
+@pytest.mark.parametrize("n,c", [(4, 3), (8, 0)])
+def test_gpu_stalled_before_its_nvlink_kernel_started(n, c):
+    # no proxy steps over NVLink: the rank whose GPU never started the kernel is what the others wait for
+    ring = Ring(n)
+    ring.nvlink_hang([c])
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks, v.finding.reason) == ("gpu_stalled", [c], "kernel_not_started")
+    assert v.finding.confidence >= 0.7
+    assert "never started the kernel" in v.finding.evidence
+
+
+@pytest.mark.parametrize("unstarted", [[], [0, 1, 2, 3]])
+def test_nvlink_hang_with_no_kernel_apart_is_a_guess(unstarted):
+    # every kernel inside and waiting, or none started (all queued behind other work): nothing tells the
+    # ranks apart, and the verdict says it guesses
+    ring = Ring(4)
+    ring.nvlink_hang(unstarted)
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.reason) == ("gpu_stalled", "noflow")
+    assert v.finding.confidence <= 0.3
+
+
 @pytest.mark.parametrize("channel", [0, 1])
 def test_net_send_stalled_one_flow(channel):
     ring = Ring(8, nch=2)
