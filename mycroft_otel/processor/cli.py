@@ -74,18 +74,23 @@ def own_runbook_url(bind: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/runbook"
 
 
+def _bad_args(args: argparse.Namespace) -> str:
+    """What is wrong with the command line's limits and TLS files, or ""."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if not 0 < args.request_timeout <= 3600 or args.max_connections < 1 or args.max_connections_per_client < 1:
+        return "--request-timeout must be in (0, 3600] s, --max-connections and --max-connections-per-client >= 1"
+    if args.max_json_bytes < 1 or args.max_request_bytes < 1:
+        return "--max-request-bytes and --max-json-bytes must be >= 1"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        print("mycroft-otel processor: --tls-cert and --tls-key go together", file=sys.stderr)
-        return 2
-    if not 0 < args.request_timeout <= 3600 or args.max_connections < 1 or args.max_connections_per_client < 1:
-        print("mycroft-otel processor: --request-timeout must be in (0, 3600] s, --max-connections and "
-              "--max-connections-per-client >= 1", file=sys.stderr)
-        return 2
-    if args.max_json_bytes < 1 or args.max_request_bytes < 1:
-        print("mycroft-otel processor: --max-request-bytes and --max-json-bytes must be >= 1", file=sys.stderr)
+    bad = _bad_args(args)
+    if bad:
+        print(f"mycroft-otel processor: {bad}", file=sys.stderr)
         return 2
     for var in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
         if os.environ.get(var, "").strip():

@@ -19,11 +19,12 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
 from mycroft_otel.processor.detector import SlowdownDetector
+from mycroft_otel.processor.held import Held, HeldFindings
 from mycroft_otel.processor.incidents import Incidents, Verdict
 from mycroft_otel.processor.open_incidents import OpenIncidents
 from mycroft_otel.processor.outcome import Decided, Decision, Outcome, silent
@@ -41,17 +42,7 @@ log = logging.getLogger("mycroft_otel.processor")
 
 _SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
                            sc.SUMMARY_OPS})
-_HELD_KEPT = 4096
 _DECISIONS_KEPT = 4096  # decisions kept for `report` and tests (each a few hundred bytes)
-
-
-class _Held(NamedTuple):
-    """A slowdown finding made while a collective of its job stalled."""
-
-    since: float        # monotonic seconds
-    decision: Decision  # what the detector named
-    analysis_s: float
-    took: int           # ns, its ranks' first start to last end
 
 
 class Processor:
@@ -89,8 +80,7 @@ class Processor:
                                          self.store.waiting)
         self._hang_cand: dict[bytes, None] = {}
         self._slow_cand: dict[bytes, float] = {}
-        self._held: dict[bytes, _Held] = {}  # trace id -> slowdown finding waiting for a stall's outcome
-        self._stalling: dict[str, int] | None = None  # job -> longest stall of its hang candidates, this tick
+        self._held = HeldFindings(self.store, self._hang_cand)  # slowdown findings waiting for a stall's outcome
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counts = Counter({"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0,
@@ -198,7 +188,7 @@ class Processor:
         with self.lock:
             self.store.expire()
             self._trimmer.watch(self.store.bytes)  # after a burst expired: its memory back to the system
-            self._stalling = None
+            self._held.new_tick()
             out += self._hangs(now_ns, mono)
             ready = []  # completed collectives to analyse now, measured together
             for tid, since in list(self._slow_cand.items()):
@@ -336,14 +326,10 @@ class Processor:
             return None
         if d.outcome == Outcome.MISMATCH:
             return self._emit(st, f, now_ns, mono, dt, d)
-        # while a collective of this job is stalling (for longer than this one took: under a heavy slowdown
-        # every collective stalls a while), slow collectives around it may be its symptoms: this finding
-        # waits until the stall is named a hang (then it was a symptom) or recovers
+        # slow collectives around a stall of their job may be its symptoms (held.py)
         took = max((r.end_ns for r in st.op.values()), default=0) - min((r.start_ns for r in st.op.values()), default=0)
-        if self._stall_of(st.job, now_ns) >= max(1_000_000_000, took):
-            if len(self._held) >= _HELD_KEPT:
-                self._held.pop(next(iter(self._held)))
-            self._held[st.trace_id] = _Held(mono, d, dt, took)
+        if self._held.should_hold(st, took, now_ns):
+            self._held.hold(st, Held(mono, d, dt, took))
             self.counts["slow_candidates"] += 1
             self._decided(st, silent(Outcome.HELD_FOR_STALL, d.finding.hypothesis if d.finding else ""))
             return None
@@ -358,36 +344,19 @@ class Processor:
         if self.metrics is not None:
             self.metrics.decided(d.outcome)
 
-    def _stall_of(self, job: str, now_ns: int) -> int:
-        """The longest stall among the job's traces not named yet (ns; computed once a tick)."""
-        if self._stalling is None:
-            self._stalling = {}
-            for tid in self._hang_cand:
-                o = self.store.get(tid)
-                if o is not None and o.verdict is None:
-                    self._stalling[o.job] = max(self._stalling.get(o.job, 0), detect.stall_ns(o, now_ns))
-        return self._stalling.get(job, 0)
-
     def _release_held(self, now_ns: int, mono: float) -> list[Verdict]:
         """The held slowdown findings whose job stalls no longer: a hang named since explains them, else
         they are emitted as usual."""
         out = []
-        for tid, d in list(self._held.items()):
-            st = self.store.get(tid)
-            if st is None or st.verdict is not None or st.explained_by is not None:
-                del self._held[tid]
-                continue
-            hang = self.incidents.hang_since(st.job, d.since)
+        for st, h, hang in self._held.release(now_ns, self.incidents):
             if hang is not None:
-                del self._held[tid]
                 st.explained_by = hang
                 self.counts["deduped"] += 1
                 self._decided(st, silent(Outcome.SAME_INCIDENT, "a hang named while it was held"))
-            elif self._stall_of(st.job, now_ns) < max(1_000_000_000, d.took):
-                del self._held[tid]
-                v = self._emit(st, d.decision.finding, now_ns, mono, d.analysis_s, d.decision)
-                if v is not None:
-                    out.append(v)
+                continue
+            v = self._emit(st, h.decision.finding, now_ns, mono, h.analysis_s, h.decision)
+            if v is not None:
+                out.append(v)
         return out
 
     # -- verdicts -------------------------------------------------------------------------------

@@ -162,14 +162,19 @@ def _resolve(v: RankView, views: dict[int, RankView], nranks: int,
 MAX_STARTS = 1024
 
 
-def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
-    """Votes per terminal: each stalled rank's walk ends somewhere; iterative, memoized, cycle-safe."""
+def _starts(views: dict[int, RankView]) -> list[int]:
+    """The ranks the walks start from: every stalled one, or in a huge collective those that stopped
+    progressing first (the fault's neighbourhood: further away the pipeline drains later); only the ranks the
+    walks visit get decoded."""
     stalled = [r for r, v in views.items() if v.state == IN_FLIGHT]
     if len(stalled) > MAX_STARTS:
-        # a huge collective: start from the ranks that stopped progressing first (the fault's neighbourhood:
-        # further away the pipeline drains later); only the ranks the walks visit get decoded
-        by_stop = sorted(stalled, key=lambda r: (views[r].ref.last_progress_ns, r))
-        stalled = by_stop[:MAX_STARTS // 4]
+        stalled = sorted(stalled, key=lambda r: (views[r].ref.last_progress_ns, r))[:MAX_STARTS // 4]
+    return stalled
+
+
+def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
+    """Votes per terminal: each stalled rank's walk ends somewhere; iterative, memoized, cycle-safe."""
+    stalled = _starts(views)
     RankView.load_flows([views[r] for r in stalled])  # the starts' in one pass; the rest as the walks reach them
     memo: dict[int, list[tuple]] = {}
     direct: dict[int, tuple[list[tuple], list[int]]] = {}

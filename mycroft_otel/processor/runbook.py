@@ -38,6 +38,16 @@ def _row(line: str, cell: str) -> str:
     return "<tr>" + "".join(f"<{cell}>{_inline(c.strip())}</{cell}>" for c in cells) + "</tr>"
 
 
+def _heading(level: int, words: str, seen: dict[str, int]) -> str:
+    """A heading with its anchor; ``seen``: how often each anchor came before (a repeated heading gets -1,
+    -2, ... as on GitHub)."""
+    anchor = slug(_INLINE.sub(lambda m: m[1] or m[2], words))
+    n = seen.get(anchor, 0)
+    seen[anchor] = n + 1
+    anchor = f"{anchor}-{n}" if n else anchor
+    return f'<h{level} id="{html.escape(anchor)}">{_inline(words)}</h{level}>'
+
+
 def render(markdown: str, title: str = "Runbook") -> str:
     """The whole HTML page of ``markdown``."""
     out: list[str] = []
@@ -79,12 +89,7 @@ def render(markdown: str, title: str = "Runbook") -> str:
             if text.startswith("```"):
                 kind = "pre"
             elif heading:
-                level, words = len(heading[1]), heading[2]
-                anchor = slug(_INLINE.sub(lambda m: m[1] or m[2], words))
-                n = seen.get(anchor, 0)  # a repeated heading gets -1, -2, ... as on GitHub
-                seen[anchor] = n + 1
-                anchor = f"{anchor}-{n}" if n else anchor
-                out.append(f'<h{level} id="{html.escape(anchor)}">{_inline(words)}</h{level}>')
+                out.append(_heading(len(heading[1]), heading[2], seen))
             continue
         if text.startswith("|"):
             start("table")
