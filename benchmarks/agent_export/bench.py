@@ -41,6 +41,8 @@ from agent_events import Rows, ring_allreduce  # noqa: E402  (tests/agent/events
 from mycroft_otel.native import NO_SLOT, Driver, EventType, Op, plugin_path  # noqa: E402
 
 JOB = "bench-job"
+# Bytes per op span before issue #29 (docs/span-schema.md "Volume, measured", eval traffic): the figure it halves.
+LAST_WEEK_OP_SPAN_BYTES = 2400
 COMM = 0x00C0FFEE12345678
 
 
@@ -108,6 +110,13 @@ class Receiver:
         while self.count() < n and time.monotonic() < deadline:
             time.sleep(0.01)
         return self.count() >= n
+
+    def bytes(self) -> int:
+        """Bytes of the trace requests received so far (OTLP protobuf before gzip)."""
+        try:
+            return int((Path(str(self.port_file) + ".bytes")).read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
 
     def metric_points(self) -> int:
         try:
@@ -326,7 +335,9 @@ def main() -> None:
             d, ctxs, rows = make_rings(ring_dir, args.ranks, args.colls)
             d.replay(rows)
             total = args.ranks * args.colls
+            b0 = recv.bytes()
             agent_cpu = run_agent(ring_dir, tmp / "state", recv, total)
+            op_span_bytes = (recv.bytes() - b0) / total
             sdk_cpu_all, sdk_cpu = run_sdk(ring_dir, recv, total)
             a, s_all, s = total / agent_cpu, total / sdk_cpu_all, total / sdk_cpu
             print(f"spans: {total} ({args.ranks} ranks x {args.colls} ring all-reduces, "
@@ -336,6 +347,9 @@ def main() -> None:
             print(f"sdk (attrs     {s:10.0f} spans/s/core  ({sdk_cpu:.3f} s CPU)  ratio {a / s:.1f}x"
                   f"  <- quoted (target >= 2x)")
             print("     given)")
+            print(f"bytes per op span on the wire (OTLP protobuf before gzip, request overhead included): "
+                  f"{op_span_bytes:.0f} B, {op_span_bytes / LAST_WEEK_OP_SPAN_BYTES:.2f}x last week's "
+                  f"{LAST_WEEK_OP_SPAN_BYTES} B (target <= 0.5x)")
             # metrics on vs off, alternating after the first (warm-up) run above, each on fresh cursors
             on, off = [], []
             for i in range(2):
@@ -344,15 +358,20 @@ def main() -> None:
             print(f"agent + metrics{total / (sum(on) / 2):10.0f} spans/s/core  ({sum(on) / 2:.3f} s CPU, off "
                   f"{sum(off) / 2:.3f} s)  metrics on/off CPU ratio {sum(on) / sum(off):.2f}  "
                   f"({recv.metric_points()} metric points received)")
+            b0 = recv.bytes()
             load = node_load(tmp, recv, args.ranks, args.seconds, args.rate)
+            load_bytes = recv.bytes() - b0
             print(f"node load: {args.ranks} ranks x {args.rate:.0f} collectives/s for {load['wall_s']:.1f} s: "
                   f"agent CPU {100 * load['cpu_share']:.1f}% of one core (target <= 10%), "
                   f"{load['records']} records read, {load['spans']} spans, {load['dropped_ring']} lost in rings")
+            print(f"node load export: {load_bytes / max(load['spans'], 1):.0f} B per span on the wire, "
+                  f"{load_bytes / load['wall_s'] / args.ranks:.0f} B per rank per second")
             for interval_ms in (1000, 60000):
                 points = recv.metric_points()
                 mload = node_load(tmp, recv, args.ranks, args.seconds, args.rate, metrics=interval_ms)
+                target = "  <- quoted (target <= 5%)" if interval_ms == 60000 else ""
                 print(f"node load + metrics (OTEL_METRIC_EXPORT_INTERVAL={interval_ms}): agent CPU "
-                      f"{100 * mload['cpu_share']:.1f}% of one core, {mload['records']} records read, "
+                      f"{100 * mload['cpu_share']:.1f}% of one core{target}, {mload['records']} records read, "
                       f"{recv.metric_points() - points} metric points received; "
                       f"metrics on/off CPU ratio {mload['cpu_share'] / load['cpu_share']:.2f}")
             for c in ctxs:

@@ -2,7 +2,8 @@
 
 usage: python sink.py PORT_FILE   — writes the bound port to PORT_FILE, serves until killed.
 The count of received spans is reported through a tiny second RPC-free channel: the
-file PORT_FILE + ".count", rewritten after every request. Metrics requests are accepted
+file PORT_FILE + ".count", rewritten after every request, and the bytes of the trace requests
+received (OTLP protobuf as sent, before any gzip) in PORT_FILE + ".bytes". Metrics requests are accepted
 (and their data points counted in PORT_FILE + ".metrics") so the agent's metric export runs as it
 would against a Collector.
 """
@@ -20,13 +21,15 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, count_file: str):
         self.count_file = count_file
         self.spans = 0
+        self.bytes = 0
 
     def Export(self, request, context):  # noqa: N802
         self.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-        tmp = self.count_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(self.spans))
-        os.replace(tmp, self.count_file)
+        self.bytes += request.ByteSize()  # the agent writes canonical protobuf: its wire size
+        for path, value in ((self.count_file[:-len(".count")] + ".bytes", self.bytes), (self.count_file, self.spans)):
+            with open(path + ".tmp", "w") as f:
+                f.write(str(value))
+            os.replace(path + ".tmp", path)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 

@@ -86,6 +86,10 @@ _FLOW_INT_FIELDS = (
     (sc.FLOW_NET_BUSY, "net_busy_ns", False),
     (sc.FLOW_PEER_BUSY, "peer_busy_ns", False),
 )
+# Flow arrays sent even when every element is 0: the channel gives the row count, and a reader's default for a
+# missing peer is -1 (unknown), not 0. Any other flow array whose elements are all 0 (or all "") is left out:
+# it reads as zeros (docs/span-schema.md) -- on a completed op the wait state, step and since are always so.
+_FLOW_ALWAYS = frozenset({sc.FLOW_CHANNEL, sc.FLOW_PEER})
 _DIR_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in DIR_NAMES]
 _WAIT_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in sc.WAIT_STATE_NAMES]
 _KF = {}
@@ -303,12 +307,14 @@ class SpanBuilder:
                 vals = [int(v) for v in f[field].tolist()]
                 if is_time:
                     vals = [r(v) for v in vals]
-                a.append((key, vals))
+                if any(vals) or key in _FLOW_ALWAYS:
+                    a.append((key, vals))
                 if key == sc.FLOW_CHANNEL:
                     a.append((sc.FLOW_DIRECTION, [DIR_NAMES[int(d) & 1] for d in f["dir"].tolist()]))
                 elif key == sc.FLOW_LAST_PROGRESS:
-                    a.append((sc.FLOW_WAIT_STATE, [_name(sc.WAIT_STATE_NAMES, int(w), "")
-                                                   for w in f["wait_state"].tolist()]))
+                    waits = [_name(sc.WAIT_STATE_NAMES, int(w), "") for w in f["wait_state"].tolist()]
+                    if any(waits):
+                        a.append((sc.FLOW_WAIT_STATE, waits))
         return a
 
     def flow_events(self, op: Any, flows: np.ndarray) -> list[bytes]:
@@ -413,6 +419,8 @@ class SpanBuilder:
         fmask = np.arange(recs["flows"].shape[1])[None, :] < nflows[:, None]
         fl_all = recs["flows"][fmask]  # row-major: record by record
         flow_cols: list[list[bytes]] = []
+        # record of each flow row, to tell per record whether a column has any non-zero element
+        row_rec = np.repeat(np.arange(R), nflows)
         for spec in _FLOW_INT_FIELDS:
             if spec is None:
                 continue
@@ -422,15 +430,17 @@ class SpanBuilder:
                 v = np.where(v != 0, v + off, 0)
             blob, ends = otlp.int_array_elements(v.view(np.uint64))
             kf = _kf(key)
-            flow_cols.append([otlp.array_attr(kf, e) if n else b""
-                              for e, n in zip(otlp.split(blob, ends, nflows), nflows.tolist())])
+            send = (nflows > 0) if key in _FLOW_ALWAYS else np.bincount(row_rec[v != 0], minlength=R) > 0
+            flow_cols.append([otlp.array_attr(kf, e) if keep else b""
+                              for e, keep in zip(otlp.split(blob, ends, nflows), send.tolist())])
             if key == sc.FLOW_CHANNEL:
                 flow_cols.append(self._str_flow_col(sc.FLOW_DIRECTION, fl_all["dir"].astype(np.int64) & 1,
-                                                    _DIR_ELEM, nflows))
+                                                    _DIR_ELEM, nflows, nflows > 0))
             elif key == sc.FLOW_LAST_PROGRESS:
                 w = fl_all["wait_state"].astype(np.int64)
                 w = np.where(w < len(_WAIT_ELEM), w, 0)
-                flow_cols.append(self._str_flow_col(sc.FLOW_WAIT_STATE, w, _WAIT_ELEM, nflows))
+                flow_cols.append(self._str_flow_col(sc.FLOW_WAIT_STATE, w, _WAIT_ELEM, nflows,
+                                                    np.bincount(row_rec[w != 0], minlength=R) > 0))
         flow_bodies = [b"".join(parts) for parts in zip(*flow_cols)]
         nfl = nflows.tolist()
         ch_all = fl_all["channel"].tolist()
@@ -489,12 +499,13 @@ class SpanBuilder:
         return out
 
     @staticmethod
-    def _str_flow_col(key: str, codes: np.ndarray, table: list[bytes], nflows: np.ndarray) -> list[bytes]:
+    def _str_flow_col(key: str, codes: np.ndarray, table: list[bytes], nflows: np.ndarray,
+                      send: np.ndarray) -> list[bytes]:
         elems = [table[c] for c in codes.tolist()]
         kf = _kf(key)
         out, o = [], 0
-        for n in nflows.tolist():
-            out.append(otlp.array_attr(kf, b"".join(elems[o:o + n])) if n else b"")
+        for n, keep in zip(nflows.tolist(), send.tolist()):
+            out.append(otlp.array_attr(kf, b"".join(elems[o:o + n])) if keep else b"")
             o += n
         return out
 
