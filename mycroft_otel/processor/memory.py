@@ -232,6 +232,23 @@ class JobMemory:
         mine = {self.candidate(st.job, st.comm, slowdown.GPU, r).place for r in st.op}
         return any(k.place in mine or k.place == st.comm for k in self.half_way(st.job, names))
 
+    def evidence_elsewhere(self, st: TraceState, rank: int, peer: int, into: bool) -> float:
+        """The most evidence S that a flow of another communicator into (``into``) or out of the process of
+        ``rank`` holds, its other end not the process of ``peer``: a NIC's receive (send) side slows every flow
+        it takes in (sends out), whatever the communicator, while a link to ``peer`` slows only theirs."""
+        me, other = self.process_of(st.comm, rank), self.process_of(st.comm, peer)
+        most = 0.0
+        if me is None:
+            return most
+        for k, c in self.cusums.items():
+            if k.job != st.job or k.measure != slowdown.FLOW or k.place == st.comm or c.s <= most:
+                continue
+            s, d, _ = k.unit
+            end, far = (d, s) if into else (s, d)
+            if self.process_of(k.place, end) == me and self.process_of(k.place, far) != other:
+                most = c.s
+        return most
+
     def link_gathers(self, st: TraceState, elsewhere: bool = False) -> bool:
         """A link (a flow or a NIC) of this communicator or one joined to it is half way to an alarm;
         ``elsewhere``: a flow of another joined communicator only."""

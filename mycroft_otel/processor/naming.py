@@ -20,6 +20,7 @@ from typing import Callable
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
+from mycroft_otel.processor.links import Links
 from mycroft_otel.processor.memory import NAMED_KEPT, JobMemory, get_or_put
 from mycroft_otel.processor.outcome import Decision, Outcome, silent
 from mycroft_otel.processor.views import Finding
@@ -103,8 +104,13 @@ def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     return None
 
 
+def _receiving_nic(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    found = n.links.receiver_of(c.st, c.ev, a) if a.measure == slowdown.NIC_SEND else None
+    return None if found is None else a.led_to(*found)
+
+
 def _flow_path(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
-    found = n._network(c.st, c.ev, a.unit[0])
+    found = n.links.path_out(c.st, c.ev, a.unit[0])
     return None if found is None else a.led_to(*found)
 
 
@@ -123,7 +129,9 @@ EXPLAINED_BY: tuple[Row, ...] = (
         Explanation("a network path out of it, out of a rank upstream, or out of a GPU it holds back", _gpu_path,
                     Act.NAME),
         Explanation("the one flow that touches it alarms", _one_flow, Act.NAME)), first=_source),
-    Row((slowdown.NIC_SEND, slowdown.NIC_RECV)),
+    Row((slowdown.NIC_SEND, slowdown.NIC_RECV), (
+        Explanation("the one receiver its flows go to reads slow from other senders too", _receiving_nic,
+                    Act.NAME),)),
     Row((slowdown.FLOW,), (
         Explanation("its receiver's or its sender's NIC, or its sender's slowest flow", _flow_path, Act.NAME),),
         first=_strongest),
@@ -160,6 +168,7 @@ class Naming:
 
     def __init__(self, settings: Settings, memory: JobMemory):
         self.s, self.mem = settings, memory
+        self.links = Links(settings, memory)
 
     def name(self, st: TraceState, m: slowdown.Measures, ev: slowdown.Evidence, alarms: list[Alarm],
               recovered: Finding | None) -> Decision:
@@ -260,7 +269,7 @@ class Naming:
         full), so its receiver's data waits while the GPU reduces and forwards the ones before it. Its data
         comes hop by hop: in a tree's reduction a link late below a rank's child holds the child's reduce,
         so the ways into it are every sender upstream of it in this collective's flows, not only its own."""
-        found = self._network(st, ev, source)
+        found = self.links.path_out(st, ev, source)
         if found is not None:
             return found
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
@@ -268,63 +277,20 @@ class Naming:
         behind.update(u for u in ev.values.get(slowdown.GPU, ([], None))[0]
                       if u != source and (u in alarmed or self.mem.gathering(st, slowdown.GPU, u) is not None))
         for u in sorted(behind):
-            other = self._network(st, ev, u)
+            other = self.links.path_out(st, ev, u)
             if other is not None and other[2].s > (found[2].s if found is not None else 0.0):
                 found = other
         return found
 
     @staticmethod
     def _path(alarm: Alarm, found: tuple[str, object, Cusum] | None) -> Alarm:
-        """The network path found behind ``alarm`` (:meth:`_network`), named for its evidence, else ``alarm``."""
+        """The network path found behind ``alarm`` (:meth:`Links.path_out`), named for its evidence, else ``alarm``."""
         if found is None:
             return alarm
         path = alarm.led_to(*found)
         if path.cusum is not alarm.cusum:
             alarm.cusum.reset()  # what it measured was the path's doing: named once, as the path
         return path
-
-    def _network(self, st: TraceState, ev: slowdown.Evidence, sender: int) -> tuple[str, object, Cusum] | None:
-        """Who holds whom back, once a rank's GPU or one of its flows out reads slow: the network path its
-        evidence points at (measure, unit, evidence), else None.
-
-        A slow GPU posts its sends late, but once posted they move at the network's speed: slow flows *out* of
-        a rank are the network's doing. They also hold its GPU back (the kernel's send primitive blocks until
-        a FIFO slot frees, so data received meanwhile waits for the GPU), and with two similar effects the one
-        that crosses h first is a matter of noise, so the decision reads each flow's accumulated evidence
-        (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
-        one receiver whose other senders' flows read slow too, or whose least-waiting flow in holds as much
-        evidence as the slowest, are that receiver's NIC (congestion into it); else the sender's NIC when its
-        least-waiting flow out (``nic_send``: every flow of that NIC) gathers and holds as much evidence as
-        its slowest flow or every flow out holds half of it, or all its flows out gather evidence (a ring's
-        one peer cannot tell the two ends apart: the sender is named); else its slowest flow (a link, a
-        route, a QP), and a rank with one flow out names that flow. With no slow flow out, the NIC of a
-        receiver it sends into, when that gathers evidence."""
-        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
-        out = [u for u in flows if u[0] == sender]
-        slow = [(u, c) for u in out if (c := self.mem.gathering(st, slowdown.FLOW, u)) is not None]
-        # its least-waiting flow out reads slow: every flow of its NIC does (with one flow out, that flow)
-        nic = self.mem.gathering(st, slowdown.NIC_SEND, sender) if len(out) > 1 else None
-        if not slow:
-            if nic is not None:
-                return slowdown.NIC_SEND, sender, nic
-            # no flow of its own reads slow yet, but the NIC it sends into does: congestion into that receiver
-            # slows every sender's flow a little and holds their kernels back
-            into = [(u[1], c) for u in out if (c := self.mem.gathering(st, slowdown.NIC_RECV, u[1])) is not None]
-            return None if not into else (slowdown.NIC_RECV,) + max(into, key=lambda x: x[1].s)
-        u, c = max(slow, key=lambda x: x[1].s)
-        # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as
-        # much evidence as the slowest flow only when every flow of the NIC is slow
-        into = self.mem.gathering(st, slowdown.NIC_RECV, u[1])
-        if len({v[1] for v, _ in slow}) == 1 and ((into is not None and into.s >= c.s) or any(
-                v[1] == u[1] and v[0] != sender and self.mem.gathering(st, slowdown.FLOW, v) is not None
-                for v in flows)):
-            return slowdown.NIC_RECV, u[1], into if into is not None else c
-        if (nic is not None and (nic.s >= c.s or all(
-                self.mem.evidence(st, slowdown.FLOW, v) >= c.s / 2 for v in out))) or len(slow) == len(out) > 1:
-            # the least-waiting flow holds as much evidence as the slowest, or every flow out half of it:
-            # what slows them is common
-            return slowdown.NIC_SEND, sender, nic if nic is not None else c
-        return slowdown.FLOW, u, c
 
     def _runner_up(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> tuple[str, float]:
         """The strongest other explanation in this collective: the candidate with the most evidence that is

@@ -22,6 +22,12 @@ CASES = [
     # its TP group's next collective late; that lateness is the proxy's consequence, not a late rank
     ("dp-proxy-x1.5", "slow_proxy:at=4,sleep_ms=1.91623,p=1", "tp4pp2dp2", 1040),
     ("dp-proxy-x3", "slow_proxy:at=4,sleep_ms=6.93491,p=1", "tp4pp2dp2", 1041),
+    # TP x PP x DP: in a DP pair each rank hears from the other alone, so congestion into one reads exactly as
+    # the other's NIC sending slowly; the PP transfers into the congested rank from its other stage slow too,
+    # the sender's own PP transfers do not: that names the receiver's NIC, and leaves a slow sender named
+    ("dp-pair-congestion-x2", "congestion:at=4,factor=2.44369", "tp4pp2dp2", 1001),
+    ("dp-pair-congestion-x3", "congestion:at=4,factor=3.68793", "tp4pp2dp2", 2002),
+    ("dp-pair-send-nic-x2", "slow_nic:at=4,factor=2.4703", "tp4pp2dp2", 2011),
 ]
 
 

@@ -1,0 +1,99 @@
+"""Which part of a network path is slow: a flow, the sender's NIC or the receiver's NIC.
+
+A slow link's evidence shows at both of its ends: the sender's flows out and the receiver's flows in read slow
+alike. What tells the ends apart is the other traffic of each end: a NIC's send side slows every flow it sends,
+its receive side every flow it takes in, whatever the communicator, while one slow flow slows only itself.
+:class:`Links` reads that from the job's evidence (memory.py) for the naming table (naming.py).
+"""
+
+from __future__ import annotations
+
+from mycroft_otel.processor import slowdown
+from mycroft_otel.processor.candidates import Alarm
+from mycroft_otel.processor.memory import JobMemory
+from mycroft_otel.processor.sequential import Cusum
+from mycroft_otel.processor.settings import Settings
+from mycroft_otel.processor.state import TraceState
+
+
+class Links:
+    """The network paths behind a collective's alarms, read from the job's accumulated evidence."""
+
+    def __init__(self, settings: Settings, memory: JobMemory):
+        self.s, self.mem = settings, memory
+
+    def path_out(self, st: TraceState, ev: slowdown.Evidence, sender: int) -> tuple[str, object, Cusum] | None:
+        """Who holds whom back, once a rank's GPU or one of its flows out reads slow: the network path its
+        evidence points at (measure, unit, evidence), else None.
+
+        A slow GPU posts its sends late, but once posted they move at the network's speed: slow flows *out* of
+        a rank are the network's doing. They also hold its GPU back (the kernel's send primitive blocks until
+        a FIFO slot frees, so data received meanwhile waits for the GPU), and with two similar effects the one
+        that crosses h first is a matter of noise, so the decision reads each flow's accumulated evidence
+        (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
+        one receiver whose other senders' flows read slow too, or whose least-waiting flow in holds as much
+        evidence as the slowest, or whose other communicators' flows from elsewhere read slower than the
+        sender's do (receiver_likelier), are that receiver's NIC (congestion into it); else the sender's NIC when its
+        least-waiting flow out (``nic_send``: every flow of that NIC) gathers and holds as much evidence as
+        its slowest flow or every flow out holds half of it, or all its flows out gather evidence (a ring's
+        one peer cannot tell the two ends apart: the sender is named); else its slowest flow (a link, a
+        route, a QP), and a rank with one flow out names that flow. With no slow flow out, the NIC of a
+        receiver it sends into, when that gathers evidence."""
+        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
+        out = [u for u in flows if u[0] == sender]
+        slow = [(u, c) for u in out if (c := self.mem.gathering(st, slowdown.FLOW, u)) is not None]
+        # its least-waiting flow out reads slow: every flow of its NIC does (with one flow out, that flow)
+        nic = self.mem.gathering(st, slowdown.NIC_SEND, sender) if len(out) > 1 else None
+        if not slow:
+            if nic is not None:
+                return slowdown.NIC_SEND, sender, nic
+            # no flow of its own reads slow yet, but the NIC it sends into does: congestion into that receiver
+            # slows every sender's flow a little and holds their kernels back
+            into = [(u[1], c) for u in out if (c := self.mem.gathering(st, slowdown.NIC_RECV, u[1])) is not None]
+            return None if not into else (slowdown.NIC_RECV,) + max(into, key=lambda x: x[1].s)
+        u, c = max(slow, key=lambda x: x[1].s)
+        # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as
+        # much evidence as the slowest flow only when every flow of the NIC is slow
+        into = self.mem.gathering(st, slowdown.NIC_RECV, u[1])
+        if len({v[1] for v, _ in slow}) == 1 and ((into is not None and into.s >= c.s) or any(
+                v[1] == u[1] and v[0] != sender and self.mem.gathering(st, slowdown.FLOW, v) is not None
+                for v in flows) or self.receiver_likelier(st, u[1], sender)):
+            return slowdown.NIC_RECV, u[1], into if into is not None else c
+        if (nic is not None and (nic.s >= c.s or all(
+                self.mem.evidence(st, slowdown.FLOW, v) >= c.s / 2 for v in out))) or len(slow) == len(out) > 1:
+            # the least-waiting flow holds as much evidence as the slowest, or every flow out half of it:
+            # what slows them is common
+            return slowdown.NIC_SEND, sender, nic if nic is not None else c
+        return slowdown.FLOW, u, c
+
+    def one_receiver(self, ev: slowdown.Evidence, sender: int) -> int | None:
+        """The only rank ``sender``'s flows of this collective go to (a ring's downstream neighbour on every
+        channel), else None."""
+        to = {u[1] for u in ev.values.get(slowdown.FLOW, ([], None))[0] if u[0] == sender}
+        return next(iter(to)) if len(to) == 1 else None
+
+    def receiver_of(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> tuple[str, object, Cusum] | None:
+        """A sending NIC whose flows all go to one receiver slows exactly the flows that receiver's NIC would,
+        were it slow to take data in: the receiver is named when the evidence into it from others says so (its
+        own least-waiting flow in, another sender's flow into it here, or another communicator's flow into it
+        from elsewhere, half way to an alarm)."""
+        r = self.one_receiver(ev, a.unit)
+        if r is None:
+            return None
+        into = self.mem.gathering(st, slowdown.NIC_RECV, r)
+        if into is not None:
+            return slowdown.NIC_RECV, r, into
+        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
+        if any(v[1] == r and v[0] != a.unit and self.mem.gathering(st, slowdown.FLOW, v) is not None
+               for v in flows) or self.receiver_likelier(st, r, a.unit):
+            return slowdown.NIC_RECV, r, a.cusum
+        return None
+
+    def receiver_likelier(self, st: TraceState, receiver: int, sender: int) -> bool:
+        """Of a link's two ends, whose other traffic reads slow: the receiver, when a flow of another
+        communicator into it from elsewhere holds more evidence than any flow out of the sender elsewhere, and
+        at least one strong score's worth (a PP stage's transfer into a DP ring's rank). Only the other
+        communicators can tell: within this one, the link's flows are all either end has."""
+        into = self.mem.evidence_elsewhere(st, receiver, sender, into=True)
+        return into >= self.s.cusum.cap - self.s.cusum.k and \
+            into > self.mem.evidence_elsewhere(st, sender, receiver, into=False)
