@@ -177,9 +177,13 @@ class OpenIncidents:
             inc.heard = now
             if ref.kind != OP and ref.kind != SUMMARY:
                 continue
+            hangs = [m for m in inc.members if not m.closed and m.kind == sc.KIND_HANG]
+            if not hangs:
+                continue
             changed = False
-            for m in inc.members:
-                if not m.closed and m.kind == sc.KIND_HANG and _moves(m, ref, proc_key(ref)):
+            proc = proc_key(ref)
+            for m in hangs:
+                if _moves(m, ref, proc):
                     m.closed = changed = True
                     log.warning("incident of job %r: the hang in comm %s #%d is over (%s %s of rank %d)",
                                 inc.job, m.comm, m.seq, ref.kind, ref.comm, ref.rank)

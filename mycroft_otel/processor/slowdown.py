@@ -275,6 +275,8 @@ class Evidence:
     # per measure, the candidates' standardized scores in this collective (candidates.py fills it as it judges
     # them): what this collective says of a candidate, apart from the evidence it carries from others
     z: dict[str, np.ndarray] = field(default_factory=dict)
+    # per measure, the candidates' evidence (Cusum or None, in units' order) as the test left it
+    held: dict[str, list] = field(default_factory=dict)
 
 
 def evidence(st: TraceState, m: Measures) -> Evidence:
@@ -283,7 +285,7 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
     n = len(ranks)
     vals: dict[str, tuple[list, np.ndarray]] = {}
     if len(m.gpu):
-        vals[GPU] = ([int(ranks[i]) for i in m.gpu_of], m.gpu)
+        vals[GPU] = (ranks[m.gpu_of].tolist(), m.gpu)
     if len(m.net):
         s, d, ch = ranks[m.src], ranks[m.dst], m.channel
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
@@ -298,9 +300,9 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
                 many &= _distinct_per_group(side, other, len(keys)) >= 2
             if many.any():
                 least = np.minimum.reduceat(m.net[order], first)
-                vals[name] = ([int(ranks[k]) for k in keys[many]], least[many])
+                vals[name] = (ranks[keys[many]].tolist(), least[many])
     if len(m.unsent):
-        vals[PROXY] = ([int(ranks[i]) for i in m.sent_of], m.unsent)
+        vals[PROXY] = (ranks[m.sent_of].tolist(), m.unsent)
     late_rank, lateness, waited = -1, 0, 0
     if n >= 2:
         last = int(np.argmax(m.arrival))
@@ -315,7 +317,7 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
             # a p2p transfer: a Recv posted before its Send waits for the upstream stage's compute
             makespan = max(1.0, float(m.end - int(m.arrival.min())))
             med = _leave_one_out_medians(m.arrival)
-            vals[LATE] = ([int(r) for r in ranks], np.maximum(0.0, m.arrival - med) / makespan)
+            vals[LATE] = (ranks.tolist(), np.maximum(0.0, m.arrival - med) / makespan)
     return Evidence(vals, lateness, late_rank, waited)
 
 
