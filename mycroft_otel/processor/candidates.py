@@ -15,6 +15,8 @@ a mild one tuned for 1). A candidate whose evidence reaches h raises an :class:`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import is_not
 
 import numpy as np
 
@@ -174,7 +176,7 @@ class CandidateTest:
         keys = self.mem.keys(job, comm, name, units)
         held = list(map(self.mem.cusums.get, keys))
         # a candidate with no evidence for either test and none held costs nothing
-        for i in sorted({i for i, c in enumerate(held) if c is not None}.union(
+        for i in sorted(set(compress(range(len(held)), map(is_not, held, repeat(None)))).union(
                 np.flatnonzero(z > (d.mild.k if name in MILD else d.k)).tolist())):
             c = held[i]
             if c is None:

@@ -170,6 +170,7 @@ class OpenIncidents:
     def heard(self, refs: Iterable[SpanRef]) -> None:
         """Spans received: the job is alive, and a completed collective may show that a hang ended."""
         now = self.clock()
+        hangs_of: dict[str, list[Member]] = {}  # job -> its incident's hangs open when the request came
         for ref in refs:
             inc = self.by_job.get(ref.resource.job)
             if inc is None:
@@ -177,13 +178,15 @@ class OpenIncidents:
             inc.heard = now
             if ref.kind != OP and ref.kind != SUMMARY:
                 continue
-            hangs = [m for m in inc.members if not m.closed and m.kind == sc.KIND_HANG]
+            hangs = hangs_of.get(inc.job)
+            if hangs is None:
+                hangs = hangs_of[inc.job] = [m for m in inc.members if not m.closed and m.kind == sc.KIND_HANG]
             if not hangs:
                 continue
             changed = False
             proc = proc_key(ref)
             for m in hangs:
-                if _moves(m, ref, proc):
+                if not m.closed and _moves(m, ref, proc):
                     m.closed = changed = True
                     log.warning("incident of job %r: the hang in comm %s #%d is over (%s %s of rank %d)",
                                 inc.job, m.comm, m.seq, ref.kind, ref.comm, ref.rank)
