@@ -115,7 +115,10 @@ class SlowdownDetector:
         candidates' evidence is as the test left it (no stall that recovered added one since)."""
         # below the table's bound nothing was forgotten to make room since the test looked them up
         known = ev.held if as_tested and len(self.mem.cusums) < MAX_KEYS else None
-        name, unit, c = max(self.mem.held(st, ev, known), key=lambda x: x[2].s, default=(None, None, None))
+        name, unit, c = None, None, None
+        for held in self.mem.held(st, ev, known):  # the first of the most evidence (as max would)
+            if c is None or held[2].s > c.s:
+                name, unit, c = held
         if c is None or c.s <= 0:
             return NO_CANDIDATE
         return f"closest: {label(name, unit)} at {c.s:.1f} of {self.s.cusum.h:g}"

@@ -25,6 +25,7 @@ them names who was waited for) and a mismatch (mismatch.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -74,6 +75,7 @@ MEASURE_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STE
 F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_END, F_GPU_WAIT, F_NET_WAIT, F_GPU_BUSY, F_NET_BUSY, F_PEER_BUSY = \
     range(len(MEASURE_COLUMNS))
 _RANK_BITS = 21  # ranks are < 2**20 (spans.py): (trace, rank) packs into one int64 key
+_RANK, _START, _END = (itemgetter(SpanRef._fields.index(f)) for f in ("rank", "start_ns", "end_ns"))
 
 
 def measure(traces: list[TraceState]) -> list[Measures]:
@@ -83,10 +85,10 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     per = np.array([len(st.op) for st in traces], dtype=np.int64)
     bounds = np.concatenate(([0], np.cumsum(per)))
     trace_of = np.repeat(np.arange(len(traces)), per)  # per rank: its trace
-    ranks = np.array([ref.rank for ref in refs], dtype=np.int64)
-    ends = [ref.end_ns for ref in refs]
-    duration = np.maximum(0.0, np.array(ends, dtype=np.float64) - np.array([ref.start_ns for ref in refs],
-                                                                           dtype=np.float64))
+    ranks = np.fromiter(map(_RANK, refs), dtype=np.int64, count=len(refs))
+    ends = list(map(_END, refs))
+    duration = np.maximum(0.0, np.array(ends, dtype=np.float64)
+                          - np.fromiter(map(_START, refs), dtype=np.float64, count=len(refs)))
     table, counts = flow_table(refs, MEASURE_COLUMNS)
     row = np.repeat(np.arange(len(refs)), counts)  # per flow: its rank (index into refs)
     arrival = _arrivals(refs, table, row)
@@ -316,10 +318,10 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
     late_rank, lateness, waited = -1, 0, 0
     if n >= 2:
         last = int(np.argmax(m.arrival))
-        rest = np.delete(m.arrival, last)
+        rest = np.concatenate((m.arrival[:last], m.arrival[last + 1:]))  # (np.delete, without its checks)
         lateness = int(m.arrival[last] - median(rest))
         late_rank = int(ranks[last])
-        waited = int(np.delete(m.duration, last).min())
+        waited = int(np.concatenate((m.duration[:last], m.duration[last + 1:])).min())
         if st.func not in P2P:
             # the share of the collective each rank's peers spent waiting for it to start: bounded, and
             # independent of how short the transfer after the last arrival was. A pair's "others" are its
