@@ -157,13 +157,17 @@ class CandidateTest:
             z = ((x - loc) if role is None else (x - loc - role)) / spread
             ev.z[name] = z
             alarms = self._accumulate(job, comm, name, units, x, z, when, at, healthy, ev)
-        own.add(rows[healthy], x[healthy])
-        taught = (x if role is None else x - role)[healthy]
+        if not healthy.all():  # (most collectives teach with every candidate)
+            rows, x, values = rows[healthy], x[healthy], values[healthy]
+            role = None if role is None else role[healthy]
+        own.add(rows, x)
+        taught = x if role is None else x - role
         for key in nulls:
             self.mem.null(self.mem.nulls, key).add(taught)
         if name != slowdown.LATE:
+            level = np.log(values + self.s.step_floor_ns)
             for key in levels:
-                self.mem.null(self.mem.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
+                self.mem.null(self.mem.levels, key).add(level)
         return alarms, ready is not None or prior is not None
 
     def _accumulate(self, job: str, comm: str, name: str, units: list, x: np.ndarray, z: np.ndarray, when: int,

@@ -269,6 +269,7 @@ class OwnSpreads:
         return med, scale, np.where(ready, n, 0)
 
     def add(self, rows: np.ndarray, values: np.ndarray) -> None:
-        self._buf[rows, self._at[rows]] = values
-        self._at[rows] = (self._at[rows] + 1) % self.size
+        at = self._at[rows]
+        self._buf[rows, at] = values
+        self._at[rows] = (at + 1) % self.size
         self._n[rows] = np.minimum(self._n[rows] + 1, self.size)
