@@ -15,6 +15,8 @@ a mild one tuned for 1). A candidate whose evidence reaches h raises an :class:`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import is_not
 
 import numpy as np
 
@@ -127,7 +129,7 @@ class CandidateTest:
         the healthy ones; the candidates that alarm, and whether there was a null to judge them by."""
         x, mode = got
         alarms: list[Alarm] = []
-        nulls = tuple(key._replace(mode=mode) for key in nulls)
+        nulls = tuple(NullKey(*key[:5], mode) for key in nulls)  # (not _replace: this runs per measure)
         ready = self.mem.ready(self.mem.nulls, nulls, self.s.null_min_collectives)
         healthy = np.ones(len(units), dtype=bool)
         # a candidate noisier than the others (a flow on a longer route, a GPU that shares its host) is
@@ -136,7 +138,7 @@ class CandidateTest:
         rows = own.rows(units)
         own_med, own_scale, own_n = own.stats(rows)
         prior = (0.0, self.s.late_prior_scale) if name == slowdown.LATE else None
-        role = np.zeros(len(units))
+        role = None  # 0 for every candidate until one holds its own healthy median
         if ready is not None or prior is not None:
             loc, scale = judged_by(ready, self.mem.nulls.get(nulls[0])) if ready is not None else prior
             spread = np.maximum(scale, own_scale)
@@ -148,34 +150,41 @@ class CandidateTest:
             # error stays 0, so peers alike are still judged against each other, not each against its own
             # past (a fault present from a candidate's first collectives is learned only when it is large
             # enough to stand out and too mild for the test to name before its history fills).
-            dev = own_med - loc
-            err = 3.0 * 1.2533 * spread / np.sqrt(np.maximum(own_n, 1))
-            role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
-            z = (x - loc - role) / spread
+            if own_n.any():
+                dev = own_med - loc
+                err = 3.0 * 1.2533 * spread / np.sqrt(np.maximum(own_n, 1))
+                role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
+            z = ((x - loc) if role is None else (x - loc - role)) / spread
             ev.z[name] = z
-            alarms = self._accumulate(job, comm, name, units, x, z, when, at, healthy)
-        own.add(rows[healthy], x[healthy])
+            alarms = self._accumulate(job, comm, name, units, x, z, when, at, healthy, ev)
+        if not healthy.all():  # (most collectives teach with every candidate)
+            rows, x, values = rows[healthy], x[healthy], values[healthy]
+            role = None if role is None else role[healthy]
+        own.add(rows, x)
+        taught = x if role is None else x - role
         for key in nulls:
-            self.mem.null(self.mem.nulls, key).add((x - role)[healthy])
+            self.mem.null(self.mem.nulls, key).add(taught)
         if name != slowdown.LATE:
+            level = np.log(values + self.s.step_floor_ns)
             for key in levels:
-                self.mem.null(self.mem.levels, key).add(np.log(values[healthy] + self.s.step_floor_ns))
+                self.mem.null(self.mem.levels, key).add(level)
         return alarms, ready is not None or prior is not None
 
     def _accumulate(self, job: str, comm: str, name: str, units: list, x: np.ndarray, z: np.ndarray, when: int,
-                    at: float, healthy: np.ndarray) -> list[Alarm]:
+                    at: float, healthy: np.ndarray, ev: slowdown.Evidence) -> list[Alarm]:
         """The candidates' CUSUMs updated with this collective's scores; ``healthy`` cleared where a candidate
-        gathers evidence (it does not teach the null what healthy looks like); the ones that alarm."""
+        gathers evidence (it does not teach the null what healthy looks like), and their evidence left in
+        ``ev.held``; the ones that alarm."""
         d = self.s.cusum
         alarms: list[Alarm] = []
         keys = self.mem.keys(job, comm, name, units)
-        held = [self.mem.cusums.get(k) for k in keys]
+        held = list(map(self.mem.cusums.get, keys))
         # a candidate with no evidence for either test and none held costs nothing
-        for i in sorted({i for i, c in enumerate(held) if c is not None}.union(
+        for i in sorted(set(compress(range(len(held)), map(is_not, held, repeat(None)))).union(
                 np.flatnonzero(z > (d.mild.k if name in MILD else d.k)).tolist())):
             c = held[i]
             if c is None:
-                c = Cusum()
+                c = held[i] = Cusum()
                 bounded_put(self.mem.cusums, keys[i], c)
             elif when < c.last_when_ns:
                 # late news: a collective older than the candidate's latest evidence (flagged ones arrive at
@@ -190,6 +199,7 @@ class CandidateTest:
             healthy[i] = s < d.h / 2
             if s >= d.h:
                 alarms.append(Alarm(name, units[i], c, float(z[i])))
+        ev.held[name] = held
         return alarms
 
     def recovered(self, st: TraceState, f: Finding, at: float) -> Alarm | None:

@@ -17,7 +17,7 @@ from typing import Callable
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import mismatch, slowdown
 from mycroft_otel.processor.candidates import CandidateTest
-from mycroft_otel.processor.memory import JobMemory
+from mycroft_otel.processor.memory import MAX_KEYS, JobMemory
 from mycroft_otel.processor.naming import Naming, label
 from mycroft_otel.processor.outcome import NO_CANDIDATE, Decision, Outcome, silent
 from mycroft_otel.processor.views import Finding, build_views, decorate
@@ -95,7 +95,7 @@ class SlowdownDetector:
             if alarm is not None:
                 alarms.append(alarm)
         if not alarms:
-            return silent(Outcome.BELOW_BAR, self._closest(st, ev))
+            return silent(Outcome.BELOW_BAR, self._closest(st, ev, recovered is None))
         if self.mem.explained(st):
             for a in alarms:
                 a.cusum.reset()  # consequences (or the named fault itself, which its incident holds): spent
@@ -110,9 +110,15 @@ class SlowdownDetector:
             decorate(st, build_views(st), d.finding)
         return d
 
-    def _closest(self, st: TraceState, ev: slowdown.Evidence) -> str:
-        """The candidate of this collective nearest to the bar, for a silence's reason."""
-        name, unit, c = max(self.mem.held(st, ev), key=lambda x: x[2].s, default=(None, None, None))
+    def _closest(self, st: TraceState, ev: slowdown.Evidence, as_tested: bool) -> str:
+        """The candidate of this collective nearest to the bar, for a silence's reason; ``as_tested``: the
+        candidates' evidence is as the test left it (no stall that recovered added one since)."""
+        # below the table's bound nothing was forgotten to make room since the test looked them up
+        known = ev.held if as_tested and len(self.mem.cusums) < MAX_KEYS else None
+        name, unit, c = None, None, None
+        for held in self.mem.held(st, ev, known):  # the first of the most evidence (as max would)
+            if c is None or held[2].s > c.s:
+                name, unit, c = held
         if c is None or c.s <= 0:
             return NO_CANDIDATE
         return f"closest: {label(name, unit)} at {c.s:.1f} of {self.s.cusum.h:g}"

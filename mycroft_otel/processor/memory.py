@@ -201,11 +201,15 @@ class JobMemory:
         # only by its pid may drive several GPUs, so its ranks stay apart (per communicator)
         return CandidateKey(job, name, proc if proc is not None and proc[1] == "g" else (comm, unit))
 
-    def held(self, st: TraceState, ev: slowdown.Evidence) -> Iterator[tuple[str, object, Cusum]]:
-        """(measure, unit, its evidence) of this collective's candidates that hold any."""
+    def held(self, st: TraceState, ev: slowdown.Evidence,
+             known: dict[str, list] | None = None) -> Iterator[tuple[str, object, Cusum]]:
+        """(measure, unit, its evidence) of this collective's candidates that hold any; ``known``: per measure,
+        their evidence already looked up (Evidence.held), valid while no candidate's was added or forgotten."""
         for name, (units, _) in ev.values.items():
-            for u, k in zip(units, self.keys(st.job, st.comm, name, units)):
-                c = self.cusums.get(k)
+            cs = known.get(name) if known is not None else None
+            if cs is None:
+                cs = map(self.cusums.get, self.keys(st.job, st.comm, name, units))
+            for u, c in zip(units, cs):
                 if c is not None:
                     yield name, u, c
 

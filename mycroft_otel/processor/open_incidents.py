@@ -170,6 +170,7 @@ class OpenIncidents:
     def heard(self, refs: Iterable[SpanRef]) -> None:
         """Spans received: the job is alive, and a completed collective may show that a hang ended."""
         now = self.clock()
+        hangs_of: dict[str, _OpenHangs] = {}  # job -> its incident's hangs open when the request came
         for ref in refs:
             inc = self.by_job.get(ref.resource.job)
             if inc is None:
@@ -177,9 +178,17 @@ class OpenIncidents:
             inc.heard = now
             if ref.kind != OP and ref.kind != SUMMARY:
                 continue
+            open_hangs = hangs_of.get(inc.job)
+            if open_hangs is None:
+                open_hangs = hangs_of[inc.job] = _OpenHangs.of(inc)
+            if not open_hangs.members:
+                continue
+            proc = proc_key(ref)
+            if ref.comm not in open_hangs.comms and proc not in open_hangs.procs:
+                continue  # (no hang's communicator, no culprit's process: _moves is False for each)
             changed = False
-            for m in inc.members:
-                if not m.closed and m.kind == sc.KIND_HANG and _moves(m, ref, proc_key(ref)):
+            for m in open_hangs.members:
+                if not m.closed and _moves(m, ref, proc):
                     m.closed = changed = True
                     log.warning("incident of job %r: the hang in comm %s #%d is over (%s %s of rank %d)",
                                 inc.job, m.comm, m.seq, ref.kind, ref.comm, ref.rank)
@@ -226,6 +235,20 @@ class OpenIncidents:
         if self.sink is not None:
             self.sink.incident_shown(inc, face, PageLinks(trace_link(self.trace_ui_url, face.trace_id.hex()),
                                                           runbook_link(self.runbook_url, face.category)))
+
+
+@dataclass(slots=True)
+class _OpenHangs:
+    """An incident's open hangs, and the communicators and culprit processes a span must be in to end one."""
+
+    members: list[Member]
+    comms: frozenset
+    procs: frozenset
+
+    @classmethod
+    def of(cls, inc: OpenIncident) -> "_OpenHangs":
+        hangs = [m for m in inc.members if not m.closed and m.kind == sc.KIND_HANG]
+        return cls(hangs, frozenset(m.comm for m in hangs), frozenset().union(*(m.procs for m in hangs)))
 
 
 def _moves(m: Member, ref: SpanRef, proc: ProcKey | None) -> bool:

@@ -111,9 +111,11 @@ def median(values: np.ndarray) -> float:
     hundred values a null or a collective holds)."""
     n = len(values)
     k = n // 2
+    p = np.array(values)  # a copy, partitioned in place (np.partition's wrapper costs as much on a few hundred)
     if n % 2:
-        return float(np.partition(values, k)[k])
-    p = np.partition(values, (k - 1, k))
+        p.partition(k)
+        return float(p[k])
+    p.partition((k - 1, k))
     return (float(p[k - 1]) + float(p[k])) / 2
 
 
@@ -140,14 +142,20 @@ class RobustNull:
 
     def add(self, values: np.ndarray) -> None:
         size = len(self._buf)
-        values = np.asarray(values, dtype=np.float64)[-size:]
+        values = np.asarray(values, dtype=np.float64)
         k = len(values)
         if k == 0:
             return
-        first = min(k, size - self._at)
-        self._buf[self._at:self._at + first] = values[:first]
-        self._buf[:k - first] = values[first:]
-        self._at = (self._at + k) % size
+        if k > size:
+            values, k = values[-size:], size
+        at = self._at
+        if at + k <= size:  # (most adds: no wrap around the ring's end)
+            self._buf[at:at + k] = values
+        else:
+            first = size - at
+            self._buf[at:] = values[:first]
+            self._buf[:k - first] = values[first:]
+        self._at = (at + k) % size
         self._n = min(size, self._n + k)
         self.collectives += 1
         self._cache = None
@@ -261,6 +269,7 @@ class OwnSpreads:
         return med, scale, np.where(ready, n, 0)
 
     def add(self, rows: np.ndarray, values: np.ndarray) -> None:
-        self._buf[rows, self._at[rows]] = values
-        self._at[rows] = (self._at[rows] + 1) % self.size
+        at = self._at[rows]
+        self._buf[rows, at] = values
+        self._at[rows] = (at + 1) % self.size
         self._n[rows] = np.minimum(self._n[rows] + 1, self.size)

@@ -25,6 +25,7 @@ them names who was waited for) and a mismatch (mismatch.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -74,6 +75,7 @@ MEASURE_COLUMNS = (sc.FLOW_CHANNEL, sc.FLOW_DIRECTION, sc.FLOW_PEER, sc.FLOW_STE
 F_CHANNEL, F_SEND, F_PEER, F_STEPS, F_START, F_END, F_GPU_WAIT, F_NET_WAIT, F_GPU_BUSY, F_NET_BUSY, F_PEER_BUSY = \
     range(len(MEASURE_COLUMNS))
 _RANK_BITS = 21  # ranks are < 2**20 (spans.py): (trace, rank) packs into one int64 key
+_RANK, _START, _END = (itemgetter(SpanRef._fields.index(f)) for f in ("rank", "start_ns", "end_ns"))
 
 
 def measure(traces: list[TraceState]) -> list[Measures]:
@@ -83,10 +85,10 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     per = np.array([len(st.op) for st in traces], dtype=np.int64)
     bounds = np.concatenate(([0], np.cumsum(per)))
     trace_of = np.repeat(np.arange(len(traces)), per)  # per rank: its trace
-    ranks = np.array([ref.rank for ref in refs], dtype=np.int64)
-    ends = [ref.end_ns for ref in refs]
-    duration = np.maximum(0.0, np.array(ends, dtype=np.float64) - np.array([ref.start_ns for ref in refs],
-                                                                           dtype=np.float64))
+    ranks = np.fromiter(map(_RANK, refs), dtype=np.int64, count=len(refs))
+    ends = list(map(_END, refs))
+    duration = np.maximum(0.0, np.array(ends, dtype=np.float64)
+                          - np.fromiter(map(_START, refs), dtype=np.float64, count=len(refs)))
     table, counts = flow_table(refs, MEASURE_COLUMNS)
     row = np.repeat(np.arange(len(refs)), counts)  # per flow: its rank (index into refs)
     arrival = _arrivals(refs, table, row)
@@ -196,8 +198,16 @@ def _distinct_per_group(group: np.ndarray, value: np.ndarray, groups: int) -> np
     g, v = group[order], value[order]
     new = np.ones(len(g), dtype=bool)
     new[1:] = (g[1:] != g[:-1]) | (v[1:] != v[:-1])
-    _, first = np.unique(g, return_index=True)
-    return np.add.reduceat(new.astype(np.int64), first) if len(g) else np.zeros(groups, dtype=np.int64)
+    return np.add.reduceat(new.astype(np.int64), _run_starts(g)) if len(g) else np.zeros(groups, dtype=np.int64)
+
+
+def _run_starts(ordered: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts in a sorted array: np.unique's first indices, without the sort
+    it would do again (a few times this work on a collective's hundred flows)."""
+    new = np.empty(len(ordered), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    return np.flatnonzero(new)
 
 
 def _recovered_stall(st: TraceState) -> Finding | None:
@@ -275,6 +285,8 @@ class Evidence:
     # per measure, the candidates' standardized scores in this collective (candidates.py fills it as it judges
     # them): what this collective says of a candidate, apart from the evidence it carries from others
     z: dict[str, np.ndarray] = field(default_factory=dict)
+    # per measure, the candidates' evidence (Cusum or None, in units' order) as the test left it
+    held: dict[str, list] = field(default_factory=dict)
 
 
 def evidence(st: TraceState, m: Measures) -> Evidence:
@@ -283,13 +295,15 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
     n = len(ranks)
     vals: dict[str, tuple[list, np.ndarray]] = {}
     if len(m.gpu):
-        vals[GPU] = ([int(ranks[i]) for i in m.gpu_of], m.gpu)
+        vals[GPU] = (ranks[m.gpu_of].tolist(), m.gpu)
     if len(m.net):
         s, d, ch = ranks[m.src], ranks[m.dst], m.channel
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
         for name, side, other in ((NIC_SEND, m.src, m.dst), (NIC_RECV, m.dst, m.src)):
             order = np.argsort(side, kind="stable")
-            keys, first, count = np.unique(side[order], return_index=True, return_counts=True)
+            ordered = side[order]
+            first = _run_starts(ordered)
+            keys, count = ordered[first], np.diff(first, append=len(ordered))
             many = count >= 2  # a NIC is all of a rank's flows: one flow alone is the flow measure
             if name == NIC_RECV:
                 # flows into a rank from one sender only (a ring) read the same whether the sender's NIC or
@@ -298,16 +312,16 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
                 many &= _distinct_per_group(side, other, len(keys)) >= 2
             if many.any():
                 least = np.minimum.reduceat(m.net[order], first)
-                vals[name] = ([int(ranks[k]) for k in keys[many]], least[many])
+                vals[name] = (ranks[keys[many]].tolist(), least[many])
     if len(m.unsent):
-        vals[PROXY] = ([int(ranks[i]) for i in m.sent_of], m.unsent)
+        vals[PROXY] = (ranks[m.sent_of].tolist(), m.unsent)
     late_rank, lateness, waited = -1, 0, 0
     if n >= 2:
         last = int(np.argmax(m.arrival))
-        rest = np.delete(m.arrival, last)
+        rest = np.concatenate((m.arrival[:last], m.arrival[last + 1:]))  # (np.delete, without its checks)
         lateness = int(m.arrival[last] - median(rest))
         late_rank = int(ranks[last])
-        waited = int(np.delete(m.duration, last).min())
+        waited = int(np.concatenate((m.duration[:last], m.duration[last + 1:])).min())
         if st.func not in P2P:
             # the share of the collective each rank's peers spent waiting for it to start: bounded, and
             # independent of how short the transfer after the last arrival was. A pair's "others" are its
@@ -315,7 +329,7 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
             # a p2p transfer: a Recv posted before its Send waits for the upstream stage's compute
             makespan = max(1.0, float(m.end - int(m.arrival.min())))
             med = _leave_one_out_medians(m.arrival)
-            vals[LATE] = ([int(r) for r in ranks], np.maximum(0.0, m.arrival - med) / makespan)
+            vals[LATE] = (ranks.tolist(), np.maximum(0.0, m.arrival - med) / makespan)
     return Evidence(vals, lateness, late_rank, waited)
 
 
