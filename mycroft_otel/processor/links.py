@@ -54,10 +54,8 @@ class Links:
         u, c = max(slow, key=lambda x: x[1].s)
         # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as
         # much evidence as the slowest flow only when every flow of the NIC is slow
-        into = self.mem.gathering(st, slowdown.NIC_RECV, u[1])
-        if len({v[1] for v, _ in slow}) == 1 and ((into is not None and into.s >= c.s) or any(
-                v[1] == u[1] and v[0] != sender and self.mem.gathering(st, slowdown.FLOW, v) is not None
-                for v in flows) or self.receiver_likelier(st, u[1], sender)):
+        if len({v[1] for v, _ in slow}) == 1 and self._taking_in(st, flows, u[1], sender, c.s):
+            into = self.mem.gathering(st, slowdown.NIC_RECV, u[1])
             return slowdown.NIC_RECV, u[1], into if into is not None else c
         if (nic is not None and (nic.s >= c.s or all(
                 self.mem.evidence(st, slowdown.FLOW, v) >= c.s / 2 for v in out))) or len(slow) == len(out) > 1:
@@ -78,16 +76,20 @@ class Links:
         own least-waiting flow in, another sender's flow into it here, or another communicator's flow into it
         from elsewhere, half way to an alarm)."""
         r = self.one_receiver(ev, a.unit)
-        if r is None:
+        if r is None or not self._taking_in(st, ev.values.get(slowdown.FLOW, ([], None))[0], r, a.unit, 0.0):
             return None
         into = self.mem.gathering(st, slowdown.NIC_RECV, r)
-        if into is not None:
-            return slowdown.NIC_RECV, r, into
-        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
-        if any(v[1] == r and v[0] != a.unit and self.mem.gathering(st, slowdown.FLOW, v) is not None
-               for v in flows) or self.receiver_likelier(st, r, a.unit):
-            return slowdown.NIC_RECV, r, a.cusum
-        return None
+        return slowdown.NIC_RECV, r, into if into is not None else a.cusum
+
+    def _taking_in(self, st: TraceState, flows: list, receiver: int, sender: int, least: float) -> bool:
+        """Whether the evidence into ``receiver`` from others says its NIC is slow to take data in, rather than
+        the link from ``sender``: its least-waiting flow in gathers with >= ``least``, another sender's flow
+        into it in this collective gathers, or its other communicators' traffic reads slower than the
+        sender's (receiver_likelier)."""
+        into = self.mem.gathering(st, slowdown.NIC_RECV, receiver)
+        return (into is not None and into.s >= least) or any(
+            v[1] == receiver and v[0] != sender and self.mem.gathering(st, slowdown.FLOW, v) is not None
+            for v in flows) or self.receiver_likelier(st, receiver, sender)
 
     def receiver_likelier(self, st: TraceState, receiver: int, sender: int) -> bool:
         """Of a link's two ends, whose other traffic reads slow: the receiver, when a flow of another
