@@ -97,8 +97,9 @@ def kernel_not_started(views, nranks: int) -> list[int]:
     these: their GPU is stalled, or its stream is held by earlier work that does not finish. Empty when no
     GPU started it (all queued behind other work, or an NCCL that reports no KernelCh): nothing tells them apart."""
     inside, before = False, []
-    for p in range(nranks):
-        pv = views.get(p)
+    # the ranks that said anything (a dict), else every rank of the communicator asked for by number
+    said = sorted(views.items()) if isinstance(views, dict) else ((p, views.get(p)) for p in range(nranks))
+    for p, pv in said:
         if pv is None or pv.state != IN_FLIGHT:
             continue
         if pv.kernel_started:
