@@ -104,6 +104,11 @@ def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     return None
 
 
+def _own_proxy(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    cs = n.mem.gathering(c.st, slowdown.PROXY, a.unit)
+    return None if cs is None else a.led_to(slowdown.PROXY, a.unit, cs)
+
+
 def _receiving_nic(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     found = n.links.receiver_of(c.st, c.ev, a) if a.measure == slowdown.NIC_SEND else None
     return None if found is None else a.led_to(*found)
@@ -130,6 +135,7 @@ EXPLAINED_BY: tuple[Row, ...] = (
                     Act.NAME),
         Explanation("the one flow that touches it alarms", _one_flow, Act.NAME)), first=_source),
     Row((slowdown.NIC_SEND, slowdown.NIC_RECV), (
+        Explanation("its own proxy thread leaves ready data unposted", _own_proxy, Act.NAME),
         Explanation("the one receiver its flows go to reads slow from other senders too", _receiving_nic,
                     Act.NAME),)),
     Row((slowdown.FLOW,), (

@@ -105,6 +105,23 @@ class Scenario:
     seed: int = 1
     pp_every: int = 3              # a Send/Recv group on the "pp" communicator every N iterations (0: none)
     peerwait_once: bool = False    # diagnosis only: NOT what NCCL does (it re-records SendPeerWait per retry)
+    # "": the default job above. (tp, dp): a training job of tp x dp ranks, one per process (RANK and LOCAL_RANK
+    # set, as torchrun does), tp per host: a TP group per host and a DP ring per local rank across the hosts,
+    # an all-reduce on each per step, TP then DP on one stream per GPU (tpdp_job)
+    layout: tuple = ()
+    proxy_tick_us: int = 300       # a rank's proxy thread's pause between passes while its ops are active
+
+
+def tpdp_job(sc: Scenario) -> tuple[int, list, list, list]:
+    """(nranks, nodes, procs, comms) of a TP x DP job: rank = host * tp + local rank. Every hop, inside a host
+    too, runs over a transport with ProxySteps (the conformance harness has one transport); the NVLink hops of a
+    real TP group, kernel-only, are the simulator's (sim/engine.py)."""
+    tp, dp = sc.layout
+    nodes = [list(range(h * tp, (h + 1) * tp)) for h in range(dp)]
+    comms = [{"name": "tp", "hash": secrets.token_hex(8), "nch": sc.nch, "members": rs} for rs in nodes]
+    comms += [{"name": "dp", "hash": secrets.token_hex(8), "nch": sc.nch, "members": list(range(lr, tp * dp, tp))}
+              for lr in range(tp)]
+    return tp * dp, nodes, [[r] for r in range(tp * dp)], comms
 
 
 @dataclass
@@ -117,6 +134,17 @@ class Result:
     wall_s: float
     comm_hashes: set
     slowdown: float | None = None  # slowdown scenarios: the all-reduces' time with the fault over without
+    members: dict = field(default_factory=dict)  # comm hash -> its world ranks, where they are not 0..n-1
+
+    def world(self, v: dict, rank) -> int | None:
+        """A rank of verdict ``v``'s communicator as the world rank the scenario's faults and expectations use."""
+        m = self.members.get(v.get("mycroft.comm.hash"))
+        return rank if m is None or rank is None or not 0 <= rank < len(m) else m[rank]
+
+    def culprit(self, v: dict) -> tuple[list, int | None]:
+        """The verdict's culprit ranks and peer, as world ranks."""
+        return ([self.world(v, r) for r in v.get("mycroft.rca.culprit.ranks") or []],
+                self.world(v, v.get("mycroft.rca.culprit.peer")))
 
     @property
     def first(self) -> dict | None:
@@ -128,8 +156,8 @@ class Result:
         return (self.first["_recv_ns"] - self.onset_ns) / 1e9
 
     def short(self) -> str:
-        return "; ".join(f"{v.get('mycroft.rca.category')} ranks={list(v.get('mycroft.rca.culprit.ranks') or [])} "
-                         f"ch={v.get('mycroft.rca.culprit.channel')} peer={v.get('mycroft.rca.culprit.peer')} "
+        return "; ".join(f"{v.get('mycroft.rca.category')} ranks={self.culprit(v)[0]} "
+                         f"ch={v.get('mycroft.rca.culprit.channel')} peer={self.culprit(v)[1]} "
                          f"seq={v.get('mycroft.coll.seq')}" for v in self.verdicts[:4]) or "no verdict"
 
 
@@ -177,24 +205,32 @@ def run(sc: Scenario, sink: RootCauseSink, keep: bool = False) -> Result:
     agent = _start(py + ["agent", "--ring-dir", ring_dir, "--state-dir", os.path.join(work, "state")], agent_env,
                    os.path.join(work, "agent.log"))
 
-    comms = [{"name": None, "hash": secrets.token_hex(8), "nch": sc.nch},
-             {"name": "pp", "hash": secrets.token_hex(8), "nch": sc.pp_nch}]
+    if sc.layout:
+        nranks, nodes, procs, comms = tpdp_job(sc)
+    else:
+        nranks, nodes, procs = sc.nranks, sc.nodes, sc.procs
+        comms = [{"name": None, "hash": secrets.token_hex(8), "nch": sc.nch},
+                 {"name": "pp", "hash": secrets.token_hex(8), "nch": sc.pp_nch}]
     hashes = {c["hash"] for c in comms}
     net_file = os.path.join(work, "net.bin")
     maxch = max(c["nch"] for c in comms)
-    np.zeros((len(comms), maxch, sc.nranks, 12), dtype=np.int64).tofile(net_file)
-    cfg = {"version": sc.version, "nranks": sc.nranks, "nodes": sc.nodes, "procs": sc.procs, "comms": comms,
+    np.zeros((len(comms), maxch, nranks, 12), dtype=np.int64).tofile(net_file)
+    cfg = {"version": sc.version, "nranks": nranks, "nodes": nodes, "procs": procs, "comms": comms,
            "net_file": net_file, "out_dir": out_dir, "fault": sc.fault, "iters": sc.iters,
            "async_depth": sc.async_depth, "step_numbering": sc.step_numbering, "gpu_step_us": sc.gpu_step_us,
            "net_step_us": sc.net_step_us, "chunk": 1 << 19, "seed": sc.seed, "t0": 0,
-           "peerwait_once": sc.peerwait_once, "pp_every": sc.pp_every}
-    node_of = {r: i for i, rs in enumerate(sc.nodes) for r in rs}
+           "peerwait_once": sc.peerwait_once, "pp_every": sc.pp_every, "layout": bool(sc.layout),
+           "shared_stream": bool(sc.layout), "proxy_tick_us": sc.proxy_tick_us}
+    node_of = {r: i for i, rs in enumerate(nodes) for r in rs}
+    per_node = len(nodes[0])
     ranks = []
-    for i, rs in enumerate(sc.procs):
+    for i, rs in enumerate(procs):
         env = dict(base_env, MYCROFT_RING_DIR=ring_dir, MYCROFT_JOB_ID=f"conf-{sc.name}",
-                   NCCL_HOSTID=f"node{node_of[rs[0]]}", LOCAL_RANK=str(rs[0] % 4))
+                   NCCL_HOSTID=f"node{node_of[rs[0]]}", LOCAL_RANK=str(rs[0] % per_node))
+        if len(rs) == 1:
+            env["RANK"] = str(rs[0])  # one rank per process: the launcher's global rank
         ranks.append((i, env))
-    cfg["t0"] = time.time() + 1.5 + 0.3 * len(sc.procs)
+    cfg["t0"] = time.time() + 1.5 + 0.3 * len(procs)
     cfg_path = os.path.join(work, "job.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
@@ -234,18 +270,20 @@ def run(sc: Scenario, sink: RootCauseSink, keep: bool = False) -> Result:
         except OSError:
             logs[name] = ""
     verdicts = sorted(sink.for_comms(hashes), key=lambda v: v["_recv_ns"])
-    slowdown = _slowdown(out_dir, sc) if sc.kind == "slowdown" else None
+    slowdown = _slowdown(out_dir, sc, comms) if sc.kind == "slowdown" else None
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     else:
         logs["workdir"] = work
     return Result(sc, verdicts, onset_ns, verdicts[0]["_recv_ns"] if verdicts else None, logs,
-                  time.monotonic() - t_start, hashes, slowdown)
+                  time.monotonic() - t_start, hashes, slowdown, {c["hash"]: c["members"] for c in comms
+                                                                 if "members" in c})
 
 
-def _slowdown(out_dir: str, sc: Scenario) -> float | None:
+def _slowdown(out_dir: str, sc: Scenario, comms: list) -> float | None:
     """How many times slower the faulty communicator's operations ran: the median launch-to-completion time
-    of its all-reduces (a p2p fault: its sends and receives) of the fault's iterations (from the second on;
+    of its all-reduces (a p2p fault: its sends and receives; a layout: the culprit's communicators) of the
+    fault's iterations (from the second on;
     a late rank is late ``n_late`` times) over that of the 16 iterations before it, all ranks (rankproc.py
     writes every completed operation to its done file)."""
     at = sc.fault.get("at_iter")
@@ -253,12 +291,17 @@ def _slowdown(out_dir: str, sc: Scenario) -> float | None:
         return None
     end = at + sc.fault.get("n_late", sc.iters)
     funcs = ("Send", "Recv") if sc.fault.get("kind") == "slow_p2p" else ("AllReduce",)
+    culprit, want = sc.fault.get("rank"), sc.fault.get("comm")
+    # the culprit's communicators (the one the fault names, if it names one)
+    mine = {c["hash"] for c in comms if culprit in c.get("members", [culprit]) and want in (None, c["name"])}
     before, after = [], []
     for name in os.listdir(out_dir):
         if not name.startswith("done."):
             continue
         with open(os.path.join(out_dir, name)) as fh:
-            for func, _steps, ms, iteration in json.load(fh):
+            for func, _steps, ms, iteration, comm in json.load(fh):
+                if comm not in mine:
+                    continue
                 if func in funcs and at - 16 <= iteration < at:
                     before.append(ms)
                 elif func in funcs and at + 1 <= iteration < end:
@@ -266,8 +309,8 @@ def _slowdown(out_dir: str, sc: Scenario) -> float | None:
     return float(np.median(after) / np.median(before)) if before and after else None
 
 
-def _names_culprit(v: dict, exp: dict) -> bool:
-    ranks = list(v.get("mycroft.rca.culprit.ranks") or [])
+def _names_culprit(res: Result, v: dict, exp: dict) -> bool:
+    ranks = res.culprit(v)[0]
     if "flow" in exp:
         return bool(ranks) and ranks[0] in exp["flow"]
     return bool(ranks) and ranks[0] in exp.get("ranks", ranks[:1])
@@ -281,11 +324,11 @@ def check_secondary(res: Result) -> list[str]:
     if exp is None or res.onset_ns is None:
         return []
     after = [v for v in res.verdicts if v["_recv_ns"] >= res.onset_ns]
-    wrong = [v for v in after[1:] if not _names_culprit(v, exp)]
+    wrong = [v for v in after[1:] if not _names_culprit(res, v, exp)]
     if not wrong:
         return []
     return [f"{len(wrong)} later verdict(s) blame someone else: " + "; ".join(
-        f"{v.get('mycroft.rca.category')} ranks={list(v.get('mycroft.rca.culprit.ranks') or [])} "
+        f"{v.get('mycroft.rca.category')} ranks={res.culprit(v)[0]} "
         f"seq={v.get('mycroft.coll.seq')} comm={v.get('mycroft.comm.hash')}" for v in wrong[:4])]
 
 
@@ -306,7 +349,9 @@ def check(res: Result) -> list[str]:
     if first is None:
         return errs + [f"no verdict within {sc.max_wait_s:.0f} s of onset"]
     cat = first.get("mycroft.rca.category")
-    ranks = list(first.get("mycroft.rca.culprit.ranks") or [])
+    ranks, peer = res.culprit(first)
+    if res.members and ranks and list(first.get("mycroft.rca.culprit.global_ranks") or []) != ranks:
+        errs.append(f"global ranks {first.get('mycroft.rca.culprit.global_ranks')} are not the culprit's {ranks}")
     if cat not in ([exp["category"]] if isinstance(exp["category"], str) else exp["category"]):
         errs.append(f"category {cat!r}, expected {exp['category']!r}")
     if "ranks" in exp and (not ranks or ranks[0] not in exp["ranks"]):
@@ -314,7 +359,7 @@ def check(res: Result) -> list[str]:
     if "channel" in exp and first.get("mycroft.rca.culprit.channel") != exp["channel"]:
         errs.append(f"culprit channel {first.get('mycroft.rca.culprit.channel')}, expected {exp['channel']}")
     if "flow" in exp:  # the flow's two ends: culprit rank + peer must be exactly them
-        ends = {ranks[0] if ranks else None, first.get("mycroft.rca.culprit.peer")}
+        ends = {ranks[0] if ranks else None, peer}
         if ends != set(exp["flow"]):
             errs.append(f"flow ends {sorted(map(str, ends))}, expected {sorted(exp['flow'])}")
     lat = (first["_recv_ns"] - res.onset_ns) / 1e9

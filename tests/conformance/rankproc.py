@@ -15,6 +15,10 @@ Per (communicator, rank) context, threads shaped like NCCL's:
     growing across ProxyOps of a connection (older releases' base+posted);
   * KernelCh events in GPU-clock nanoseconds: on the proxy thread for v4/v5, on a separate thread for v7.
 
+A communicator spans the world ranks in its ``members`` (default: every rank), in its rank order: a training
+job's TP groups and DP rings (harness.tpdp_job). With ``shared_stream`` a GPU runs the kernels of all its
+communicators one after another, in launch order, as a training step's stream does.
+
 Ranks exchange data through a shared file of counters (per communicator, channel and sending rank): transmitted
 steps, irecv-posted steps, received steps, and when the last transmitted step becomes deliverable. So a fault on
 one rank propagates to the others exactly as data dependencies say, across processes.
@@ -36,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nccl_ctypes as N  # noqa: E402
 
 NEVER = 1 << 62
-SLOW_LINKS = ("slow_flow", "slow_p2p", "slow_nic")  # faults that lengthen a step's time on the network
+SLOW_LINKS = ("slow_flow", "slow_p2p", "slow_nic", "nic_both")  # faults that lengthen a step's time on the network
 GPU_CLOCK_OFFSET = 987_654_321_000  # %globaltimer is not CLOCK_MONOTONIC: make that obvious
 TX, RPOST, RECVD, AVAIL = 0, 1, 2, 4  # AVAIL..AVAIL+7: when step k (slot k % 8) is deliverable
 NF = 12
@@ -64,6 +68,10 @@ class Job:
         self.frozen_ranks: set[int] = set()
         self.durations: list = []
         self.ticks = self.tick_ns = 0
+        # one CUDA stream per GPU across its communicators (shared_stream): a kernel starts when the previous
+        # launch of that GPU, of any communicator, has finished, as ops ordered on a training step's stream do
+        self.last_launch: dict[int, list] = {}
+        self.fault_on = threading.Event()  # the culprit reached the fault's iteration (slow_proxy)
 
     def mark_onset(self, what: str) -> None:
         with self.onset_lock:
@@ -77,6 +85,7 @@ class Job:
         return ((cidx * self.maxch + ch) * self.R + src) * NF
 
     def is_culprit(self, rank: int) -> bool:
+        """``rank``: a world rank (the launcher's RANK), as faults name them."""
         return self.fault.get("rank") == rank
 
 
@@ -124,17 +133,25 @@ class Op:
         self.gpu_left = nch
 
 
-class RankComm:
-    """One (communicator, rank) context: plugin context, proxy thread, kernel-channel emitter."""
+def members(job: Job, cidx: int) -> list[int]:
+    """The world ranks of communicator ``cidx``, in communicator-rank order (default: every rank)."""
+    return job.comms[cidx].get("members") or list(range(job.R))
 
-    def __init__(self, job: Job, plugin: N.Plugin, cidx: int, rank: int) -> None:
-        self.job, self.cidx, self.rank = job, cidx, rank
+
+class RankComm:
+    """One (communicator, rank) context: plugin context, proxy thread, kernel-channel emitter. ``rank`` is the
+    rank in the communicator (what NCCL gives the profiler), ``world`` the process's global rank."""
+
+    def __init__(self, job: Job, plugin: N.Plugin, cidx: int, world: int) -> None:
         c = job.comms[cidx]
+        self.members = members(job, cidx)
+        self.job, self.cidx, self.world, self.rank = job, cidx, world, self.members.index(world)
         self.spec = c
-        self.R = job.R
+        self.R = len(self.members)
         self.nch = c["nch"]
-        nnodes = len(job.cfg["nodes"])
-        self.ctx = plugin.init(int(c["hash"], 16), self.R, rank, nnodes, c.get("name"))
+        node_of = {r: i for i, rs in enumerate(job.cfg["nodes"]) for r in rs}
+        nnodes = len({node_of[r] for r in self.members})
+        self.ctx = plugin.init(int(c["hash"], 16), self.R, self.rank, nnodes, c.get("name"))
         self.v = plugin.version
         self.lock = threading.Lock()
         self.pending: list[Op] = []   # handed over, not yet picked up by the proxy
@@ -148,6 +165,11 @@ class RankComm:
         self.gpu_step_ns = job.cfg["gpu_step_us"] * 1000
         self.net_step_ns = job.cfg["net_step_us"] * 1000
         self.kc_lock = threading.Lock()
+
+    def fault_comm(self) -> bool:
+        """Whether the fault acts on this communicator: the one it names (``comm``) or else the first."""
+        want = self.job.fault.get("comm")
+        return self.cidx == 0 if want is None else self.spec.get("name") == want
 
     # ---- user thread side ----
     def launch(self, items: list[dict], iteration: int) -> list[Op]:
@@ -191,9 +213,16 @@ class RankComm:
                     op.subs.append(Sub(op, ch, False, (self.rank - 1) % self.R, it["steps"], 0))
                     op.subs.append(Sub(op, ch, True, (self.rank + 1) % self.R, it["steps"], 0))
             op.launch = self.launches
+            op.after = []
             op.by_ch = {ch: (next((s for s in op.subs if s.ch == ch and s.is_send), None),
                              next((s for s in op.subs if s.ch == ch and not s.is_send), None)) for ch in op.chans}
             ops.append(op)
+        if self.job.cfg.get("shared_stream"):
+            with self.job.onset_lock:
+                before = self.job.last_launch.get(self.world, [])
+                self.job.last_launch[self.world] = ops
+            for op in ops:
+                op.after = before
         with self.lock:  # proxy ops are appended before the task events stop
             self.pending.extend(ops)
             self.kernel_queue.extend(ops)
@@ -207,11 +236,11 @@ class RankComm:
     # ---- device model (called from the proxy thread) ----
     def gpu_tick(self, now: int) -> None:
         job = self.job
-        if self.rank in self.job.frozen_ranks:
+        if self.world in self.job.frozen_ranks:
             return
         step_ns = self.gpu_step_ns
         f = job.fault
-        if f.get("kind") == "slow_gpu" and job.is_culprit(self.rank):
+        if f.get("kind") == "slow_gpu" and job.is_culprit(self.world):
             step_ns = step_ns * f.get("factor", 6)  # (applied from the fault's iteration on, below)
         with self.lock:
             queue = list(self.kernel_queue)
@@ -223,7 +252,9 @@ class RankComm:
                 cur_launch = op.launch
             elif op.launch != cur_launch:
                 break  # one stream: the next kernel starts when every channel of this one has finished
-            slow = f.get("kind") == "slow_gpu" and job.is_culprit(self.rank) and op.iteration >= f["at_iter"]
+            if any(not o.gpu_done for o in op.after):
+                break  # the stream's previous kernel (another communicator's) still runs
+            slow = f.get("kind") == "slow_gpu" and job.is_culprit(self.world) and op.iteration >= f["at_iter"]
             sns = step_ns if slow else self.gpu_step_ns
             if slow:
                 job.mark_onset("slow gpu")
@@ -270,9 +301,9 @@ class RankComm:
 
     def gpu_frozen_now(self, op: Op, cs: Chan) -> bool:
         f = self.job.fault
-        if f.get("kind") == "gpu_stall" and self.job.is_culprit(self.rank) and op.kind == "ring" \
-                and op.iteration >= f["at_iter"] and self.cidx == 0 and cs.consumed >= 2:
-            self.job.frozen_ranks.add(self.rank)
+        if f.get("kind") == "gpu_stall" and self.job.is_culprit(self.world) and op.kind == "ring" \
+                and op.iteration >= f["at_iter"] and self.fault_comm() and cs.consumed >= 2:
+            self.job.frozen_ranks.add(self.world)
             self.job.mark_onset("gpu_stall")
             return True
         return False
@@ -300,7 +331,8 @@ class RankComm:
                 pdone = all(s.done >= s.n and s.started for s in op.subs)
                 if kdone and pdone:
                     op.done.set()
-                    self.job.durations.append((op.func, op.steps, (mono() - op.t_launch) / 1e6, op.iteration))
+                    self.job.durations.append((op.func, op.steps, (mono() - op.t_launch) / 1e6, op.iteration,
+                                               self.spec["hash"]))
                 else:
                     keep.append(op)
             self.kernel_queue = keep
@@ -339,15 +371,20 @@ class RankComm:
 
     def flow_fault(self, s: Sub, kind: str) -> bool:
         f = self.job.fault
-        if f.get("kind") != kind or not self.job.is_culprit(self.rank) or s.op.iteration < f["at_iter"]:
+        if f.get("kind") != kind or s.op.iteration < f["at_iter"]:
+            return False
+        if kind == "nic_both":  # the culprit's NIC at a lower rate, both ways: what it sends and receives
+            return self.fault_comm() and s.op.kind == "ring" and self.job.is_culprit(self.world) or \
+                self.job.is_culprit(self.members[s.peer]) and self.fault_comm() and s.op.kind == "ring"
+        if not self.job.is_culprit(self.world):
             return False
         if kind == "nic_down":
             return True
         if kind == "slow_p2p":
             return self.cidx == 1 and s.op.kind == "p2p"
         if kind == "slow_nic":  # every flow the rank sends on the ring communicator, all channels
-            return self.cidx == 0 and s.op.kind == "ring"
-        return self.cidx == 0 and s.ch == f.get("channel", 0) and s.op.kind == "ring"
+            return self.fault_comm() and s.op.kind == "ring"
+        return self.fault_comm() and s.ch == f.get("channel", 0) and s.op.kind == "ring"
 
     def send_progress(self, s: Sub, now: int) -> bool:
         ctx, net, job = self.ctx, self.job.net, self.job
@@ -432,7 +469,7 @@ class RankComm:
 
     def maybe_signal(self, s: Sub) -> None:
         f = self.job.fault
-        if f.get("kind") in ("sigkill", "sigstop") and self.job.is_culprit(self.rank) and self.cidx == 0 \
+        if f.get("kind") in ("sigkill", "sigstop") and self.job.is_culprit(self.world) and self.fault_comm() \
                 and s.op.kind == "ring" and s.op.iteration >= f["at_iter"] and s.ch == 0 and s.done >= s.n // 2:
             self.job.mark_onset(f["kind"])
             os.kill(os.getpid(), signal.SIGKILL if f["kind"] == "sigkill" else signal.SIGSTOP)
@@ -441,16 +478,32 @@ class RankComm:
 # --- threads ---------------------------------------------------------------------------------------------------
 
 def proxy_loop(job: Job, rcs: list[RankComm], with_kernel: bool) -> None:
-    """The rank's proxy progress thread (shared by its communicators, as NCCL shares it with split children)."""
+    """The rank's proxy progress thread (shared by its communicators, as NCCL shares it with split children).
+
+    slow_proxy: from the fault's iteration on, the culprit's proxy thread gets the CPU only every ``sleep_ms``
+    (a thread starved by other work on its core): its network steps are posted and completed late, while the
+    GPU (modelled on this thread too, gpu_tick) keeps its pace."""
+    f = job.fault
+    starve_ns = int(f.get("sleep_ms", 0) * 1e6) if f.get("kind") == "slow_proxy" and \
+        any(job.is_culprit(rc.world) for rc in rcs) else 0
+    resume_at = 0
+    # the pause between passes while ops are active: a real proxy spins; a job of many rank processes on a
+    # small test host pauses longer so that its threads do not starve each other (the pace of every step)
+    tick_s = job.cfg.get("proxy_tick_us", 300) / 1e6
     while not job.stop_all.is_set():
         t_tick = mono()
         active = False
         for _ in range(2):  # NCCL's proxy loops over its ops as long as something moves
             busy = False
             now = mono()
+            starved = starve_ns and job.fault_on.is_set() and now < resume_at
             for rc in rcs:
                 rc.gpu_tick(now)
-                busy |= rc.proxy_tick(now)
+                if not starved:
+                    busy |= rc.proxy_tick(now)
+            if starve_ns and job.fault_on.is_set() and not starved:
+                job.mark_onset("slow proxy")
+                resume_at = now + starve_ns
             if not busy:
                 break
         for rc in rcs:
@@ -461,7 +514,7 @@ def proxy_loop(job: Job, rcs: list[RankComm], with_kernel: bool) -> None:
             active |= bool(rc.kernel_queue or rc.active)
         job.ticks += 1
         job.tick_ns += mono() - t_tick
-        time.sleep(0.0003 if active else 0.002)
+        time.sleep(tick_s if active else 0.002)
 
 
 def _profiled(fn):
@@ -498,6 +551,8 @@ def user_loop(job: Job, rank: int, rcs: list[RankComm], done: threading.Event) -
     world = rcs[0]
     for it in range(iters):
         culprit = job.is_culprit(rank) and it >= f.get("at_iter", 1 << 30)
+        if culprit:
+            job.fault_on.set()
         if culprit and f["kind"] == "absent":
             job.mark_onset("absent")
             while not job.stop_all.is_set():
@@ -518,8 +573,12 @@ def user_loop(job: Job, rank: int, rcs: list[RankComm], done: threading.Event) -
                 steps = 2 * (R - 1) * (m + 1)
                 job.mark_onset("mismatch")
             items.append({"func": func, "count": 1 << (20 + m), "steps": steps})
-        outstanding += world.launch(items, it)
-        if len(rcs) > 1 and cfg.get("pp_every", 3) and it % cfg.get("pp_every", 3) == 1 % cfg.get("pp_every", 3):
+        if cfg.get("layout"):  # a training step: the all-reduces of every communicator, in order (TP, then DP)
+            for rc in rcs:
+                outstanding += rc.launch([dict(x, steps=x["steps"] // (R - 1) * (rc.R - 1)) for x in items], it)
+        else:
+            outstanding += world.launch(items, it)
+        if not cfg.get("layout") and len(rcs) > 1 and cfg.get("pp_every", 3) and it % cfg.get("pp_every", 3) == 1 % cfg.get("pp_every", 3):
             pp = rcs[1]
             pn = pp.nch
             items = [{"func": "Send", "peer": (rank + 1) % R, "count": 1 << 18, "steps": 3, "nch": pn},
@@ -545,7 +604,7 @@ def main() -> int:
     rank_comms: dict[int, list[RankComm]] = {}
     threads = []
     for r in ranks:  # communicator creation: every comm of every rank of this process (one mask int)
-        rank_comms[r] = [RankComm(job, plugin, ci, r) for ci in range(len(cfg["comms"]))]
+        rank_comms[r] = [RankComm(job, plugin, ci, r) for ci in range(len(cfg["comms"])) if r in members(job, ci)]
     with open(os.path.join(cfg["out_dir"], f"ready.{pidx}"), "w") as fh:
         fh.write(str(os.getpid()))
     while time.time() < cfg["t0"]:

@@ -68,4 +68,40 @@ SCENARIOS = [
              expect={"category": ["slow_flow", "slow_nic"], "ranks": [2, 3]}),
 ]
 
+# A training job's shape: TP groups of 4 inside each of 4 hosts, DP rings of 4 across them (tp4dp4, 16 ranks, one
+# per process with RANK and LOCAL_RANK set as torchrun does); each step an all-reduce in TP, then one in DP, on
+# one stream per GPU (harness.tpdp_job). The faults are placed in one communicator and their effects cross into
+# the others through the shared GPUs: a rank held in its DP ring starts its TP group's next all-reduce late, and
+# its TP peers then wait for it. Verdicts name communicator ranks; the checks map them to world ranks by the
+# communicator's members (Result.world) and require the verdict's global ranks to agree. Every hop, also inside a
+# host, runs over ProxySteps here (the harness has one transport); NVLink hops, kernel-only, are the simulator's.
+# 16 rank processes on a 2-core host: the proxy threads pause 1 ms between passes so that they do not starve
+# each other (proxy_tick_us), which sets the pace of every step and so the factors below.
+TPDP = dict(layout=(4, 4), proxy_tick_us=1000)
+SCENARIOS += [
+    Scenario("tpdp_healthy", kind="healthy", iters=60, expect=None, **TPDP),
+    # one slow link inside one TP group (rank 5 -> rank 6 of host 1, channel 1)
+    Scenario("tpdp_slow_link_tp", kind="slowdown", iters=AT_SLOW + 16, **TPDP,
+             fault={"kind": "slow_flow", "rank": 5, "comm": "tp", "channel": 1, "at_iter": AT_SLOW, "factor": 800},
+             expect={"category": "slow_flow", "channel": 1, "flow": [5, 6]}),
+    # one slow link inside one DP ring (rank 6 -> rank 10 of the ring of local rank 2, channel 2)
+    Scenario("tpdp_slow_link_dp", kind="slowdown", iters=AT_SLOW + 16, **TPDP,
+             fault={"kind": "slow_flow", "rank": 6, "comm": "dp", "channel": 2, "at_iter": AT_SLOW, "factor": 800},
+             expect={"category": "slow_flow", "channel": 2, "flow": [6, 10]}),
+    # a slow GPU: every kernel of rank 9, in its TP group and its DP ring
+    Scenario("tpdp_slow_gpu", kind="slowdown", iters=AT_SLOW + 16, **TPDP,
+             fault={"kind": "slow_gpu", "rank": 9, "at_iter": AT_SLOW, "factor": 80},
+             expect={"category": "slow_gpu", "ranks": [9]}),
+    # a proxy thread starved of its core: rank 10's proxy runs only every 10 ms (both its communicators' steps)
+    Scenario("tpdp_slow_proxy", kind="slowdown", iters=AT_SLOW + 16, **TPDP,
+             fault={"kind": "slow_proxy", "rank": 10, "at_iter": AT_SLOW, "sleep_ms": 10},
+             expect={"category": "slow_proxy", "ranks": [10]}),
+    # rank 7's NIC at a lower rate (a link trained down): what it sends and receives in its DP ring. A receive
+    # side alone is not this: in a ring a rank hears from one sender only, which sends to it only, so a slow
+    # receiving NIC and that sender's slow sending NIC move exactly the same flows (docs/algorithm.md §8)
+    Scenario("tpdp_slow_nic", kind="slowdown", iters=AT_SLOW + 16, **TPDP,
+             fault={"kind": "nic_both", "rank": 7, "comm": "dp", "at_iter": AT_SLOW, "factor": 300},
+             expect={"category": "slow_nic", "ranks": [7]}),
+]
+
 BY_NAME = {s.name: s for s in SCENARIOS}
