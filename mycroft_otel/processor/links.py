@@ -42,6 +42,9 @@ class Links:
         flows = ev.values.get(slowdown.FLOW, ([], None))[0]
         out = [u for u in flows if u[0] == sender]
         slow = [(u, c) for u in out if (c := self.mem.gathering(st, slowdown.FLOW, u)) is not None]
+        if not any(self.mem.crosses_hosts(st.comm, sender, u[1]) for u in out):
+            # every flow out stays inside the host (NVLink, PCIe): no NIC on the path, the slowest link is it
+            return None if not slow else (slowdown.FLOW,) + max(slow, key=lambda x: x[1].s)
         # its least-waiting flow out reads slow: every flow of its NIC does (with one flow out, that flow)
         nic = self.mem.gathering(st, slowdown.NIC_SEND, sender) if len(out) > 1 else None
         if not slow:
@@ -54,7 +57,8 @@ class Links:
         u, c = max(slow, key=lambda x: x[1].s)
         # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as
         # much evidence as the slowest flow only when every flow of the NIC is slow
-        if len({v[1] for v, _ in slow}) == 1 and self._taking_in(st, flows, u[1], sender, c.s):
+        if len({v[1] for v, _ in slow}) == 1 and self.mem.crosses_hosts(st.comm, sender, u[1]) and \
+                self._taking_in(st, flows, u[1], sender, c.s):
             into = self.mem.gathering(st, slowdown.NIC_RECV, u[1])
             return slowdown.NIC_RECV, u[1], into if into is not None else c
         if (nic is not None and (nic.s >= c.s or all(

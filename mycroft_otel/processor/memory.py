@@ -236,10 +236,17 @@ class JobMemory:
         mine = {self.candidate(st.job, st.comm, slowdown.GPU, r).place for r in st.op}
         return any(k.place in mine or k.place == st.comm for k in self.half_way(st.job, names))
 
+    def crosses_hosts(self, comm: str, rank: int, peer: int) -> bool:
+        """Whether a flow between two ranks of ``comm`` goes through their NICs: their hosts differ, or one is
+        not known (then it may)."""
+        a, b = self.process_of(comm, rank), self.process_of(comm, peer)
+        return a is None or b is None or a[0] != b[0]
+
     def evidence_elsewhere(self, st: TraceState, rank: int, peer: int, into: bool) -> float:
         """The most evidence S that a flow of another communicator into (``into``) or out of the process of
-        ``rank`` holds, its other end not the process of ``peer``: a NIC's receive (send) side slows every flow
-        it takes in (sends out), whatever the communicator, while a link to ``peer`` slows only theirs."""
+        ``rank`` from or to another host holds, its other end not the process of ``peer``: a NIC's receive
+        (send) side slows every flow it takes in (sends out), whatever the communicator, while a link to
+        ``peer`` slows only theirs."""
         me, other = self.process_of(st.comm, rank), self.process_of(st.comm, peer)
         most = 0.0
         if me is None:
@@ -249,7 +256,8 @@ class JobMemory:
                 continue
             s, d, _ = k.unit
             end, far = (d, s) if into else (s, d)
-            if self.process_of(k.place, end) == me and self.process_of(k.place, far) != other:
+            if self.process_of(k.place, end) == me and self.process_of(k.place, far) != other and \
+                    self.crosses_hosts(k.place, s, d):
                 most = c.s
         return most
 

@@ -289,6 +289,16 @@ class Evidence:
     held: dict[str, list] = field(default_factory=dict)
 
 
+def _crosses_hosts(st: TraceState, ranks: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Per flow (``src``/``dst``: indices into ``ranks``), whether its two ends are on different hosts, or a
+    host is not known (then it may)."""
+    code: dict[str, int] = {}
+    hosts = np.array([code.setdefault(ref.resource.host, len(code)) if (ref := st.op.get(int(r))) is not None
+                      and ref.resource.host else -1 for r in ranks.tolist()], dtype=np.int64)
+    hs, hd = hosts[src], hosts[dst]
+    return (hs != hd) | (hs < 0)
+
+
 def evidence(st: TraceState, m: Measures) -> Evidence:
     """The candidates' values of one collective."""
     ranks = m.ranks
@@ -299,7 +309,12 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
     if len(m.net):
         s, d, ch = ranks[m.src], ranks[m.dst], m.channel
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
-        for name, side, other in ((NIC_SEND, m.src, m.dst), (NIC_RECV, m.dst, m.src)):
+        # a NIC carries a rank's traffic to other hosts only: flows between two GPUs of one host (NVLink, PCIe,
+        # shared memory) are no NIC's evidence
+        net = np.flatnonzero(_crosses_hosts(st, ranks, m.src, m.dst))
+        for name, side, other in ((NIC_SEND, m.src[net], m.dst[net]), (NIC_RECV, m.dst[net], m.src[net])):
+            if not len(side):
+                break
             order = np.argsort(side, kind="stable")
             ordered = side[order]
             first = _run_starts(ordered)
@@ -311,7 +326,7 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
                 # rank hears from several senders and all of them are slow
                 many &= _distinct_per_group(side, other, len(keys)) >= 2
             if many.any():
-                least = np.minimum.reduceat(m.net[order], first)
+                least = np.minimum.reduceat(m.net[net][order], first)
                 vals[name] = (ranks[keys[many]].tolist(), least[many])
     if len(m.unsent):
         vals[PROXY] = (ranks[m.sent_of].tolist(), m.unsent)

@@ -124,6 +124,12 @@ class R:
     kernel_channels: tuple[int, int] | None = None  # KernelCh (started, stopped); None: not reported
 
 
+def default_host(rank: int) -> str:
+    """One GPU per host unless a test says otherwise: every flow of a synthetic ring crosses the network, as
+    NCCL's ProxySteps do (a ring inside one host runs over NVLink, with none)."""
+    return f"node-{rank}"
+
+
 def comm_hex(comm: int) -> str:
     return ids.comm_hash_hex(comm)
 
@@ -131,7 +137,7 @@ def comm_hex(comm: int) -> str:
 def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Span:
     a = {
         sc.COMM_HASH: comm_hex(comm), sc.COMM_NRANKS: nranks, sc.RANK: r.rank, sc.COLL_SEQ: seq,
-        sc.COLL_FUNC: r.func, sc.OP_KIND: "coll", sc.HOST: r.host or f"node-{r.rank // 8}",
+        sc.COLL_FUNC: r.func, sc.OP_KIND: "coll", sc.HOST: r.host or default_host(r.rank),
     }
     if r.global_rank >= 0:
         a[sc.GLOBAL_RANK] = r.global_rank
@@ -200,7 +206,7 @@ def request(items: list[tuple[R, trace_pb2.Span]]) -> trace_service_pb2.ExportTr
     req = trace_service_pb2.ExportTraceServiceRequest()
     for r, span in items:
         res = resource_pb2.Resource(attributes=kvs({
-            sc.SERVICE_NAME: "mycroft-otel-agent", sc.HOST_NAME: r.host or f"node-{r.rank // 8}",
+            sc.SERVICE_NAME: "mycroft-otel-agent", sc.HOST_NAME: r.host or default_host(r.rank),
             sc.PROCESS_PID: r.pid + r.rank, sc.JOB_ID: r.job}))
         rs = req.resource_spans.add(resource=res)
         rs.scope_spans.add().spans.append(span)

@@ -66,7 +66,7 @@ def test_a_hang_pages_in_global_ranks_and_hosts_with_a_trace_link():
     ring.gpu_stall(3)
     _hang(proc, ring)
     assert _series(m, "mycroft_incidents_open") == [
-        {"job_id": JOB, "kind": "hang", "category": "gpu_stalled", "culprit_ranks": "19", "culprit_hosts": "node-0"}]
+        {"job_id": JOB, "kind": "hang", "category": "gpu_stalled", "culprit_ranks": "19", "culprit_hosts": "node-3"}]
     info, = _series(m, "mycroft_incident_info")
     tid = ring.tid.to_bytes(16, "big").hex()
     assert info["trace_id"] == tid and info["trace_url"] == f"http://jaeger:16686/trace/{tid}"

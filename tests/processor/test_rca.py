@@ -12,7 +12,7 @@ from mycroft_otel import semconv as sc
 from mycroft_otel.processor import Processor
 
 
-from synth import Ring
+from synth import Ring, default_host
 
 
 def _run(ring: Ring, now_ns: int | None = None, proc: Processor | None = None):
@@ -337,11 +337,11 @@ def test_cross_comm_propagation_one_verdict():
     dp.gpu_stall(3)
     tp = Ring(4, nch=1, comm=0x70, seq=90)
     tp.absent(3, "not_entered")  # TP rank 3 is the same process as DP rank 3 (global rank 3)
+    for rv in dp.ranks.values():
+        rv.host = f"node-{rv.rank // 8}"
     for r, rv in tp.ranks.items():
         rv.global_rank = r
         rv.host = dp.ranks[r].host
-    for rv in dp.ranks.values():
-        rv.host = f"node-{rv.rank // 8}"
     proc = Processor(env={})
     proc.ingest_request(tp.request())
     proc.ingest_request(dp.request())
@@ -364,7 +364,7 @@ def test_an_intra_node_collective_behind_a_stuck_one_is_its_consequence():
     tp = Ring(2, nch=0, comm=0x70, seq=90)
     tp.hang_all()
     for r, rv in tp.ranks.items():  # TP ranks 0, 1 are DP ranks 4, 5 (global 4, 5), both waiting in the DP ring
-        rv.global_rank, rv.host = 4 + r, dp.ranks[4 + r].host
+        rv.global_rank, rv.host = 4 + r, default_host(4 + r)
     proc = Processor(env={})
     proc.ingest_request(tp.request())
     proc.ingest_request(dp.request())

@@ -37,7 +37,7 @@ def test_root_cause_span_over_otlp(sink):
     assert a[sc.RCA_KIND] == "hang" and a[sc.RCA_CATEGORY] == "net_delivery_stalled"
     assert a[sc.RCA_CULPRIT_RANKS] == [4] and a[sc.RCA_CULPRIT_GLOBAL_RANKS] == [4]
     assert a[sc.RCA_CULPRIT_CHANNEL] == 1 and a[sc.RCA_CULPRIT_PEER] == 5
-    assert a[sc.RCA_CULPRIT_HOSTS] == ["node-0"]
+    assert a[sc.RCA_CULPRIT_HOSTS] == ["node-4"]
     assert 0 < a[sc.RCA_CONFIDENCE] <= 1 and a[sc.RCA_EVIDENCE]
     assert a[sc.COMM_HASH] == "5f3a9c0e12ab44d1" and a[sc.COLL_SEQ] == 17 and a[sc.COLL_FUNC] == "AllReduce"
     assert 0 < a[sc.RCA_ONSET] <= a[sc.RCA_DETECTED]
