@@ -104,9 +104,10 @@ def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     return None
 
 
-def _own_proxy(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
-    cs = n.mem.gathering(c.st, slowdown.PROXY, a.unit)
-    return None if cs is None else a.led_to(slowdown.PROXY, a.unit, cs)
+def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    ends = a.unit[:2] if a.measure == slowdown.FLOW else (a.unit,)
+    found = [(u, cs) for u in ends if (cs := n.mem.gathering(c.st, slowdown.PROXY, u)) is not None]
+    return None if not found else a.led_to(slowdown.PROXY, *max(found, key=lambda x: x[1].s))
 
 
 def _receiving_nic(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
@@ -135,10 +136,11 @@ EXPLAINED_BY: tuple[Row, ...] = (
                     Act.NAME),
         Explanation("the one flow that touches it alarms", _one_flow, Act.NAME)), first=_source),
     Row((slowdown.NIC_SEND, slowdown.NIC_RECV), (
-        Explanation("its own proxy thread leaves ready data unposted", _own_proxy, Act.NAME),
+        Explanation("its own proxy thread leaves ready data unposted", _proxy_at_end, Act.NAME),
         Explanation("the one receiver its flows go to reads slow from other senders too", _receiving_nic,
                     Act.NAME),)),
     Row((slowdown.FLOW,), (
+        Explanation("the proxy thread of one of its ends leaves ready data unposted", _proxy_at_end, Act.NAME),
         Explanation("its receiver's or its sender's NIC, or its sender's slowest flow", _flow_path, Act.NAME),),
         first=_strongest),
     Row((slowdown.PROXY,), (
