@@ -37,7 +37,15 @@ N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6
 XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
 # Timing-dependent ones (the wrong verdict wins a race in some runs): non-strict xfail, same precise cause.
-FLAKY: dict = {}
+FLAKY: dict = {
+    "pp_slow_transfer": "in 1 of 3 runs at 113b15a (the full suite's) the slow Send 2 -> 3 was named slow_proxy at "
+                        "rank 2: the sender's credit wait gathered half way first, and the flow row names an end's "
+                        "gathering proxy before the path (naming._proxy_at_end); it needs this collective's own "
+                        "credit-wait score, not the proxy's accumulated evidence alone",
+    "tpdp_slow_nic": "in 1 of 3 runs at 113b15a (the full suite's, 1.4x slower) rank 7's NIC, slow both ways, was "
+                     "named at its upstream rank 3: its flow into 7 gathered before 7's flow out did, and the "
+                     "common end of two slow flows is not read across the two collectives' evidence yet",
+}
 FLAKY_SECONDARY = {"nic_down": N_DOWN}
 
 
