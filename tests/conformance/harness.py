@@ -220,7 +220,7 @@ def run(sc: Scenario, sink: RootCauseSink, keep: bool = False) -> Result:
            "async_depth": sc.async_depth, "step_numbering": sc.step_numbering, "gpu_step_us": sc.gpu_step_us,
            "net_step_us": sc.net_step_us, "chunk": 1 << 19, "seed": sc.seed, "t0": 0,
            "peerwait_once": sc.peerwait_once, "pp_every": sc.pp_every, "layout": bool(sc.layout),
-           "shared_stream": bool(sc.layout), "proxy_tick_us": sc.proxy_tick_us}
+           "proxy_tick_us": sc.proxy_tick_us}
     node_of = {r: i for i, rs in enumerate(nodes) for r in rs}
     per_node = len(nodes[0])
     ranks = []
@@ -283,9 +283,8 @@ def run(sc: Scenario, sink: RootCauseSink, keep: bool = False) -> Result:
 def _slowdown(out_dir: str, sc: Scenario, comms: list) -> float | None:
     """How many times slower the faulty communicator's operations ran: the median launch-to-completion time
     of its all-reduces (a p2p fault: its sends and receives; a layout: the culprit's communicators) of the
-    fault's iterations (from the second on;
-    a late rank is late ``n_late`` times) over that of the 16 iterations before it, all ranks (rankproc.py
-    writes every completed operation to its done file)."""
+    fault's iterations (from the second on; a late rank is late ``n_late`` times) over that of the 16
+    iterations before it, all ranks (rankproc.py writes every completed operation to its done file)."""
     at = sc.fault.get("at_iter")
     if at is None:
         return None

@@ -16,7 +16,7 @@ Per (communicator, rank) context, threads shaped like NCCL's:
   * KernelCh events in GPU-clock nanoseconds: on the proxy thread for v4/v5, on a separate thread for v7.
 
 A communicator spans the world ranks in its ``members`` (default: every rank), in its rank order: a training
-job's TP groups and DP rings (harness.tpdp_job). With ``shared_stream`` a GPU runs the kernels of all its
+job's TP groups and DP rings (harness.tpdp_job). In such a ``layout`` a GPU runs the kernels of all its
 communicators one after another, in launch order, as a training step's stream does.
 
 Ranks exchange data through a shared file of counters (per communicator, channel and sending rank): transmitted
@@ -68,7 +68,7 @@ class Job:
         self.frozen_ranks: set[int] = set()
         self.durations: list = []
         self.ticks = self.tick_ns = 0
-        # one CUDA stream per GPU across its communicators (shared_stream): a kernel starts when the previous
+        # one CUDA stream per GPU across its communicators (a layout): a kernel starts when the previous
         # launch of that GPU, of any communicator, has finished, as ops ordered on a training step's stream do
         self.last_launch: dict[int, list] = {}
         self.fault_on = threading.Event()  # the culprit reached the fault's iteration (slow_proxy)
@@ -217,7 +217,7 @@ class RankComm:
             op.by_ch = {ch: (next((s for s in op.subs if s.ch == ch and s.is_send), None),
                              next((s for s in op.subs if s.ch == ch and not s.is_send), None)) for ch in op.chans}
             ops.append(op)
-        if self.job.cfg.get("shared_stream"):
+        if self.job.cfg.get("layout"):  # a training job's GPU: one stream for all its communicators
             with self.job.onset_lock:
                 before = self.job.last_launch.get(self.world, [])
                 self.job.last_launch[self.world] = ops
@@ -374,8 +374,8 @@ class RankComm:
         if f.get("kind") != kind or s.op.iteration < f["at_iter"]:
             return False
         if kind == "nic_both":  # the culprit's NIC at a lower rate, both ways: what it sends and receives
-            return self.fault_comm() and s.op.kind == "ring" and self.job.is_culprit(self.world) or \
-                self.job.is_culprit(self.members[s.peer]) and self.fault_comm() and s.op.kind == "ring"
+            return self.fault_comm() and s.op.kind == "ring" and (
+                self.job.is_culprit(self.world) or self.job.is_culprit(self.members[s.peer]))
         if not self.job.is_culprit(self.world):
             return False
         if kind == "nic_down":
@@ -496,12 +496,13 @@ def proxy_loop(job: Job, rcs: list[RankComm], with_kernel: bool) -> None:
         for _ in range(2):  # NCCL's proxy loops over its ops as long as something moves
             busy = False
             now = mono()
-            starved = starve_ns and job.fault_on.is_set() and now < resume_at
+            starving = starve_ns and job.fault_on.is_set()
+            starved = starving and now < resume_at
             for rc in rcs:
                 rc.gpu_tick(now)
                 if not starved:
                     busy |= rc.proxy_tick(now)
-            if starve_ns and job.fault_on.is_set() and not starved:
+            if starving and not starved:
                 job.mark_onset("slow proxy")
                 resume_at = now + starve_ns
             if not busy:
@@ -578,7 +579,8 @@ def user_loop(job: Job, rank: int, rcs: list[RankComm], done: threading.Event) -
                 outstanding += rc.launch([dict(x, steps=x["steps"] // (R - 1) * (rc.R - 1)) for x in items], it)
         else:
             outstanding += world.launch(items, it)
-        if not cfg.get("layout") and len(rcs) > 1 and cfg.get("pp_every", 3) and it % cfg.get("pp_every", 3) == 1 % cfg.get("pp_every", 3):
+        if not cfg.get("layout") and len(rcs) > 1 and cfg.get("pp_every", 3) and \
+                it % cfg.get("pp_every", 3) == 1 % cfg.get("pp_every", 3):
             pp = rcs[1]
             pn = pp.nch
             items = [{"func": "Send", "peer": (rank + 1) % R, "count": 1 << 18, "steps": 3, "nch": pn},
