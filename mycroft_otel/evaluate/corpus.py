@@ -341,6 +341,9 @@ def run_case(case: Case, stall_ms: int, plugin: str | None = None, processors: i
         "detected": r["detected"], "named_right": bool(r["detected"] and r["culprit_ok"] and r["category_ok"]),
         "culprit_ok": r["culprit_ok"], "category_ok": r["category_ok"], "any_right": r.get("any_right"),
         "top": r["top"], "verdicts": len(o.verdicts),
+        # the first verdict's winning hypothesis over its runner-up (naming.py): how clearly it was decided
+        "margin": o.verdicts[0].attrs.get(semconv.RCA_MARGIN) if o.verdicts else None,
+        "runner_up": o.verdicts[0].attrs.get(semconv.RCA_RUNNER_UP) if o.verdicts else None,
         "false_verdicts": false_v, "excused_verdicts": excused,
         "latency_s": r["latency_s"],
         "right_latency_collectives": o.collectives.get(right[0].trace_id) if right else None,

@@ -86,14 +86,26 @@ class Links:
         return slowdown.NIC_RECV, r, into if into is not None else a.cusum
 
     def _taking_in(self, st: TraceState, flows: list, receiver: int, sender: int, least: float) -> bool:
-        """Whether the evidence into ``receiver`` from others says its NIC is slow to take data in, rather than
-        the link from ``sender``: its least-waiting flow in gathers with >= ``least``, another sender's flow
-        into it in this collective gathers, or its other communicators' traffic reads slower than the
-        sender's (receiver_likelier)."""
+        """Whether the evidence at ``receiver`` says its NIC is slow, rather than the link from ``sender``:
+        its least-waiting flow in gathers with >= ``least``, another sender's flow into it in this collective
+        gathers, its other communicators' traffic reads slower than the sender's (receiver_likelier), or every
+        flow it sends on to other hosts gathers too (its ``nic_send``, the least-waiting of them). A NIC
+        trained down, or a bad port or cable, slows both directions: the flows into it and out of it read
+        slow alike, which one fault at the receiver explains, where slow sending NICs at both ends would be
+        two."""
         into = self.mem.gathering(st, slowdown.NIC_RECV, receiver)
         return (into is not None and into.s >= least) or any(
             v[1] == receiver and v[0] != sender and self.mem.gathering(st, slowdown.FLOW, v) is not None
-            for v in flows) or self.receiver_likelier(st, receiver, sender)
+            for v in flows) or self.receiver_likelier(st, receiver, sender) or \
+            self._sends_slow(st, flows, receiver, sender)
+
+    def _sends_slow(self, st: TraceState, flows: list, rank: int, sender: int) -> bool:
+        """Every flow ``rank`` sends in this collective goes to another host than ``sender``'s and its NIC's
+        send side (its least-waiting flow out) gathers evidence: its own sends are slow, not just its
+        upstream's."""
+        out = [u for u in flows if u[0] == rank]
+        return bool(out) and all(self.mem.crosses_hosts(st.comm, rank, u[1]) and u[1] != sender for u in out) \
+            and self.mem.gathering(st, slowdown.NIC_SEND, rank) is not None
 
     def receiver_likelier(self, st: TraceState, receiver: int, sender: int) -> bool:
         """Of a link's two ends, whose other traffic reads slow: the receiver, when a flow of another

@@ -104,9 +104,32 @@ def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     return None
 
 
+def _alarmed_path(a: Alarm) -> Callable[[int, int], bool]:
+    """Whether a flow (sender, receiver) of the alarm's communicator is on the path the alarm measured: the
+    link's two ends (any channel), or every flow out of (into) a NIC alarm's rank."""
+    if a.measure == slowdown.FLOW:
+        ends = set(a.unit[:2])
+        return lambda s, d: {s, d} == ends
+    if a.measure == slowdown.NIC_SEND:
+        return lambda s, d: s == a.unit
+    return lambda s, d: d == a.unit
+
+
 def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
+    """A proxy thread that posts ready steps late, at an end of the slow path, whose process's other flows
+    read slow too. A proxy thread moves every flow of its process, in every communicator, and a starved one
+    notices arrivals and completions late on all of them; a slow link, though, holds its sender's ready
+    steps waiting for credit too (the receiver's buffers wait for data in flight), so the proxy measure
+    rises with the link, and only the flows beside it can tell the two apart (with none, the proxy)."""
     ends = a.unit[:2] if a.measure == slowdown.FLOW else (a.unit,)
-    found = [(u, cs) for u in ends if (cs := n.mem.gathering(c.st, slowdown.PROXY, u)) is not None]
+    on_path = _alarmed_path(a)
+    found = []
+    for u in ends:
+        cs = n.mem.gathering(c.st, slowdown.PROXY, u)
+        if cs is not None:
+            beside, slow = n.mem.flows_beside(c.st, u, on_path)
+            if slow or not beside:
+                found.append((u, cs))
     return None if not found else a.led_to(slowdown.PROXY, *max(found, key=lambda x: x[1].s))
 
 
@@ -302,10 +325,20 @@ class Naming:
 
     def _runner_up(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> tuple[str, float]:
         """The strongest other explanation in this collective: the candidate with the most evidence that is
-        neither the named one nor a symptom that led to it."""
+        neither the named one, nor a symptom that led to it, nor a measure of the path it names (a NIC's own
+        flows and its other side, a link's flows between the same two ends on other channels)."""
         mine = (a.cusum,) + a.via
+        on_path = _alarmed_path(a)
+        nic = a.measure in (slowdown.NIC_SEND, slowdown.NIC_RECV)
+
+        def explained(name: str, u) -> bool:
+            if name == slowdown.FLOW:
+                return a.measure in (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV) and \
+                    (on_path(*u[:2]) or (nic and a.unit in u[:2]))
+            return nic and name in (slowdown.NIC_SEND, slowdown.NIC_RECV) and u == a.unit
+
         others = [(c.s, label(name, u)) for name, u, c in self.mem.held(st, ev)
-                  if c.s > 0 and not any(c is m for m in mine)]
+                  if c.s > 0 and not any(c is m for m in mine) and not explained(name, u)]
         s, what = max(others, default=(0.0, ""))
         return what, s
 
