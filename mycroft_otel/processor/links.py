@@ -8,6 +8,8 @@ its receive side every flow it takes in, whatever the communicator, while one sl
 
 from __future__ import annotations
 
+from typing import Callable
+
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
 from mycroft_otel.processor.memory import JobMemory
@@ -67,6 +69,26 @@ class Links:
             # what slows them is common
             return slowdown.NIC_SEND, sender, nic if nic is not None else c
         return slowdown.FLOW, u, c
+
+    def flows_beside(self, st: TraceState, rank: int, skip: Callable[[int, int], bool]) -> tuple[int, int]:
+        """(how many flows of any communicator carry data to or from the process of ``rank``, how many of
+        them are half way to an alarm), leaving out this communicator's flows ``skip(sender, receiver)``
+        names: what a proxy thread of that process moves besides the link in question."""
+        me = self.mem.process_of(st.comm, rank)
+        seen = gathering = 0
+        half = self.s.cusum.h / 2
+        for k, c in self.mem.cusums.items():
+            if k.job != st.job or k.measure != slowdown.FLOW:
+                continue
+            s, d, _ = k.unit
+            if k.place == st.comm:
+                if rank not in (s, d) or skip(s, d):
+                    continue
+            elif me is None or me not in (self.mem.process_of(k.place, s), self.mem.process_of(k.place, d)):
+                continue
+            seen += 1
+            gathering += c.s >= half
+        return seen, gathering
 
     def one_receiver(self, ev: slowdown.Evidence, sender: int) -> int | None:
         """The only rank ``sender``'s flows of this collective go to (a ring's downstream neighbour on every

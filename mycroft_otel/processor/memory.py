@@ -261,26 +261,6 @@ class JobMemory:
                 most = c.s
         return most
 
-    def flows_beside(self, st: TraceState, rank: int, skip: Callable[[int, int], bool]) -> tuple[int, int]:
-        """(how many flows of any communicator carry data to or from the process of ``rank``, how many of
-        them are half way to an alarm), leaving out this communicator's flows ``skip(sender, receiver)``
-        names: what a proxy thread of that process moves besides the link in question."""
-        me = self.process_of(st.comm, rank)
-        seen = gathering = 0
-        half = self.s.cusum.h / 2
-        for k, c in self.cusums.items():
-            if k.job != st.job or k.measure != slowdown.FLOW:
-                continue
-            s, d, _ = k.unit
-            if k.place == st.comm:
-                if rank not in (s, d) or skip(s, d):
-                    continue
-            elif me is None or me not in (self.process_of(k.place, s), self.process_of(k.place, d)):
-                continue
-            seen += 1
-            gathering += c.s >= half
-        return seen, gathering
-
     def link_gathers(self, st: TraceState, elsewhere: bool = False) -> bool:
         """A link (a flow or a NIC) of this communicator or one joined to it is half way to an alarm;
         ``elsewhere``: a flow of another joined communicator only."""

@@ -127,7 +127,7 @@ def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     for u in ends:
         cs = n.mem.gathering(c.st, slowdown.PROXY, u)
         if cs is not None:
-            beside, slow = n.mem.flows_beside(c.st, u, on_path)
+            beside, slow = n.links.flows_beside(c.st, u, on_path)
             if slow or not beside:
                 found.append((u, cs))
     return None if not found else a.led_to(slowdown.PROXY, *max(found, key=lambda x: x[1].s))
