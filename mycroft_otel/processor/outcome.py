@@ -1,7 +1,8 @@
-"""Every decision the slowdown analysis takes about one completed collective, as a named outcome.
+"""Every decision the analysis takes about one collective, as a named outcome.
 
-A verdict and a silence are both outcomes: the detector returns a :class:`Decision` for each collective it
-judges, the pipeline adds the outcomes it decides after (held while a stall is open, the same incident), the
+A verdict and a silence are both outcomes: the detector returns a :class:`Decision` for each completed
+collective it judges, the hang walk one for each stalled collective it names (or finds waiting on another's
+culprit), the pipeline adds the outcomes it decides after (held while a stall is open, the same incident), the
 processor counts every one (``mycroft_processor_decisions_total{outcome}``) and ``mycroft-otel report``
 shows them for a recording, so "why did it not alert?" is read, not debugged. The values are label values
 and stable: dashboards and alert rules may select on them.
@@ -22,6 +23,7 @@ class Outcome(str, Enum):
     NAMED = "named"                        # a candidate's evidence crossed h and the collectives are slower
     STRAGGLER = "straggler"                # everybody waited >= the straggler bar for one rank, once
     MISMATCH = "mismatch"                  # ranks disagree on the collective or its step counts
+    HANG = "hang"                          # a stalled collective's culprit, named by the hang walk
     # silences the detector decides
     WARMUP = "warmup"                      # within the communicator's first collectives (NCCL's setup)
     NOT_MEASURED = "not_measured"          # no completed rank's evidence to compare
@@ -31,7 +33,8 @@ class Outcome(str, Enum):
     EXPLAINED = "explained"                # a slowdown named in a joined communicator still holds
     NOT_SLOWER = "not_slower"              # evidence stands, but the communicator's kernels are not slower
     DEFERRED = "deferred"                  # evidence stands, but a likelier cause is still gathering evidence
-    # silences the pipeline decides after the detector named something
+    # silences the pipeline decides after the detector or the hang walk named something
+    WAITS_ON = "waits_on"                  # a stalled collective whose ranks wait for another's culprit
     HELD_FOR_STALL = "held_for_stall"      # the job has a stall open: its outcome decides (a hang's symptom?)
     SAME_INCIDENT = "same_incident"        # an incident already named covers it
     ERROR = "error"                        # the analysis raised on this trace (hostile evidence): logged
@@ -43,7 +46,7 @@ class Outcome(str, Enum):
 
 NO_CANDIDATE = "no candidate off its peers"  # the detail of a silence where nothing gathers evidence
 
-_VERDICTS = frozenset({Outcome.NAMED, Outcome.STRAGGLER, Outcome.MISMATCH})
+_VERDICTS = frozenset({Outcome.NAMED, Outcome.STRAGGLER, Outcome.MISMATCH, Outcome.HANG})
 
 
 @dataclass(slots=True)

@@ -45,6 +45,11 @@ _SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUN
 _DECISIONS_KEPT = 4096  # decisions kept for `report` and tests (each a few hundred bytes)
 
 
+def _hang_detail(f: Finding) -> str:
+    """A hang's decision in words: its category and culprit ranks (the hang walk names no hypothesis)."""
+    return f"{f.category} rank {','.join(map(str, f.ranks))}"
+
+
 class Processor:
     """Thread-safe: the receiver's threads call :meth:`ingest_request`; a timer calls :meth:`tick`."""
 
@@ -280,6 +285,7 @@ class Processor:
             log.exception("hang analysis failed for trace %s", st.trace_id.hex())
             self.counts["analysis_errors"] += 1
             st.explained_by = st.trace_id
+            self._decided(st, silent(Outcome.ERROR, "the hang walk raised"))
             return None
         return None if f is None else (st, f, time.perf_counter() - t0)
 
@@ -291,10 +297,11 @@ class Processor:
         if self.propagation.waits(st, f, mono):
             if self.propagation.propagated > before:
                 self.counts["propagated"] += 1
+                self._decided(st, silent(Outcome.WAITS_ON, _hang_detail(f)))
                 if self.metrics is not None:
                     self.metrics.propagated()
             return None
-        return self._emit(st, f, now_ns, mono, dt)
+        return self._emit(st, f, now_ns, mono, dt, Decision(Outcome.HANG, f, _hang_detail(f)))
 
     # -- slowdowns ------------------------------------------------------------------------------
     def _measure(self, traces: list) -> list:
@@ -367,8 +374,8 @@ class Processor:
             self.counts["deduped"] += 1
             if st.explained_by is not None:  # the incident's evidence persists
                 self.open_incidents.touch(st.explained_by)
-        if d is not None:  # a slowdown analysis's decision (hangs are counted by their own metrics)
-            self._decided(st, d if v is not None else silent(Outcome.SAME_INCIDENT, f.hypothesis))
+        if d is not None:
+            self._decided(st, d if v is not None else silent(Outcome.SAME_INCIDENT, d.detail or f.hypothesis))
         return v
 
     def _publish(self, v: Verdict) -> None:

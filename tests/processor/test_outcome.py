@@ -33,7 +33,7 @@ def _replayed(name: str) -> tuple[Processor, list]:
 
 
 def test_outcomes_name_verdicts_and_silences_apart():
-    assert {o for o in Outcome if o.verdict} == {Outcome.NAMED, Outcome.STRAGGLER, Outcome.MISMATCH}
+    assert {o for o in Outcome if o.verdict} == {Outcome.NAMED, Outcome.STRAGGLER, Outcome.MISMATCH, Outcome.HANG}
     assert not SILENCES & {o for o in Outcome if o.verdict}
 
 
@@ -101,3 +101,25 @@ def test_every_root_cause_attribute_is_documented():
         _, verdicts = _replayed(name)
         missing = set(verdicts[0].attributes()) - documented
         assert not missing, missing
+
+
+@pytest.mark.parametrize("name", sorted(n for n, t in TRUTH.items() if t.get("kind") == "hang"))
+def test_a_recorded_hang_is_a_decision_counted_with_the_others(name):
+    """The hang walk's verdict is an outcome like a slowdown's: decided about the stalled collective, named
+    by its category and culprit, and counted in the processor's decisions metric; a stalled collective whose
+    ranks wait for another's culprit is counted as waiting on it, not as a second hang."""
+    metrics = Metrics()
+    logging.disable(logging.WARNING)
+    try:
+        proc, verdicts = replay(os.path.join(DATA, f"{name}.otlp.gz"), metrics=metrics)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert verdicts
+    hangs = [d for d in proc.decisions if d.outcome == Outcome.HANG]
+    assert len(hangs) == sum(v.finding.kind == "hang" for v in verdicts), (hangs, verdicts)
+    v = next(v for v in verdicts if v.finding.kind == "hang")
+    assert any(d.comm == v.comm and d.seq == v.seq and d.detail.startswith(v.category) for d in hangs), hangs
+    text = generate_latest(metrics.registry).decode()
+    assert f'mycroft_processor_decisions_total{{outcome="hang"}} {float(len(hangs))}' in text
+    waits = sum(d.outcome == Outcome.WAITS_ON for d in proc.decisions)
+    assert f'mycroft_processor_decisions_total{{outcome="waits_on"}} {float(waits)}' in text
