@@ -112,7 +112,9 @@ def _alarmed_path(a: Alarm) -> Callable[[int, int], bool]:
         return lambda s, d: {s, d} == ends
     if a.measure == slowdown.NIC_SEND:
         return lambda s, d: s == a.unit
-    return lambda s, d: d == a.unit
+    if a.measure == slowdown.NIC_RECV:
+        return lambda s, d: d == a.unit
+    return lambda s, d: False  # a GPU, proxy or lateness measures no network path
 
 
 def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
@@ -332,9 +334,8 @@ class Naming:
         nic = a.measure in (slowdown.NIC_SEND, slowdown.NIC_RECV)
 
         def explained(name: str, u) -> bool:
-            if name == slowdown.FLOW:
-                return a.measure in (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV) and \
-                    (on_path(*u[:2]) or (nic and a.unit in u[:2]))
+            if name == slowdown.FLOW:  # a NIC slow both ways explains its flows in and out
+                return on_path(*u[:2]) or (nic and a.unit in u[:2])
             return nic and name in (slowdown.NIC_SEND, slowdown.NIC_RECV) and u == a.unit
 
         others = [(c.s, label(name, u)) for name, u, c in self.mem.held(st, ev)
