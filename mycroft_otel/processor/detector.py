@@ -65,7 +65,7 @@ class SlowdownDetector:
                 return self._straggler(st, recovered, start, late.start_ns if late else end, end)
         if m is None:
             return silent(Outcome.NOT_MEASURED)
-        ev = slowdown.evidence(st, m, self.s.proxy_floor_share)
+        ev = slowdown.evidence(st, m)
         f = slowdown.straggler(st, ev, self.s.straggler_ns)
         if f is not None:
             start = int(m.arrival.min())

@@ -47,9 +47,6 @@ class Settings:
     warmup_seq: int = 8             # a communicator's first collectives name no slowdown: NCCL connects peers
                                     #   and registers buffers on first use, so they are slow by construction
     step_floor_ns: float = 1000.0   # per-step waits are compared as (wait + floor): sub-us waits are noise
-    proxy_floor_share: float = 0.25  # a proxy's delay per step is compared as (delay + this share of the
-                                    #   collective's step time): a delay below a quarter step slows a flow by
-                                    #   less than the 1.25x the mild test is designed for
     # -- incidents ------------------------------------------------------------------------------
     incident_window_s: float = 120.0  # a culprit named this recently is the same incident
     measure_batch: int = 256        # completed collectives measured in one pass over their flows

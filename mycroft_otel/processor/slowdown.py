@@ -299,8 +299,8 @@ def _crosses_hosts(st: TraceState, ranks: np.ndarray, src: np.ndarray, dst: np.n
     return (hs != hd) | (hs < 0)
 
 
-def evidence(st: TraceState, m: Measures, proxy_share: float) -> Evidence:
-    """The candidates' values of one collective; ``proxy_share``: Settings.proxy_floor_share."""
+def evidence(st: TraceState, m: Measures) -> Evidence:
+    """The candidates' values of one collective."""
     ranks = m.ranks
     n = len(ranks)
     vals: dict[str, tuple[list, np.ndarray]] = {}
@@ -329,12 +329,7 @@ def evidence(st: TraceState, m: Measures, proxy_share: float) -> Evidence:
                 least = np.minimum.reduceat(m.net[net][order], first)
                 vals[name] = (ranks[keys[many]].tolist(), least[many])
     if len(m.unsent):
-        # a proxy's delay is judged against the step time it delays: most healthy steps wait for no credit, and
-        # over a zero floor any wait at all would read as many scales slower (posting 50 us late matters to a
-        # 10 us step, not to a 5 ms one). A delay below proxy_share of a step slows a pipelined flow by less
-        # than that share: less than the smallest slowdown named
-        floor = proxy_share * median(m.net) if len(m.net) else 0.0
-        vals[PROXY] = (ranks[m.sent_of].tolist(), m.unsent + floor)
+        vals[PROXY] = (ranks[m.sent_of].tolist(), m.unsent)
     late_rank, lateness, waited = -1, 0, 0
     if n >= 2:
         last = int(np.argmax(m.arrival))

@@ -36,7 +36,7 @@ N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6
 # In TP x DP (0b3c641, from their recordings replayed, tests/processor/testdata/conf_*): tpdp_slow_nic, named at
 # its upstream rank in 3 of 6 runs (a NIC slow both ways is now named at the common end of its two slow flows);
 # pp_slow_transfer, named as its sender's proxy in 1 of 3 (a proxy is now named only when its process's flows
-# beside the slow path read slow too, and the proxy measure is judged against a quarter step, not a 1 us floor).
+# beside the slow path read slow too).
 # Deterministic failures: strict xfail (a fix turns them into a failing XPASS: then remove the entry). None now.
 XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
