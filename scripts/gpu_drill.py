@@ -25,7 +25,10 @@ and builds in place (gpu_drill_setup.py), then runs itself again with what it in
 
 Results in --out (default $OUT, whose files travel back from a device call: at most 8, two folders deep):
 drill.json (rows, truth, verdicts, step times, overhead), drill.txt (the table), setup.log, evidence.tar.gz
-(every log of every job), each rewritten after every job so a drill cut short keeps what it measured.
+(every log of every job) and recordings.tar.gz (every OTLP payload each job's processor received: replayed
+offline, deterministically, with ``python -m mycroft_otel.processor.replay``, they let a verdict seen on the GPU
+be studied and turned into regression data without one), each rewritten after every job so a drill cut short
+keeps what it measured.
 
 Exit status: 0 when every row got the right culprit and category and the healthy rows no verdict; 1 otherwise;
 2 when PyTorch/CUDA is missing (without --dry-run or --plan); 3 when the setup failed.
@@ -177,7 +180,8 @@ def run_gpu_fault(f: Fault, sink, work: Path, plugin: str, nccl_lib: str, log: L
     base.update({"MYCROFT_STALL_MS": str(STALL_MS), "OTEL_BSP_SCHEDULE_DELAY": "200", "PYTHONUNBUFFERED": "1"})
     grpc, http, metrics = harness.free_port(), harness.free_port(), harness.free_port()
     processor = harness._start("processor", command("processor", "--bind", "127.0.0.1", "--grpc-port", str(grpc),
-                                                    "--http-port", str(http), "--metrics-port", str(metrics)),
+                                                    "--http-port", str(http), "--metrics-port", str(metrics),
+                                                    "--record", str(job / RECORDING)),
                                dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{sink.port}",
                                     OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_SERVICE_NAME="drill-processor"), str(job))
     deadline = time.monotonic() + 15
@@ -300,13 +304,13 @@ NCCL_VERSIONS = ("2.27.7", "2.28.9", "2.29.7", "2.32.3")
 OVERHEAD_JOB_S = 7.0      # typical 4-rank overhead job: four torch imports, NCCL init, 2 x 13 all-reduces
 
 
-def nccl_libraries(wheels: Path, versions: list[str], cuda_major: str, out: Path) -> list[tuple[str, str | None]]:
-    """(label, libnccl.so.2 to preload; None = torch's own, "" = no wheel for that version) per NCCL to measure.
+def nccl_libraries(wheels: Path, versions: list[str], cuda_major: str, out: Path) -> list[tuple[str, str]]:
+    """(version, libnccl.so.2 extracted from its wheel; "" = no wheel for that version) per version asked for.
 
     Wheels are read from WHEELS (nvidia_nccl_cu12/cu13-<version>-*.whl; `pip download --no-deps
     nvidia-nccl-cu13==<version> -d WHEELS`); the one matching torch's CUDA major is preferred. Only libnccl.so.2
     is extracted: the ranks preload it in place of torch's."""
-    libs: list[tuple[str, str | None]] = [("torch", None)]
+    libs: list[tuple[str, str]] = []
     for ver in versions:
         cands = sorted(wheels.glob(f"nvidia_nccl_cu1*-{ver}-*.whl")) if wheels.is_dir() else []
         cands.sort(key=lambda w: not w.name.startswith(f"nvidia_nccl_cu{cuda_major}"))
@@ -322,6 +326,16 @@ def nccl_libraries(wheels: Path, versions: list[str], cuda_major: str, out: Path
             z.extract(member, dest)
         libs.append((ver, str(dest / member)))
     return libs
+
+
+def overhead_plan(torch_nccl: str, wheel_libs: list[tuple[str, str]]) -> list[tuple[str, str | None]]:
+    """The NCCLs the overhead part measures, in order: (label, library to preload; None = torch's own, "" = no
+    wheel, reported as skipped). Torch's own NCCL comes first and is always measured: a wheel of the same release
+    stands in for it only when there is one, and a release with no wheel is skipped only when torch does not
+    carry it either."""
+    have = {ver for ver, lib in wheel_libs if lib}
+    plan: list[tuple[str, str | None]] = [] if torch_nccl in have else [(f"torch {torch_nccl}", None)]
+    return plan + [(ver, lib) for ver, lib in wheel_libs if lib or ver != torch_nccl]
 
 
 def _overhead_job(args, plugin: str | None, lib: str, log_dir: Path, ring_dir: Path, tag: str) -> dict:
@@ -371,17 +385,15 @@ def run_overhead(args, plugin: str, work: Path, deadline: float, log: Log, save)
     cuda_major = (torch.version.cuda or "12").split(".")[0]
     torch_nccl = gpu_common.nccl_version()
     versions = [v for v in args.nccl_versions.split(",") if v]
-    libs = nccl_libraries(Path(args.wheels), versions, cuda_major, work)
-    # torch's own NCCL is measured first, unless a wheel of the same release already is
-    libs = ([] if torch_nccl in versions else [("torch", None)]) + [x for x in libs if x[1] is not None]
+    libs = overhead_plan(torch_nccl, nccl_libraries(Path(args.wheels), versions, cuda_major, work))
     for label, lib in libs:
         if lib == "":
             rows.append({"nccl": label, "skipped": f"no nvidia-nccl wheel for {label} in {args.wheels}", "sizes": {}})
             save(rows)
             continue
-        log_dir = work / "overhead" / label
+        log_dir = work / "overhead" / label.replace(" ", "-")
         log_dir.mkdir(parents=True)
-        ring_dir = Path(tempfile.mkdtemp(prefix=f"mycroft-drill-overhead-{label}-"))
+        ring_dir = Path(tempfile.mkdtemp(prefix=f"mycroft-drill-overhead-{label.replace(' ', '-')}-"))
         runs: dict[str, list[dict]] = {"baseline": [], "plugin": []}
         for pair in range(args.pairs):
             if time.monotonic() + 2 * OVERHEAD_JOB_S > deadline:
@@ -421,20 +433,28 @@ def overhead_lines(overhead: list[dict], pairs: int) -> list[str]:
 # evidence, plan, setup
 # ------------------------------------------------------------------------------------------------
 LOG_CAP = 2 << 20  # bytes kept of one log (its end) in the evidence archive; files back are capped at 16 MiB
+RECORDING = "otlp.rec"  # the processor's --record of one job
+#: A recording is replayable only whole: kept whole up to this size (a 4-rank job's 30 s are ~1-3 MB), in an
+#: archive of its own, so that recordings over the 16 MiB a call returns never cost the logs.
+RECORDING_CAP = 24 << 20
 
 
 def pack_evidence(work: Path, out: Path) -> None:
-    """Every log of every job into out/evidence.tar.gz (a device call returns 8 files, two folders deep)."""
-    tmp = out / "evidence.tar.gz.part"
-    with tarfile.open(tmp, "w:gz") as tar:
-        for p in sorted(work.rglob("*")):
-            if not p.is_file() or p.name.startswith("libnccl"):  # an extracted NCCL library is no evidence
-                continue
-            data = p.read_bytes()[-LOG_CAP:]
-            info = tarfile.TarInfo(str(p.relative_to(work)))
-            info.size, info.mtime = len(data), int(p.stat().st_mtime)
-            tar.addfile(info, io.BytesIO(data))
-    tmp.replace(out / "evidence.tar.gz")
+    """Every log of every job into out/evidence.tar.gz, every processor recording into out/recordings.tar.gz
+    (a device call returns 8 files, two folders deep)."""
+    files = [p for p in sorted(work.rglob("*")) if p.is_file() and not p.name.startswith("libnccl")]  # an
+    # extracted NCCL library is no evidence
+    for name, keep in (("evidence.tar.gz", lambda p: p.name != RECORDING),
+                       ("recordings.tar.gz", lambda p: p.name == RECORDING and p.stat().st_size <= RECORDING_CAP)):
+        tmp = out / (name + ".part")
+        with tarfile.open(tmp, "w:gz") as tar:
+            for p in filter(keep, files):
+                data = p.read_bytes()
+                data = data if p.name == RECORDING else data[-LOG_CAP:]
+                info = tarfile.TarInfo(str(p.relative_to(work)))
+                info.size, info.mtime = len(data), int(p.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+        tmp.replace(out / name)
 
 
 def plan_steps(faults: list[Fault], args) -> list[setup.Step]:

@@ -284,6 +284,15 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
     best_rank = max(strong_rank.items(), key=lambda kv: (kv[1], -kv[0][2]), default=None)
     flow_total = sum(flow_votes.values())
     flow_won = bool(flow_votes) and (best_rank is None or flow_total > best_rank[1])
+    dead = {t: w for t, w in strong_rank.items() if t[1] == sc.CAT_PROCESS_EXITED}
+    if dead:
+        # A member's process is gone: no collective of its communicators can complete, whatever the live ranks
+        # show. And what they show is no evidence against it: a peer's death resets its connections, and NCCL's
+        # proxy thread stops progressing every op of its process on the first failed one, so the neighbours'
+        # flows freeze wherever they were (real NCCL: sends transmitted but never completed, read as a network
+        # stall). An exit that follows a stall instead (an abort on an NCCL error or a watchdog) comes after
+        # the hang's threshold, and the hang is named by then: an exit cuts the wait to a third (detect.py).
+        best_rank, flow_won = max(dead.items(), key=lambda kv: (kv[1], -kv[0][2])), False
     if flow_won:
         f = _flow_finding(st, views, flow_votes, flow_total / total)
     elif best_rank is not None:

@@ -122,3 +122,15 @@ def test_carried_wheel_folder_is_the_lock():
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_wheels.py"), "--check"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-1000:] + p.stderr[-2000:]
+
+
+def test_overhead_measures_torchs_own_nccl_when_no_wheel_is_there():
+    # The first GPU run (2026-12-04) measured nothing: torch's release (2.28.9) was in the version list, had no
+    # wheel on the machine, and was reported as skipped instead of measured with torch's own library.
+    drill = _script_module("gpu_drill")
+    none = [(v, "") for v in ("2.27.7", "2.28.9", "2.32.3")]
+    assert drill.overhead_plan("2.28.9", none) == [("torch 2.28.9", None), ("2.27.7", ""), ("2.32.3", "")]
+    # a wheel of torch's own release stands in for it; the others are measured from their wheels
+    wheels = [("2.28.9", "/w/2.28.9/libnccl.so.2"), ("2.32.3", "/w/2.32.3/libnccl.so.2")]
+    assert drill.overhead_plan("2.28.9", wheels) == wheels
+    assert drill.overhead_plan("2.30.7", wheels) == [("torch 2.30.7", None)] + wheels

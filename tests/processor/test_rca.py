@@ -97,6 +97,21 @@ def test_absent_ranks(how, cat):
         assert v.finding.global_ranks == [6]
 
 
+@pytest.mark.parametrize("n", [4, 8])
+def test_an_exited_rank_outranks_the_flows_its_neighbour_froze(n):
+    """Real NCCL (the GPU drill of 2026-12-04, 4 ranks, socket transport): rank 1 SIGKILLed late in an
+    all-reduce; its downstream neighbour's proxy stopped on the broken connection with its sends to rank 2
+    transmitted but never completed, on every channel, and rank 2 waits for them. The walk read a network
+    delivery stall at rank 2's NIC; the process that exited is the cause."""
+    ring = Ring(n, nch=2)
+    ring.absent(1, "process_exited")
+    for f in ring.flows(2, True):
+        f.ready, f.transmitted, f.done, f.wait = 12, 12, 10, "SendWait"
+    v = _one(_run(ring)[1])
+    assert (v.category, v.finding.ranks) == ("process_exited", [1])
+    assert v.finding.runner_up.startswith("network flows") or v.finding.runner_up == ""
+
+
 def test_mismatch():
     ring = Ring(8)
     ring.mismatch(2)
