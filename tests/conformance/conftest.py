@@ -58,4 +58,9 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{name:28s} {'PASS' if not check(res) else 'FAIL':4s} "
                       f"expected={exp['category'] if exp else 'no verdict'} seen={res.short()} "
                       f"latency={'-' if lat is None else f'{lat:.1f}s'}"
-                      + ("" if res.slowdown is None else f" {res.slowdown:.1f}x slower"))
+                      + ("" if res.slowdown is None else f" {res.slowdown:.1f}x slower")
+                      + f"; {res.starved()}")
+        for who, log in res.logs.items():  # a rank's emulator thread that died leaves its peers hanging
+            if who.startswith("rank") and "Traceback" in log:
+                tr.write_line(f"{'':28s} {who}: " + log[log.rindex("Traceback"):].replace("\n", " | ")[-600:])
+

@@ -124,6 +124,10 @@ def tpdp_job(sc: Scenario) -> tuple[int, list, list, list]:
     return tp * dp, nodes, [[r] for r in range(tp * dp)], comms
 
 
+#: Result.starved looks this far before the onset: the evidence of the first verdict can have gathered there.
+EVIDENCE_BEFORE_S = 4.0
+
+
 @dataclass
 class Result:
     scenario: Scenario
@@ -135,6 +139,7 @@ class Result:
     comm_hashes: set
     slowdown: float | None = None  # slowdown scenarios: the all-reduces' time with the fault over without
     members: dict = field(default_factory=dict)  # comm hash -> its world ranks, where they are not 0..n-1
+    pace: list = field(default_factory=list)  # per rank process: {"ranks", "gaps": [(wall ns, ms), ...]}
 
     def world(self, v: dict, rank) -> int | None:
         """A rank of verdict ``v``'s communicator as the world rank the scenario's faults and expectations use."""
@@ -154,6 +159,27 @@ class Result:
         if self.first is None or self.onset_ns is None:
             return None
         return (self.first["_recv_ns"] - self.onset_ns) / 1e9
+
+    def _others_gaps(self) -> list[tuple[list, list]]:
+        """(ranks, gaps) of the rank processes other than the culprit's, within the time the first verdict's
+        evidence can have come from: from EVIDENCE_BEFORE_S before the onset (before the end of a healthy run)
+        to the first verdict (to the end when there was none)."""
+        culprit = (self.scenario.fault or {}).get("rank")
+        others = [p for p in self.pace if culprit not in p["ranks"]]
+        last = max((g[0] for p in others for g in p["gaps"]), default=0)
+        end = self.first["_recv_ns"] if self.first else last
+        start = (self.onset_ns or end) - EVIDENCE_BEFORE_S * 1e9
+        return [(p["ranks"], [ms for t, ms in p["gaps"] if start <= t <= end]) for p in others]
+
+    def starved(self) -> str:
+        """How long the host kept rank processes other than the culprit's off the CPU while the first verdict's
+        evidence gathered (_others_gaps): the sum and the longest of their proxy threads' gaps (text for the
+        report). An emulated GPU and proxy are threads of their rank's process, so a process the host starves
+        reads as a slow GPU, proxy or receiver of its own: a second fault beside the injected one."""
+        per = sorted(((sum(g), max(g, default=0.0), ranks) for ranks, g in self._others_gaps()), key=lambda x: -x[1])
+        if not per:
+            return "pace: -"
+        return (f"others off CPU {sum(x[0] for x in per):.0f} ms (longest {per[0][1]:.0f} ms, ranks {per[0][2]})")
 
     def short(self) -> str:
         return "; ".join(f"{v.get('mycroft.rca.category')} ranks={self.culprit(v)[0]} "
@@ -271,13 +297,20 @@ def run(sc: Scenario, sink: RootCauseSink, keep: bool = False) -> Result:
             logs[name] = ""
     verdicts = sorted(sink.for_comms(hashes), key=lambda v: v["_recv_ns"])
     slowdown = _slowdown(out_dir, sc, comms) if sc.kind == "slowdown" else None
+    pace = []
+    for i, _ in ranks:
+        try:
+            with open(os.path.join(out_dir, f"pace.{i}")) as fh:
+                pace.append(json.load(fh))
+        except (OSError, ValueError):
+            pass  # a killed or stopped rank writes none
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     else:
         logs["workdir"] = work
     return Result(sc, verdicts, onset_ns, verdicts[0]["_recv_ns"] if verdicts else None, logs,
                   time.monotonic() - t_start, hashes, slowdown, {c["hash"]: c["members"] for c in comms
-                                                                 if "members" in c})
+                                                                 if "members" in c}, pace)
 
 
 def _slowdown(out_dir: str, sc: Scenario, comms: list) -> float | None:

@@ -68,18 +68,31 @@ class Job:
         self.frozen_ranks: set[int] = set()
         self.durations: list = []
         self.ticks = self.tick_ns = 0
+        # the proxy thread's pace: (wall ns, ms) of every pass that came PACE_GAP_MS or more after the one
+        # before (the host gave this process no CPU): the harness's check that only the fault slowed anybody
+        self.gaps: list[tuple[int, float]] = []
         # one CUDA stream per GPU across its communicators (a layout): a kernel starts when the previous
         # launch of that GPU, of any communicator, has finished, as ops ordered on a training step's stream do
         self.last_launch: dict[int, list] = {}
         self.fault_on = threading.Event()  # the culprit reached the fault's iteration (slow_proxy)
 
     def mark_onset(self, what: str) -> None:
+        """The fault's first effect, once per job: several rank processes may reach it together (a NIC slow
+        both ways slows its upstream's sends and its own), so each writes a file of its own and the first
+        to link it in place wins (a link never replaces; a shared temporary name raced, and the loser's
+        proxy thread died of the missing file, hanging its rank)."""
         with self.onset_lock:
             path = os.path.join(self.cfg["out_dir"], "onset.json")
-            if not os.path.exists(path):
-                with open(path + ".tmp", "w") as f:
-                    json.dump({"onset_ns": time.time_ns(), "what": what}, f)
-                os.replace(path + ".tmp", path)
+            if os.path.exists(path):
+                return
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump({"onset_ns": time.time_ns(), "what": what}, f)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            os.unlink(tmp)
 
     def row(self, cidx: int, ch: int, src: int) -> int:
         return ((cidx * self.maxch + ch) * self.R + src) * NF
@@ -475,6 +488,9 @@ class RankComm:
             os.kill(os.getpid(), signal.SIGKILL if f["kind"] == "sigkill" else signal.SIGSTOP)
 
 
+PACE_GAP_MS = 20  # a proxy pass this long after the previous one: the process was off the CPU (tick: 1 ms)
+
+
 # --- threads ---------------------------------------------------------------------------------------------------
 
 def proxy_loop(job: Job, rcs: list[RankComm], with_kernel: bool) -> None:
@@ -490,8 +506,12 @@ def proxy_loop(job: Job, rcs: list[RankComm], with_kernel: bool) -> None:
     # the pause between passes while ops are active: a real proxy spins; a job of many rank processes on a
     # small test host pauses longer so that its threads do not starve each other (the pace of every step)
     tick_s = job.cfg.get("proxy_tick_us", 300) / 1e6
+    last = 0
     while not job.stop_all.is_set():
         t_tick = mono()
+        if last and t_tick - last >= PACE_GAP_MS * 1e6:
+            job.gaps.append((time.time_ns(), (t_tick - last) / 1e6))
+        last = t_tick
         active = False
         for _ in range(2):  # NCCL's proxy loops over its ops as long as something moves
             busy = False
@@ -602,6 +622,14 @@ def main() -> int:
     pidx = int(sys.argv[2])
     ranks = cfg["procs"][pidx]
     job = Job(cfg, pidx)
+
+    def write_pace(*_signal) -> None:
+        with open(os.path.join(cfg["out_dir"], f"pace.{pidx}"), "w") as fh:
+            json.dump({"ranks": ranks, "gaps": job.gaps}, fh)
+        if _signal:  # the harness stops a job that hangs: its pace says whether the host starved it
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, write_pace)
     plugin = N.Plugin(cfg["version"], cfg.get("plugin"))
     rank_comms: dict[int, list[RankComm]] = {}
     threads = []
@@ -633,6 +661,7 @@ def main() -> int:
             rc.ctx.finalize()
     with open(os.path.join(cfg["out_dir"], f"done.{pidx}"), "w") as fh:
         json.dump(job.durations, fh)
+    write_pace()
     print("ticks", job.ticks, "avg us", job.tick_ns / max(1, job.ticks) / 1000, file=sys.stderr)
     return 0
 
