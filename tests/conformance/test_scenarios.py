@@ -56,7 +56,7 @@ FLAKY: dict = {
                        "that gets its core every 10 ms notices arrivals and completions late on every flow of "
                        "its rank, and the NIC alarm is the proxy's only while the proxy's own measure gathers "
                        "at the same time",
-    "tpdp_slow_nic": "in 3 of 11 runs on 2026-12-04 that the harness's onset race (fixed) did not hang, the first "
+    "tpdp_slow_nic": "in 3 of 13 runs on 2026-12-04 that the harness's onset race (fixed) did not hang, the first "
                      "verdict missed: once as the culprit rank 7's proxy, 0.3 s before the onset (its proxy "
                      "measure had gathered from healthy credit waits, the zero-inflated null of tpdp_slow_gpu, "
                      "and the first slowed steps completed it), once as rank 7's GPU, and once as a slow flow "
