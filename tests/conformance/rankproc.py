@@ -69,7 +69,7 @@ class Job:
         self.durations: list = []
         self.ticks = self.tick_ns = 0
         # the proxy thread's pace: (wall ns, ms) of every pass that came PACE_GAP_MS or more after the one
-        # before (the host gave this process no CPU): the harness's check that only the fault slowed anybody
+        # before (the host gave this process no CPU): the report says whether the host slowed anybody else
         self.gaps: list[tuple[int, float]] = []
         # one CUDA stream per GPU across its communicators (a layout): a kernel starts when the previous
         # launch of that GPU, of any communicator, has finished, as ops ordered on a training step's stream do
