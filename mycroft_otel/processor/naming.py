@@ -122,8 +122,14 @@ def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     read slow too. A proxy thread moves every flow of its process, in every communicator, and a starved one
     notices arrivals and completions late on all of them; a slow link, though, holds its sender's ready
     steps waiting for credit too (the receiver's buffers wait for data in flight), so the proxy measure
-    rises with the link, and only the flows beside it can tell the two apart (with none, the proxy)."""
-    ends = a.unit[:2] if a.measure == slowdown.FLOW else (a.unit,)
+    rises with the link, and only the flows beside it can tell the two apart (with none, the proxy). A sending
+    NIC whose flows all go to one receiver (a ring's) is the path into that receiver too, and a receiver's
+    starved proxy notices their arrivals late: that end's proxy is asked as well."""
+    if a.measure == slowdown.FLOW:
+        ends = a.unit[:2]
+    else:
+        peer = n.links.one_receiver(c.ev, a.unit) if a.measure == slowdown.NIC_SEND else None
+        ends = (a.unit,) if peer is None else (a.unit, peer)
     on_path = _alarmed_path(a)
     found = []
     for u in ends:
