@@ -38,7 +38,9 @@ N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6
 # pp_slow_transfer, named as its sender's proxy in 1 of 3 (a proxy is now named only when its process's flows
 # beside the slow path read slow too). tpdp_slow_nic's hang of rank 3 (a CI run of 8e9cd37, once more on
 # 2026-12-04) was the harness: the culprit and its upstream marked the onset at once through one temporary file,
-# and the loser's proxy thread died of it (the report now prints a rank thread's traceback).
+# and the loser's proxy thread died of it (the report now prints a rank thread's traceback). tpdp_slow_proxy,
+# named as the receiver's NIC in 3 pytest runs in a row (a CI run of 8e9cd37, two on 2026-12-04): its sender's
+# nic_send alarmed first, and the receiver's proxy was not asked (65c931f; 6 of 6 runs since).
 # Deterministic failures: strict xfail (a fix turns them into a failing XPASS: then remove the entry). None now.
 XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
@@ -51,11 +53,6 @@ FLAKY: dict = {
                      "in 2 of 7 runs on 2026-12-04 (one beside a 2-job evaluation, with the named rank's process "
                      "off the CPU for long stretches before the onset); a third of those 7 gave no verdict, its "
                      "fault slowing the collectives 1.02x only",
-    "tpdp_slow_proxy": "in the CI run of 8e9cd37 and in 1 of 6 runs on 2026-12-04 (its other ranks off the CPU "
-                       "67 ms at most) named as the right rank's NIC (slow_nic at rank 10): a proxy thread "
-                       "that gets its core every 10 ms notices arrivals and completions late on every flow of "
-                       "its rank, and the NIC alarm is the proxy's only while the proxy's own measure gathers "
-                       "at the same time",
     "tpdp_slow_nic": "in 3 of 13 runs on 2026-12-04 that the harness's onset race (fixed) did not hang, the first "
                      "verdict missed: once as the culprit rank 7's proxy, 0.3 s before the onset (its proxy "
                      "measure had gathered from healthy credit waits, the zero-inflated null of tpdp_slow_gpu, "
