@@ -63,4 +63,3 @@ def pytest_terminal_summary(terminalreporter):
         for who, log in res.logs.items():  # a rank's emulator thread that died leaves its peers hanging
             if who.startswith("rank") and "Traceback" in log:
                 tr.write_line(f"{'':28s} {who}: " + log[log.rindex("Traceback"):].replace("\n", " | ")[-600:])
-
