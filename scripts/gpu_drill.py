@@ -391,9 +391,10 @@ def run_overhead(args, plugin: str, work: Path, deadline: float, log: Log, save)
             rows.append({"nccl": label, "skipped": f"no nvidia-nccl wheel for {label} in {args.wheels}", "sizes": {}})
             save(rows)
             continue
-        log_dir = work / "overhead" / label.replace(" ", "-")
+        slug = label.replace(" ", "-")  # "torch 2.28.9" names a folder too
+        log_dir = work / "overhead" / slug
         log_dir.mkdir(parents=True)
-        ring_dir = Path(tempfile.mkdtemp(prefix=f"mycroft-drill-overhead-{label.replace(' ', '-')}-"))
+        ring_dir = Path(tempfile.mkdtemp(prefix=f"mycroft-drill-overhead-{slug}-"))
         runs: dict[str, list[dict]] = {"baseline": [], "plugin": []}
         for pair in range(args.pairs):
             if time.monotonic() + 2 * OVERHEAD_JOB_S > deadline:

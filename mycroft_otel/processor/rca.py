@@ -281,18 +281,17 @@ def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Fi
     rank_votes = {t: w for t, w in votes.items() if t[0] == "rank"}
     # noflow terminals are the weakest explanation: only when nothing else is there
     strong_rank = {t: w for t, w in rank_votes.items() if t[1] != "noflow"}
-    best_rank = max(strong_rank.items(), key=lambda kv: (kv[1], -kv[0][2]), default=None)
-    flow_total = sum(flow_votes.values())
-    flow_won = bool(flow_votes) and (best_rank is None or flow_total > best_rank[1])
+    # A member's process that is gone outranks the rest: no collective of its communicators can complete,
+    # whatever the live ranks show. And what they show is no evidence against it: a peer's death resets its
+    # connections, and NCCL's proxy thread stops progressing every op of its process on the first failed one,
+    # so the neighbours' flows freeze wherever they were (real NCCL: sends transmitted but never completed,
+    # read as a network stall). An exit that follows a stall instead (an abort on an NCCL error or a watchdog)
+    # comes after the hang's threshold, and the hang is named by then: an exit cuts the wait to a third
+    # (detect.py).
     dead = {t: w for t, w in strong_rank.items() if t[1] == sc.CAT_PROCESS_EXITED}
-    if dead:
-        # A member's process is gone: no collective of its communicators can complete, whatever the live ranks
-        # show. And what they show is no evidence against it: a peer's death resets its connections, and NCCL's
-        # proxy thread stops progressing every op of its process on the first failed one, so the neighbours'
-        # flows freeze wherever they were (real NCCL: sends transmitted but never completed, read as a network
-        # stall). An exit that follows a stall instead (an abort on an NCCL error or a watchdog) comes after
-        # the hang's threshold, and the hang is named by then: an exit cuts the wait to a third (detect.py).
-        best_rank, flow_won = max(dead.items(), key=lambda kv: (kv[1], -kv[0][2])), False
+    best_rank = max((dead or strong_rank).items(), key=lambda kv: (kv[1], -kv[0][2]), default=None)
+    flow_total = sum(flow_votes.values())
+    flow_won = not dead and bool(flow_votes) and (best_rank is None or flow_total > best_rank[1])
     if flow_won:
         f = _flow_finding(st, views, flow_votes, flow_total / total)
     elif best_rank is not None:

@@ -166,8 +166,7 @@ class Result:
         to the first verdict (to the end when there was none)."""
         culprit = (self.scenario.fault or {}).get("rank")
         others = [p for p in self.pace if culprit not in p["ranks"]]
-        last = max((g[0] for p in others for g in p["gaps"]), default=0)
-        end = self.first["_recv_ns"] if self.first else last
+        end = self.first["_recv_ns"] if self.first else max((g[0] for p in others for g in p["gaps"]), default=0)
         start = (self.onset_ns or end) - EVIDENCE_BEFORE_S * 1e9
         return [(p["ranks"], [ms for t, ms in p["gaps"] if start <= t <= end]) for p in others]
 

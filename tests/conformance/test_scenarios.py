@@ -49,8 +49,8 @@ FLAKY: dict = {
     "tpdp_slow_gpu": "in the CI run of 8e9cd37 and in 6 of 15 runs on 2026-12-04 the first verdict missed: 3 times "
                      "a healthy rank's proxy (slow_proxy at rank 10, 11, 13; at rank 11 twice before the onset), "
                      "once the culprit's own proxy (rank 9, 3.7 s after the onset, other ranks' processes off "
-                     "the CPU 3.5 s in all), once a healthy rank's GPU (rank 12), once none at all (the fault slowed the collectives "
-                     "1.02x only, beside a 2-job evaluation). The proxy measure is 0 on most healthy steps, so "
+                     "the CPU 3.5 s in all), once a healthy rank's GPU (rank 12), once none at all (the fault "
+                     "slowed the collectives 1.02x only, beside a 2-job evaluation). The proxy measure is 0 on most healthy steps, so "
                      "its null is a point mass: each healthy wait reads as a full step of the test, which then "
                      "breaks its false-alarm budget when waits are common (docs/algorithm.md §8: a floor, an "
                      "upper-tail scale and a budget-derived weight were tried)",

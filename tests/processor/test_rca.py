@@ -100,9 +100,9 @@ def test_absent_ranks(how, cat):
 @pytest.mark.parametrize("n", [4, 8])
 def test_an_exited_rank_outranks_the_flows_its_neighbour_froze(n):
     """Real NCCL (the GPU drill of 2026-12-04, 4 ranks, socket transport): rank 1 SIGKILLed late in an
-    all-reduce; its downstream neighbour's proxy stopped on the broken connection with its sends to rank 2
-    transmitted but never completed, on every channel, and rank 2 waits for them. The walk read a network
-    delivery stall at rank 2's NIC; the process that exited is the cause."""
+    all-reduce; its downstream neighbour, rank 2, had its proxy stop on the broken connection with its sends
+    to rank 3 transmitted but never completed, on every channel, and rank 3 waits for them. The walk read a
+    network delivery stall at rank 2's NIC; the process that exited is the cause."""
     ring = Ring(n, nch=2)
     ring.absent(1, "process_exited")
     for f in ring.flows(2, True):
