@@ -32,6 +32,11 @@ from mycroft_otel.processor.state import TraceState
 # kernel blocked on a send FIFO slot behind any slower hop), so a mild fault anywhere shifts them a little
 # at its neighbours, and only the strong test judges them
 MILD = (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)
+# measures that are 0 on most healthy collectives: a proxy's ready data waits for its post only when its thread
+# was busy or descheduled at that moment, which on a healthy host happens to some ranks now and then. The MAD
+# of such a null is 0 (the floor's min_scale) and any healthy wait would read as a shift of 100 scales, a full
+# CUSUM step; a wait as common as healthy runs show it must read as healthy (sequential.RobustNull.normal_scores)
+BY_RANK = (slowdown.PROXY,)
 
 
 @dataclass(slots=True)
@@ -155,6 +160,9 @@ class CandidateTest:
                 err = 3.0 * 1.2533 * spread / np.sqrt(np.maximum(own_n, 1))
                 role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
             z = ((x - loc) if role is None else (x - loc - role)) / spread
+            if name in BY_RANK and ready is not None:
+                # never further out than its place among the healthy scores says (a point-mass null's MAD is 0)
+                z = np.minimum(z, ready.normal_scores(x if role is None else x - role))
             ev.z[name] = z
             alarms = self._accumulate(job, comm, name, units, x, z, when, at, healthy, ev)
         if not healthy.all():  # (most collectives teach with every candidate)

@@ -333,8 +333,9 @@ class Naming:
 
     def _runner_up(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> tuple[str, float]:
         """The strongest other explanation in this collective: the candidate with the most evidence that is
-        neither the named one, nor a symptom that led to it, nor a measure of the path it names (a NIC's own
-        flows and its other side, a link's flows between the same two ends on other channels)."""
+        neither the named one, nor a symptom that led to it or that it explains by EXPLAINED_BY (a proxy's
+        GPUs), nor a measure of the path it names (a NIC's own flows and its other side, a link's flows
+        between the same two ends on other channels)."""
         mine = (a.cusum,) + a.via
         on_path = _alarmed_path(a)
         nic = a.measure in (slowdown.NIC_SEND, slowdown.NIC_RECV)
@@ -342,6 +343,8 @@ class Naming:
         def explained(name: str, u) -> bool:
             if name == slowdown.FLOW:  # a NIC slow both ways explains its flows in and out
                 return on_path(*u[:2]) or (nic and a.unit in u[:2])
+            if name == slowdown.GPU:  # a proxy that posts late holds up its receivers' GPUs (EXPLAINED_BY's _proxy)
+                return a.measure == slowdown.PROXY
             return nic and name in (slowdown.NIC_SEND, slowdown.NIC_RECV) and u == a.unit
 
         others = [(c.s, label(name, u)) for name, u, c in self.mem.held(st, ev)

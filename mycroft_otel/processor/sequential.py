@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -106,6 +107,9 @@ def arl(design: CusumDesign, shift: float = 0.0, null: str = "normal", cells: in
     return float(n[0])
 
 
+_STANDARD = NormalDist()
+
+
 def median(values: np.ndarray) -> float:
     """The median of a 1-d array by partition (np.median's own checks cost more than the work on the few
     hundred values a null or a collective holds)."""
@@ -122,7 +126,7 @@ def median(values: np.ndarray) -> float:
 class RobustNull:
     """The recent healthy scores of one measure (a ring of ``size``): median and scaled MAD."""
 
-    __slots__ = ("_buf", "_n", "_at", "collectives", "min_scale", "_cache")
+    __slots__ = ("_buf", "_n", "_at", "collectives", "min_scale", "_cache", "_sorted")
 
     def __init__(self, size: int = 512, min_scale: float = 0.05):
         self._buf = np.empty(size, dtype=np.float64)
@@ -131,6 +135,7 @@ class RobustNull:
         self.collectives = 0
         self.min_scale = min_scale  # log units: a noiseless measure still needs a 5% change per scale
         self._cache: tuple[float, float] | None = None
+        self._sorted: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -159,6 +164,7 @@ class RobustNull:
         self._n = min(size, self._n + k)
         self.collectives += 1
         self._cache = None
+        self._sorted = None
 
     def location_scale(self) -> tuple[float, float]:
         if self._cache is None:
@@ -167,6 +173,19 @@ class RobustNull:
             mad = median(np.abs(v - med))
             self._cache = (med, max(1.4826 * mad, self.min_scale))
         return self._cache
+
+    def normal_scores(self, x: np.ndarray) -> np.ndarray:
+        """Each of ``x`` as the standard normal score of its place among the recent healthy scores (mid-rank:
+        a value tied with k of them sits in the middle of the k). For a measure whose healthy value is one
+        number most of the time (a proxy's credit wait: 0 on most steps), the MAD is 0 and every healthy
+        exception reads as a shift of many scales; its place among the healthy values reads it as often as
+        healthy runs show it, and the CUSUM's false-alarm budget (computed on a continuous null) holds again."""
+        if self._sorted is None:
+            self._sorted = np.sort(self._buf[:self._n])
+        below = np.searchsorted(self._sorted, x, side="left")
+        upto = np.searchsorted(self._sorted, x, side="right")
+        u = (below + upto + 1) / (2.0 * (self._n + 1))  # in (0, 1) however far out x is
+        return np.array([_STANDARD.inv_cdf(v) for v in u.tolist()])
 
 
 @dataclass(slots=True)

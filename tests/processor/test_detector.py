@@ -100,6 +100,30 @@ def test_one_outlier_alone_never_alarms():
     assert _collectives(range(1, 200), inject, CAPTURE, seed=5) == []
 
 
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.5])
+def test_proxies_a_loaded_host_deschedules_now_and_then_are_silent(share):
+    """In ``share`` of the collectives each rank's proxy posts its ready steps late by 5-50% of the
+    collective (its thread descheduled), as the rank processes of a loaded host do: the proxy measure is 0 on
+    the other collectives, so its null's MAD is 0, and waits as common as the healthy ones are judged by
+    their place among them (not as 100 scales each), while a proxy slow on every collective still is named
+    (test_a_mild_sustained_fault_is_named_within_a_few_collectives)."""
+    rng = np.random.default_rng(11)
+    proc = Processor(env={}, settle_s=0.0)
+    most, h = 0.0, proc.settings.cusum.h
+    for seq in range(1, 400):
+        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
+        jitter(ring, rng, CAPTURE)
+        for r in range(8):
+            if rng.random() < share:
+                ring.slow_proxy(r, int(rng.uniform(0.05, 0.5) * ring.dur))
+        proc.ingest_request(ring.request())
+        assert proc.tick() == []
+        # the test itself, not only the verdict (the Slower check would hide its false alarms here: every
+        # collective is as slow as the waits make it)
+        most = max([most] + [c.s for k, c in proc.detector.mem.cusums.items() if k.measure == "proxy"])
+    assert most < h, most
+
+
 def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
     own = OwnSpreads(size=8, min_values=4)
     rows = own.rows(["quiet", "noisy"])
