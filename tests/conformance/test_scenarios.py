@@ -50,15 +50,14 @@ FLAKY: dict = {
                      "a healthy rank's proxy (slow_proxy at rank 10, 11, 13; at rank 11 twice before the onset), "
                      "once the culprit's own proxy (rank 9, 3.7 s after the onset, other ranks' processes off "
                      "the CPU 3.5 s in all), once a healthy rank's GPU (rank 12), once none at all (the fault "
-                     "slowed the collectives 1.02x only, beside a 2-job evaluation). The proxy measure is 0 on most healthy steps, so "
-                     "its null is a point mass: each healthy wait reads as a full step of the test, which then "
-                     "breaks its false-alarm budget when waits are common (docs/algorithm.md §8: a floor, an "
-                     "upper-tail scale and a budget-derived weight were tried)",
+                     "slowed the collectives 1.02x only, beside a 2-job evaluation). The proxies were the "
+                     "measure's point-mass null, read by normal scores since (docs/algorithm.md §8): 6 of 6 "
+                     "right after it; the GPU and the silent miss have no fix yet",
     "tpdp_slow_nic": "in 3 of 13 runs on 2026-12-04 that the harness's onset race (fixed) did not hang, the first "
                      "verdict missed: once as the culprit rank 7's proxy, 0.3 s before the onset (its proxy "
-                     "measure had gathered from healthy credit waits, the zero-inflated null of tpdp_slow_gpu, "
-                     "and the first slowed steps completed it), once as rank 7's GPU, and once as a slow flow "
-                     "into rank 11, whose process the host had taken off the CPU for 266 ms",
+                     "measure had gathered from healthy credit waits: the point-mass null, read by normal scores "
+                     "since, 6 of 6 right after it), once as rank 7's GPU, and once as a slow flow into rank 11, "
+                     "whose process the host had taken off the CPU for 266 ms",
     "tpdp_slow_link_tp": "in 2 of 14 runs the slow TP link 5 -> 6 was not named first: once (23f84da) as "
                          "slow_proxy at rank 7, behind the link, and once (f470392, its processor loaded by debug "
                          "output) as rank 5's NIC in its DP ring, whose flows out had read slow on every channel "
