@@ -14,6 +14,7 @@ a mild one tuned for 1). A candidate whose evidence reaches h raises an :class:`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import is_not
@@ -71,6 +72,10 @@ class CandidateTest:
 
     def __init__(self, settings: Settings, memory: JobMemory):
         self.s, self.mem = settings, memory
+        d = settings.cusum
+        # a candidate teaches the null until its evidence reaches h/2: at a fault's fastest, one step of cap - k
+        # a collective, its first ceil(h/2 / (cap - k)) slow scores can be in the null (3)
+        self.taught = math.ceil(d.h / 2 / (d.cap - d.k))
 
     def update(self, st: TraceState, ev: slowdown.Evidence, at: float) -> tuple[list[Alarm], bool]:
         """The candidates that alarm, and whether the test judged every measure (each had a null to judge by)."""
@@ -161,8 +166,10 @@ class CandidateTest:
                 role = np.where(own_n > 0, np.sign(dev) * np.maximum(0.0, np.abs(dev) - err), 0.0)
             z = ((x - loc) if role is None else (x - loc - role)) / spread
             if name in BY_RANK and ready is not None:
-                # never further out than its place among the healthy scores says (a point-mass null's MAD is 0)
-                z = np.minimum(z, ready.normal_scores(x if role is None else x - role))
+                # never further out than its place among the healthy scores says (a point-mass null's MAD is 0),
+                # where that place is known: not in the null's top few, which a fault's first collectives may
+                # have taught before their evidence gathered half way (self.taught)
+                z = np.minimum(z, ready.normal_scores(x if role is None else x - role, self.taught))
             ev.z[name] = z
             alarms = self._accumulate(job, comm, name, units, x, z, when, at, healthy, ev)
         if not healthy.all():  # (most collectives teach with every candidate)

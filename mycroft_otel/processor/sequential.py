@@ -181,17 +181,20 @@ class RobustNull:
             self._cache = (med, max(1.4826 * mad, self.min_scale))
         return self._cache
 
-    def normal_scores(self, x: np.ndarray) -> np.ndarray:
+    def normal_scores(self, x: np.ndarray, tail: int = 0) -> np.ndarray:
         """Each of ``x`` as the standard normal score of its place among the recent healthy scores (mid-rank:
         a value tied with k of them sits in the middle of the k). For a measure whose healthy value is one
         number most of the time (a proxy's credit wait: 0 on most steps), the MAD is 0 and every healthy
         exception reads as a shift of many scales; its place among the healthy values reads it as often as
-        healthy runs show it, and the CUSUM's false-alarm budget (computed on a continuous null) holds again."""
+        healthy runs show it, and the CUSUM's false-alarm budget (computed on a continuous null) holds again.
+        A value with ``tail`` or fewer of the null above it reads +inf: there the place is the top of the
+        tail, estimated from a handful of values, which may be the candidate's own first slow collectives
+        (taught before its evidence gathered)."""
         if self._sorted is None:
             self._sorted = np.sort(self._buf[:self._n])
-        twice = (np.searchsorted(self._sorted, x, side="left") + np.searchsorted(self._sorted, x, side="right")
-                 + 1)
-        return _normal_scores(self._n)[twice]
+        upto = np.searchsorted(self._sorted, x, side="right")
+        z = _normal_scores(self._n)[np.searchsorted(self._sorted, x, side="left") + upto + 1]
+        return np.where(self._n - upto > tail, z, np.inf)
 
 
 @dataclass(slots=True)
