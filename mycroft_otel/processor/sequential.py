@@ -108,11 +108,12 @@ def arl(design: CusumDesign, shift: float = 0.0, null: str = "normal", cells: in
     return float(n[0])
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=1024)
 def _normal_scores(n: int) -> np.ndarray:
     """The standard normal quantile of k / (2 (n + 1)) for k = 0 .. 2n + 2, indexed by k: a value with ``below``
-    of n values under it and ``upto`` at most it sits at k = below + upto + 1, in (0, 1) however far out (a null
-    holds its full 512 values nearly all the time, so this is one table)."""
+    of n values under it and ``upto`` at most it sits at k = below + upto + 1, in (0, 1) however far out. One
+    table per null size a null passes through while it fills (n <= Settings.null_size: a few MB at most); a
+    full null is one table."""
     std = NormalDist()
     return np.array([math.nan] + [std.inv_cdf(k / (2.0 * (n + 1))) for k in range(1, 2 * n + 2)] + [math.nan])
 

@@ -51,13 +51,17 @@ FLAKY: dict = {
                      "once the culprit's own proxy (rank 9, 3.7 s after the onset, other ranks' processes off "
                      "the CPU 3.5 s in all), once a healthy rank's GPU (rank 12), once none at all (the fault "
                      "slowed the collectives 1.02x only, beside a 2-job evaluation). The proxies were the "
-                     "measure's point-mass null, read by normal scores since (docs/algorithm.md §8): 6 of 6 "
-                     "right after it; the GPU and the silent miss have no fix yet",
+                     "measure's point-mass null, read by normal scores since (docs/algorithm.md §8): 13 of 14 "
+                     "right after it; the miss, in a full suite run of 4b48baa, was late_rank at rank 5 before "
+                     "the onset, whose process the host had taken off the CPU for 175 ms. The GPU and the silent "
+                     "miss have no fix yet",
     "tpdp_slow_nic": "in 3 of 13 runs on 2026-12-04 that the harness's onset race (fixed) did not hang, the first "
                      "verdict missed: once as the culprit rank 7's proxy, 0.3 s before the onset (its proxy "
                      "measure had gathered from healthy credit waits: the point-mass null, read by normal scores "
-                     "since, 6 of 6 right after it), once as rank 7's GPU, and once as a slow flow into rank 11, "
-                     "whose process the host had taken off the CPU for 266 ms",
+                     "since), once as rank 7's GPU, and once as a slow flow into rank 11, whose process the host "
+                     "had taken off the CPU for 266 ms. Since the normal scores 13 of 14 right; the miss (a full "
+                     "suite run of 4b48baa) named rank 7's proxy 2.5 s after the onset: the slow NIC's sends wait "
+                     "for credit too, and the NIC-to-proxy rule (naming.py _proxy_at_end) took its proxy",
     "tpdp_slow_link_tp": "in 2 of 14 runs the slow TP link 5 -> 6 was not named first: once (23f84da) as "
                          "slow_proxy at rank 7, behind the link, and once (f470392, its processor loaded by debug "
                          "output) as rank 5's NIC in its DP ring, whose flows out had read slow on every channel "
