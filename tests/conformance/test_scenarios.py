@@ -46,6 +46,14 @@ XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
 # Timing-dependent ones (the wrong verdict wins a race in some runs): non-strict xfail, same precise cause.
 FLAKY: dict = {
+    "tpdp_healthy": "in 2 of the last 5 full-suite runs (the CI run of 04c5647: slow_proxy at rank 1, whose "
+                    "process the host had taken off the CPU for 79 ms; a fresh-clone run of 1195766) a verdict on "
+                    "the healthy job; its 8 runs alone on 2026-12-04 were silent, and 7 of 9 beside 4 busy loops "
+                    "(2 named slow_nic). A rank process the "
+                    "host takes off the CPU for ~100 ms slows its emulated GPU and its proxy over consecutive "
+                    "collectives: serially correlated evidence, which the CUSUM's false-alarm budget (independent "
+                    "scores) does not cover, and the Slower check passes because those collectives were slower "
+                    "(docs/algorithm.md §8). No fix yet",
     "tpdp_slow_gpu": "in the CI run of 8e9cd37 and in 6 of 15 runs on 2026-12-04 the first verdict missed: 3 times "
                      "a healthy rank's proxy (slow_proxy at rank 10, 11, 13; at rank 11 twice before the onset), "
                      "once the culprit's own proxy (rank 9, 3.7 s after the onset, other ranks' processes off "
