@@ -47,7 +47,7 @@ XFAIL_SECONDARY: dict = {}
 # Timing-dependent ones (the wrong verdict wins a race in some runs): non-strict xfail, same precise cause.
 FLAKY: dict = {
     "tpdp_healthy": "in 2 of the last 5 full-suite runs (the CI run of 04c5647: slow_proxy at rank 1, whose "
-                    "process the host had taken off the CPU for 79 ms; a fresh-clone run of 1195766) a verdict on "
+                    "process the host had taken off the CPU for 79 ms; a fresh-clone run of 1195766: slow_nic at rank 4, other ranks' processes off the CPU 365 ms) a verdict on "
                     "the healthy job; its 8 runs alone on 2026-12-04 were silent, and 7 of 9 beside 4 busy loops "
                     "(2 named slow_nic). A rank process the "
                     "host takes off the CPU for ~100 ms slows its emulated GPU and its proxy over consecutive "
