@@ -33,9 +33,11 @@ def test_the_design_meets_its_false_alarm_budget():
         CusumDesign(k=1.0, h=0.5, cap=2.0)
 
 
-def _collectives(seqs, inject, sigma: float, seed: int, n: int = 8, settings: Settings | None = None) -> list:
+def _collectives(seqs, inject, sigma: float, seed: int, n: int = 8, settings: Settings | None = None,
+                 watch=lambda proc: None) -> list:
     """Collectives ``seqs`` of an ``n``-rank ring (healthy spread ``sigma``), each changed by
-    ``inject(ring, seq, rng)`` before the processor ingests it; the verdicts as (category, ranks, channel, seq)."""
+    ``inject(ring, seq, rng)`` before the processor ingests it and ``watch(processor)`` called after each;
+    the verdicts as (category, ranks, channel, seq)."""
     rng = np.random.default_rng(seed)
     proc = Processor(env={}, settle_s=0.0, settings=settings)
     out = []
@@ -45,6 +47,7 @@ def _collectives(seqs, inject, sigma: float, seed: int, n: int = 8, settings: Se
         inject(ring, seq, rng)
         proc.ingest_request(ring.request())
         out += [(v.category, v.finding.ranks, v.finding.channel, seq) for v in proc.tick()]
+        watch(proc)
     return out
 
 
@@ -107,20 +110,19 @@ def test_proxies_a_loaded_host_deschedules_now_and_then_are_silent(share):
     the other collectives, so its null's MAD is 0, and waits as common as the healthy ones are judged by
     their place among them (not as 100 scales each), while a proxy slow on every collective still is named
     (test_a_mild_sustained_fault_is_named_within_a_few_collectives)."""
-    rng = np.random.default_rng(11)
-    proc = Processor(env={}, settle_s=0.0)
-    most, h = 0.0, proc.settings.cusum.h
-    for seq in range(1, 400):
-        ring = Ring(8, nch=2, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
-        jitter(ring, rng, CAPTURE)
+    def inject(ring, seq, rng):
         for r in range(8):
             if rng.random() < share:
                 ring.slow_proxy(r, int(rng.uniform(0.05, 0.5) * ring.dur))
-        proc.ingest_request(ring.request())
-        assert proc.tick() == []
-        # the test itself, not only the verdict (the Slower check would hide its false alarms here: every
-        # collective is as slow as the waits make it)
-        most = max([most] + [c.s for k, c in proc.detector.mem.cusums.items() if k.measure == "proxy"])
+
+    # the test itself, not only the verdict (the Slower check would hide its false alarms here: every
+    # collective is as slow as the waits make it)
+    seen = [0.0]
+
+    def watch(proc):
+        seen[0] = max([seen[0]] + [c.s for k, c in proc.detector.mem.cusums.items() if k.measure == "proxy"])
+    assert _collectives(range(1, 400), inject, CAPTURE, seed=11, watch=watch) == []
+    most, h = seen[0], Settings().cusum.h
     assert most < h, most
 
 
