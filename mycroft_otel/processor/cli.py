@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 
+from mycroft_otel.processor.checkpoint import Checkpoint
 from mycroft_otel.processor.exporter import RootCauseExporter
 from mycroft_otel.processor.metrics import Metrics
 from mycroft_otel.processor.pipeline import Processor
@@ -45,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-json-bytes", type=int, default=HttpLimits.max_json_bytes,
                         help="OTLP/HTTP: largest JSON request body, also after gzip (default %(default)s; JSON "
                         "costs far more to parse than protobuf)")
-    parser.add_argument("--state-dir", metavar="DIR", help="remember published verdicts here (a directory of this "
-                        "user, created 0700), so that a restarted processor does not publish one again")
+    parser.add_argument("--state-dir", metavar="DIR", help="keep the published verdicts and a checkpoint of "
+                        "the detector's learned history here (a directory of this user, created 0700): a processor "
+                        "restarted on it goes on where it stopped and does not publish a verdict again")
     parser.add_argument("--record", metavar="FILE", help="append every received OTLP payload to FILE "
                         "(replay with python -m mycroft_otel.processor.replay FILE)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every verdict and more")
@@ -98,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     token = _token(args)
     settings = Settings.from_env()
     published = PublishedVerdicts(args.state_dir) if args.state_dir else None
+    history = Checkpoint(args.state_dir, settings.max_history_bytes) if args.state_dir else None
     metrics = Metrics()
     try:  # first: the page links to this server's /runbook, at the port it bound
         mport = metrics.serve(args.metrics_port, args.bind) if args.metrics_port >= 0 else None
@@ -106,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if not settings.runbook_url and mport is not None:
         settings = dataclasses.replace(settings, runbook_url=own_runbook_url(args.bind, mport))
-    processor = Processor(exporter=RootCauseExporter(), metrics=metrics, published=published, settings=settings)
+    processor = Processor(exporter=RootCauseExporter(), metrics=metrics, published=published, settings=settings,
+                          checkpoint=history)
     receiver = Receiver(processor, bind=args.bind, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                         http_port=None if args.http_port < 0 else args.http_port,
                         max_bytes=args.max_request_bytes, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -139,4 +143,5 @@ def run(args: argparse.Namespace) -> int:
         metrics.shutdown()
         if published is not None:
             published.close()
+            history.close()
     return 0

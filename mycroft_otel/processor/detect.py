@@ -23,10 +23,13 @@ import statistics
 from collections import deque
 
 from mycroft_otel import semconv as sc
+from mycroft_otel.processor.spans import SpanRef, span_attributes
 from mycroft_otel.processor.state import TraceState
 
 WARMUP = 3       # samples of a key before its baseline is trusted
 WINDOW = 32      # recent samples kept per key
+_SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
+                           sc.SUMMARY_OPS})
 
 
 def baseline_key(comm: str, func: str, nbytes: int) -> tuple:
@@ -52,6 +55,22 @@ class Baselines:
 
     def add(self, key: tuple, duration_ns: float) -> None:
         add_sample(self.window(key), duration_ns)
+
+    def add_summary(self, ref: SpanRef) -> None:
+        """An agent's per-window summary span: the mean duration of each function it ran, at the window's
+        mean size (malformed attributes add nothing)."""
+        a = span_attributes(ref, _SUMMARY_KEYS)
+        funcs, ops, means = a.get(sc.SUMMARY_FUNCS), a.get(sc.SUMMARY_FUNC_OPS), a.get(sc.SUMMARY_FUNC_DURATION_MEAN)
+        total_ops, total_bytes = a.get(sc.SUMMARY_OPS), a.get(sc.SUMMARY_BYTES)
+        if not (isinstance(funcs, list) and isinstance(means, list) and isinstance(total_ops, int) and total_ops > 0
+                and isinstance(total_bytes, int)):
+            return
+        avg_bytes = total_bytes // total_ops
+        for i, func in enumerate(funcs):
+            if i < len(means) and isinstance(func, str) and isinstance(means[i], int):
+                n = ops[i] if isinstance(ops, list) and i < len(ops) and isinstance(ops[i], int) else 1
+                if n > 0:
+                    self.add(baseline_key(ref.comm, func, avg_bytes), means[i])
 
     def get(self, key: tuple) -> float | None:
         d = self.samples.get(key)

@@ -134,11 +134,24 @@ class OpenIncidents:
     def __bool__(self) -> bool:
         return bool(self.by_job)
 
+    def restore(self, by_job: dict[str, OpenIncident]) -> None:
+        """The open incidents of a checkpoint (checkpoint.py), shown again (a restarted processor's page)."""
+        for inc in list(by_job.values())[:MAX_OPEN]:
+            self.by_job[inc.job] = inc
+            for m in inc.members:
+                self._by_trace[m.trace_id] = inc
+            inc.shown = None  # not shown by this process yet
+            self._show(inc)
+
     # -- verdicts and findings -------------------------------------------------------------------
     def verdict(self, v) -> None:
         """A verdict was published: it opens its job's incident, or joins it."""
         f = v.finding
         now = self.clock()
+        known = self._by_trace.get(v.trace_id)
+        if known is not None and any(m.trace_id == v.trace_id for m in known.members):
+            self.touch(v.trace_id)  # named again (a restarted processor): the same member, still open
+            return
         m = Member(trace_id=v.trace_id, kind=f.kind, category=f.category, comm=v.comm, seq=v.seq,
                    detected_ns=v.detected_ns, opened=now, touched=now, global_ranks=tuple(f.global_ranks),
                    ranks=tuple(f.ranks), hosts=tuple(f.hosts), evidence=f.evidence,

@@ -21,8 +21,8 @@ import time
 from collections import Counter, deque
 from typing import Callable
 
-from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca, slowdown
+from mycroft_otel.processor.checkpoint import Checkpoint
 from mycroft_otel.processor.detector import SlowdownDetector
 from mycroft_otel.processor.held import Held, HeldFindings
 from mycroft_otel.processor.incidents import Incidents, Verdict
@@ -32,7 +32,7 @@ from mycroft_otel.processor.propagation import Propagation
 from mycroft_otel.processor.allocator import Trimmer
 from mycroft_otel.processor.published import PublishedVerdicts
 from mycroft_otel.processor.settings import Settings
-from mycroft_otel.processor.spans import OP, SUMMARY, decode, span_attributes
+from mycroft_otel.processor.spans import OP, SUMMARY, decode
 from mycroft_otel.processor.state import TraceStore, detach
 from mycroft_otel.processor.views import Finding
 
@@ -40,8 +40,6 @@ __all__ = ["Processor", "Verdict"]
 
 log = logging.getLogger("mycroft_otel.processor")
 
-_SUMMARY_KEYS = frozenset({sc.SUMMARY_FUNCS, sc.SUMMARY_FUNC_OPS, sc.SUMMARY_FUNC_DURATION_MEAN, sc.SUMMARY_BYTES,
-                           sc.SUMMARY_OPS})
 _DECISIONS_KEPT = 4096  # decisions kept for `report` and tests (each a few hundred bytes)
 
 
@@ -56,7 +54,8 @@ class Processor:
     def __init__(self, env=None, exporter=None, metrics=None, clock_ns: Callable[[], int] = time.time_ns,
                  tick_s: float = 0.2, settle_s: float = 1.0, stall_ms: float | None = None,
                  mono_clock: Callable[[], float] = time.monotonic, settings: Settings | None = None,
-                 incident_clock: Callable[[], float] | None = None, published: PublishedVerdicts | None = None):
+                 incident_clock: Callable[[], float] | None = None, published: PublishedVerdicts | None = None,
+                 checkpoint: Checkpoint | None = None):
         self.settings = settings if settings is not None else Settings.from_env(env, stall_ms)
         s = self.settings
         self.stall_ms = s.stall_ms
@@ -91,6 +90,9 @@ class Processor:
         self.counts = Counter({"spans": 0, "unknown": 0, "ignored": 0, "propagated": 0, "deduped": 0,
                                "analysis_errors": 0, "slow_candidates": 0})  # plus "decision:<outcome>"
         self.decisions: deque[Decided] = deque(maxlen=_DECISIONS_KEPT)  # the latest, oldest first
+        self.checkpoint = checkpoint  # (--state-dir) the learned history, restored now, saved by the timer
+        if checkpoint is not None:
+            checkpoint.load(self)
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -122,7 +124,7 @@ class Processor:
 
     def _add(self, ref, now: float, bases: dict) -> None:
         if ref.kind == SUMMARY:
-            self._add_summary(ref)
+            self.baselines.add_summary(ref)
             return
         st = self.store.add(ref, now)
         if ref.kind != OP:
@@ -150,20 +152,6 @@ class Processor:
                     and not st.analysed_slow:
                 self._slow_cand.setdefault(st.trace_id, now)
 
-    def _add_summary(self, ref) -> None:
-        a = span_attributes(ref, _SUMMARY_KEYS)
-        funcs, ops, means = a.get(sc.SUMMARY_FUNCS), a.get(sc.SUMMARY_FUNC_OPS), a.get(sc.SUMMARY_FUNC_DURATION_MEAN)
-        total_ops, total_bytes = a.get(sc.SUMMARY_OPS), a.get(sc.SUMMARY_BYTES)
-        if not (isinstance(funcs, list) and isinstance(means, list) and isinstance(total_ops, int) and total_ops > 0
-                and isinstance(total_bytes, int)):
-            return
-        avg_bytes = total_bytes // total_ops
-        for i, func in enumerate(funcs):
-            if i < len(means) and isinstance(func, str) and isinstance(means[i], int):
-                n = ops[i] if isinstance(ops, list) and i < len(ops) and isinstance(ops[i], int) else 1
-                if n > 0:
-                    self.baselines.add(detect.baseline_key(ref.comm, func, avg_bytes), means[i])
-
     # -- detection ------------------------------------------------------------------------------
     def start(self) -> "Processor":
         if self._thread is None:
@@ -183,6 +171,8 @@ class Processor:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self.checkpoint is not None:
+            self.checkpoint.save(self)
         if self.exporter is not None:
             self.exporter.shutdown()
 
@@ -225,6 +215,8 @@ class Processor:
         out.sort(key=lambda v: -v.finding.confidence)  # the surest first when several land together
         for v in out:
             self._publish(v)
+        if self.checkpoint is not None and (out or self.checkpoint.due(self)):  # a verdict: its incident now
+            self.checkpoint.save(self)
         return out
 
     # -- hangs ----------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ class PublishedVerdicts:
     """``first(trace_id)``: True the first time a trace's verdict is published, across restarts."""
 
     def __init__(self, state_dir: str):
-        self.dir_fd = _open_private_dir(state_dir)
+        self.dir_fd = open_private_dir(state_dir)
         self.ids: OrderedDict[bytes, None] = OrderedDict()
         self.in_file = 0
         try:
@@ -92,7 +92,7 @@ class PublishedVerdicts:
         self.fd = self.dir_fd = -1
 
 
-def _open_private_dir(path: str) -> int:
+def open_private_dir(path: str) -> int:
     """The directory's descriptor (created 0700 when missing); ConfigError naming ``--state-dir`` when it is a
     symlink, not a directory, another user's, or writable by group or others."""
     try:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mycroft_otel.processor.checkpoint import Checkpoint
 from mycroft_otel.processor.pipeline import Processor
+from mycroft_otel.processor.published import PublishedVerdicts
+from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.receiver import decode_export_request, read_records
 
 
@@ -27,19 +30,35 @@ class VirtualClock:
 
 
 def replay(path: str, env: dict | None = None, tick_s: float = 0.2, tail_s: float = 6.0,
-           stall_ms: float | None = None, keep=None, metrics=None) -> tuple[Processor, list]:
+           stall_ms: float | None = None, keep=None, metrics=None, state_dir: str | None = None,
+           killed_at_s: tuple[float, ...] = ()) -> tuple[Processor, list]:
     """(processor, verdicts) after replaying ``path``; ``keep(trace_id) -> bool`` filters spans by trace;
-    ``metrics``: a processor Metrics to count into."""
+    ``metrics``: a processor Metrics to count into. ``state_dir``: the processor's ``--state-dir``;
+    ``killed_at_s``: recorded seconds (after the first payload) at which the processor is killed -9 (nothing
+    saved, its traces lost) and a new one started on ``state_dir``."""
     clock = VirtualClock()
-    proc = Processor(env=env if env is not None else {}, clock_ns=clock.ns, mono_clock=clock.mono,
-                     stall_ms=stall_ms, metrics=metrics)
+
+    def start() -> Processor:
+        return Processor(env=env if env is not None else {}, clock_ns=clock.ns, mono_clock=clock.mono,
+                         stall_ms=stall_ms, metrics=metrics,
+                         published=PublishedVerdicts(state_dir) if state_dir else None,
+                         checkpoint=Checkpoint(state_dir, proc_settings.max_history_bytes) if state_dir else None)
+
+    proc_settings = Settings.from_env(env if env is not None else {}, stall_ms)
+    proc = start()
     step = int(tick_s * 1e9)
     next_tick = None
+    kills = sorted(killed_at_s)
     verdicts = []
     for t, ctype, data in read_records(path):
         if next_tick is None:
             next_tick = t
+            kills = [t + int(k * 1e9) for k in kills]
         while next_tick <= t:
+            if kills and kills[0] <= next_tick:  # (at the tick boundary the kill falls in)
+                clock.t_ns = kills.pop(0)
+                proc = start()
+                continue
             clock.t_ns = next_tick
             verdicts += proc.tick()
             next_tick += step

@@ -6,7 +6,7 @@ constants below them are the detector's design, each with the reason for its val
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from mycroft_otel import config
 from mycroft_otel.processor.sequential import SequentialDesign
@@ -50,6 +50,12 @@ class Settings:
     # -- incidents ------------------------------------------------------------------------------
     incident_window_s: float = 120.0  # a culprit named this recently is the same incident
     measure_batch: int = 256        # completed collectives measured in one pass over their flows
+
+    def design(self) -> tuple:
+        """The detector's design constants (every field from ``cusum`` on): what a learned history
+        (checkpoint.py) is valid under."""
+        names = [f.name for f in fields(self)]
+        return tuple(getattr(self, n) for n in names[names.index("cusum"):])
 
     @classmethod
     def from_env(cls, env=None, stall_ms: float | None = None) -> "Settings":
