@@ -21,7 +21,8 @@ spans through the modules:
 - ``incidents`` findings -> verdicts, one per incident
 - ``open_incidents`` which jobs' incidents still hold (a hang until the job moves again): the page
 - ``pipeline``  the :class:`Processor` that ties them together on a timer
-- ``published`` (--state-dir) the verdicts published before a restart; ``allocator`` memory a burst freed,
+- ``published``, ``checkpoint`` (--state-dir) the verdicts published and the learned history, kept across a
+                restart; ``allocator`` memory a burst freed,
                 given back to the system; ``runbook`` the runbook page /metrics serves beside it
 - ``exporter``  ``mycroft.root_cause`` spans over OTLP (OTEL_*)
 - ``metrics``   Prometheus ``/metrics``

@@ -4,14 +4,16 @@ Two `mycroft-otel processor`s, each with its own `--state-dir`, behind the gatew
 Jaeger stores the traces. A job hangs (a NIC stops sending on global rank 2). The processor that owns the job
 (found with the gateway's own hash ring, evaluate/routing.py) names it; then it is killed with SIGKILL and
 started again on the same ports and state directory, while the job stays hung and its agent keeps sending
-the hung collectives' snapshots. Expected: exactly one right root-cause span in the trace store (the
-restarted processor finds the same verdict again and does not publish it twice), the job's incident open
-again at the restarted processor (its page must not resolve while the job is hung), and nothing dropped in
+the hung collectives' snapshots. Expected: the restarted processor restores the checkpoint it wrote when it
+named the hang (processor/checkpoint.py), exactly one right root-cause span in the trace store (the same hang
+found again is the same incident, and a verdict published before is not published twice), the job's incident
+open at the restarted processor (its page must not resolve while the job is hung), and nothing dropped in
 the gateway: the spans sent while the processor was down waited in the exporter's queue for its return.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -67,8 +69,9 @@ def test_a_processor_killed_mid_hang_gives_one_verdict_and_loses_nothing(stack):
         time.sleep(3.0)  # the agent goes on sending the hung collective's snapshots meanwhile
         stack.restart_processor(index)
         log = Path(stack.run_dir) / "logs" / f"processor-{index}.log"
-        wait_until(lambda: "published before a restart: not published again" in log.read_text(errors="replace"),
-                   60, "the restarted processor finding the same verdict again")
+        wait_until(lambda: "detector history restored" in log.read_text(errors="replace"), 60,
+                   "the restarted processor restoring its checkpoint")
+        assert re.search(r"detector history restored .* 1 open incidents", log.read_text(errors="replace"))
         wait_until(lambda: "mycroft_incidents_open{" in scrape(metrics_url), 30, "the job's incident open again")
         assert f'job_id="{job.job_id}"' in scrape(metrics_url)
         time.sleep(5.0)  # more snapshots through the restarted processor

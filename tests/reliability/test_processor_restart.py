@@ -1,4 +1,5 @@
-"""A restarted processor does not publish a verdict a second time (issue 31, finding 6).
+"""A restarted processor does not publish a verdict a second time (issue 31, finding 6), even without its
+checkpoint (tests/processor/test_checkpoint.py has the restarts that restore one).
 
 The real program, twice over one ``--state-dir``: the first run names a hung collective, is
 stopped, and the second is sent the same collective's evidence again (as an agent still
@@ -36,6 +37,9 @@ def test_restart_does_not_publish_a_verdict_again(tmp_path):
         first.stop()
     assert oct(os.stat(state).st_mode & 0o777) == "0o700"
     assert os.path.getsize(state / "published-verdicts") == 16  # one trace id
+    # without the checkpoint written at the verdict (killed before it was written, or a checkpoint of another
+    # version): the published trace ids alone keep the verdict from being published again
+    os.unlink(state / "detector-history")
     second = start_processor(tmp_path, "--state-dir", str(state))
     try:
         assert post(second.http_port, hung_payload(1))[0] == 200  # the same collective, again
