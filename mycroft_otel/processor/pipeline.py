@@ -177,6 +177,7 @@ class Processor:
             self.exporter.shutdown()
 
     def tick(self, now_ns: int | None = None) -> list[Verdict]:
+        """One round of detection; the verdicts it published."""
         now_ns = self.clock_ns() if now_ns is None else now_ns
         mono = self.mono()
         out: list[Verdict] = []
@@ -213,11 +214,10 @@ class Processor:
                 self.metrics.traces_in_memory(len(self.store), self.store.evicted_ttl, self.store.evicted_size,
                                               self.store.evicted_bytes, self.store.bytes)
         out.sort(key=lambda v: -v.finding.confidence)  # the surest first when several land together
-        for v in out:
-            self._publish(v)
+        published = [v for v in out if self._publish(v)]
         if self.checkpoint is not None and (out or self.checkpoint.due(self)):  # a verdict: its incident now
             self.checkpoint.save(self)
-        return out
+        return published
 
     # -- hangs ----------------------------------------------------------------------------------
     def _hangs(self, now_ns: int, mono: float) -> list[Verdict]:
@@ -370,12 +370,14 @@ class Processor:
             self._decided(st, d if v is not None else silent(Outcome.SAME_INCIDENT, d.detail or f.hypothesis))
         return v
 
-    def _publish(self, v: Verdict) -> None:
+    def _publish(self, v: Verdict) -> bool:
+        """Publish a verdict (its page, the root-cause span, the listeners); False when it was published before a
+        restart (``--state-dir``): its page opens again, nothing else."""
         with self.lock:  # a restarted processor that names a published verdict again still has its incident
             self.open_incidents.verdict(v)  # open: the job is still hung, its page must not resolve
         if self.published is not None and not self.published.first(v.trace_id):
             self.counts["already_published"] += 1
-            return
+            return False
         log.warning("root cause: %s", v.summary())
         if self.metrics is not None:
             self.metrics.verdict(v)
@@ -389,3 +391,4 @@ class Processor:
                 fn(v)
             except Exception:
                 log.exception("verdict listener failed")
+        return True

@@ -19,9 +19,11 @@ import pytest
 
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor import checkpoint as ck
+from mycroft_otel.processor.published import PublishedVerdicts
 from mycroft_otel.processor.receiver import read_records
 from mycroft_otel.processor.replay import replay
 from mycroft_otel.processor.settings import Settings
+from synth import Ring
 
 DATA = Path(__file__).parent / "testdata"
 
@@ -126,3 +128,28 @@ def test_a_restored_processor_goes_on_from_the_same_history(tmp_path):
     key = next(iter(mem.nulls))
     assert mem.nulls[key].location_scale() == state["memory"]["nulls"][key].location_scale()
     assert proc.baselines.samples.keys() == state["baselines"].keys()
+
+
+def test_a_hang_named_before_the_restart_still_explains_the_waits_on_it(tmp_path):
+    """A GPU stalled in a DP ring, its TP peers waiting for it: after a restart the agents re-send both
+    collectives' snapshots. The DP collective is the hang named before (its verdict stands again, not sent
+    twice); the TP one waits on it, as it did before the restart, instead of naming a rank absent."""
+    dp = Ring(8, comm=0xD0, seq=40)
+    dp.gpu_stall(3)
+    tp = Ring(4, nch=1, comm=0x70, seq=90)
+    tp.absent(3, "not_entered")  # TP rank 3 is the same process as DP rank 3 (global rank 3)
+    for r, rv in tp.ranks.items():
+        rv.global_rank, rv.host = r, dp.ranks[r].host
+
+    def started() -> Processor:
+        return Processor(env={}, published=PublishedVerdicts(str(tmp_path)),
+                         checkpoint=ck.Checkpoint(str(tmp_path), Settings().max_history_bytes))
+
+    first = started()
+    first.ingest_request(dp.request())
+    assert [v.category for v in first.tick()] == ["gpu_stalled"]
+    second = started()  # killed -9 after the verdict: its checkpoint was written with it
+    second.ingest_request(tp.request())
+    second.ingest_request(dp.request())
+    assert second.tick() + second.tick() + second.tick() == []
+    assert second.counts["already_published"] == 1 and second.counts["propagated"] == 1, second.counts
