@@ -12,7 +12,7 @@ from mycroft_otel.agent import meter
 from mycroft_otel.agent import metrics as am
 from mycroft_otel.config import ConfigError
 from agent_helpers import make_agent
-from agent_shm import ALLREDUCE, FakeRing
+from agent_shm import FakeRing
 
 BROADCAST, ALLGATHER = 0, 2
 

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from processor_support import ROOT, free_port
+from processor_support import ROOT
 from synth import Ring
 
 

@@ -11,7 +11,6 @@ import time
 import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from mycroft_otel import semconv as sc

@@ -18,7 +18,7 @@ import pytest
 
 from mycroft_otel.sim import golden
 from mycroft_otel.sim.engine import StepNoise, log_uniform, step_noise
-from mycroft_otel.sim.faults import SLOWDOWN_PARAM, FaultError, factor_for_slowdown, parse_fault
+from mycroft_otel.sim.faults import SLOWDOWN_PARAM, FaultError, factor_for_slowdown
 from mycroft_otel.sim.model import NOISE_MODELS, NoiseModel, NoiseModelError, TimingModel, noise_model
 from mycroft_otel.sim.simulation import Simulation
 from mycroft_otel.sim.topology import parse_topology

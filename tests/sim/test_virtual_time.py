@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent.agent import Agent
