@@ -98,11 +98,11 @@ class _Clocks:
 
     mono: float      # the detector's (Processor.mono)
     incident: float  # the pages' (OpenIncidents.clock)
-    wall_ns: int
+    wall_ns: int     # the processor's wall clock (Processor.clock_ns): what the downtime is measured on
 
     @classmethod
     def of(cls, p: "Processor") -> "_Clocks":
-        return cls(p.mono(), p.open_incidents.clock(), time.time_ns())
+        return cls(p.mono(), p.open_incidents.clock(), p.clock_ns())
 
 
 def capture(p: "Processor") -> bytes:
