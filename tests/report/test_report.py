@@ -151,7 +151,9 @@ def test_root_cause_exporter_through_file_exporter(tmp_path):
     assert not problems and [v.category for v in run.verdicts] == ["slow_nic"]
 
 
-def test_processor_recording_and_eval_json(tmp_path):
+# a recording's first bytes are its first payload's time (little-endian ns): any bytes, "{" or " [" too
+@pytest.mark.parametrize("first_ns", [1, ord("{"), ord(" ") | ord("[") << 8], ids=["time", "brace", "space-bracket"])
+def test_processor_recording_and_eval_json(tmp_path, first_ns):
     """A processor --record file (binary) and `mycroft-otel eval --json` output in the run directory."""
     import struct
 
@@ -163,7 +165,7 @@ def test_processor_recording_and_eval_json(tmp_path):
                                 ignore_unknown_fields=True)
     data = req.SerializeToString()
     with open(tmp_path / "received.rec", "wb") as f:
-        f.write(struct.pack("<QBI", 1, 0, len(data)) + data)
+        f.write(struct.pack("<QBI", first_ns, 0, len(data)) + data)
         f.write(struct.pack("<QBI", 2, 0, 5) + b"\xff\xff\xff\xff\xff")  # a payload the processor rejected
     (tmp_path / "eval.json").write_text(json.dumps({
         "summary": {"faults": 1, "detection_rate": 1.0, "top1_culprit_accuracy": 1.0, "category_accuracy": 1.0,
