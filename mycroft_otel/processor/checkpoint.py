@@ -210,11 +210,9 @@ class Checkpoint:
     """The checkpoint file of one state directory: :meth:`load` at start, :meth:`due` / :meth:`save` from the
     processor's timer."""
 
-    def __init__(self, state_dir: str, max_bytes: int):
+    def __init__(self, state_dir: str):
         self.dir_fd = open_private_dir(state_dir)
-        self.max_bytes = max_bytes  # the payload's bound: the history's own (Settings.max_history_bytes)
         self.next_at = 0.0  # the processor's monotonic clock at the next save
-        self.saved = 0
 
     def load(self, p: "Processor") -> bool:
         """Restore the directory's checkpoint into ``p``; False (and a warning that says why) when there is none
@@ -226,10 +224,11 @@ class Checkpoint:
         except OSError as exc:
             log.warning("detector history ignored: %s: %s", FILE, exc.strerror or exc)
             return False
+        max_bytes = p.settings.max_history_bytes  # the payload's bound: the history's own
         with os.fdopen(fd, "rb") as f:
-            data = f.read(_HEADER.size + self.max_bytes + 1)
+            data = f.read(_HEADER.size + max_bytes + 1)
         try:
-            state = read(data, p, self.max_bytes)
+            state = read(data, p, max_bytes)
         except CheckpointError as exc:
             log.warning("detector history ignored, starting from nothing: %s: %s", FILE, exc)
             return False
@@ -257,7 +256,6 @@ class Checkpoint:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, FILE, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-            self.saved += 1
         except OSError as exc:
             log.error("cannot write the detector history to the state directory: %s", exc.strerror or exc)
         self.next_at = p.mono() + max(SAVE_EVERY_S, (time.perf_counter() - t0) / MAX_SHARE)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     token = _token(args)
     settings = Settings.from_env()
     published = PublishedVerdicts(args.state_dir) if args.state_dir else None
-    history = Checkpoint(args.state_dir, settings.max_history_bytes) if args.state_dir else None
+    history = Checkpoint(args.state_dir) if args.state_dir else None
     metrics = Metrics()
     try:  # first: the page links to this server's /runbook, at the port it bound
         mport = metrics.serve(args.metrics_port, args.bind) if args.metrics_port >= 0 else None
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         receiver.shutdown()
         processor.shutdown()
         metrics.shutdown()
-        if published is not None:
-            published.close()
-            history.close()
+        for kept in (published, history):
+            if kept is not None:
+                kept.close()
     return 0

@@ -14,7 +14,6 @@ import sys
 from mycroft_otel.processor.checkpoint import Checkpoint
 from mycroft_otel.processor.pipeline import Processor
 from mycroft_otel.processor.published import PublishedVerdicts
-from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.receiver import decode_export_request, read_records
 
 
@@ -42,9 +41,8 @@ def replay(path: str, env: dict | None = None, tick_s: float = 0.2, tail_s: floa
         return Processor(env=env if env is not None else {}, clock_ns=clock.ns, mono_clock=clock.mono,
                          stall_ms=stall_ms, metrics=metrics,
                          published=PublishedVerdicts(state_dir) if state_dir else None,
-                         checkpoint=Checkpoint(state_dir, proc_settings.max_history_bytes) if state_dir else None)
+                         checkpoint=Checkpoint(state_dir) if state_dir else None)
 
-    proc_settings = Settings.from_env(env if env is not None else {}, stall_ms)
     proc = start()
     step = int(tick_s * 1e9)
     next_tick = None

@@ -109,7 +109,7 @@ def test_a_bad_checkpoint_is_ignored_with_its_reason_and_the_processor_starts_fr
         (d / ck.FILE).write_bytes(data)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="mycroft_otel.processor"):
-            proc = Processor(env={}, checkpoint=ck.Checkpoint(str(d), Settings().max_history_bytes))
+            proc = Processor(env={}, checkpoint=ck.Checkpoint(str(d)))
         warned = [r.getMessage() for r in caplog.records if "detector history ignored" in r.getMessage()]
         assert len(warned) == 1 and said in warned[0], (why, warned)
         assert not proc.detector.mem.nulls and not proc.open_incidents.by_job, why
@@ -121,7 +121,7 @@ def test_a_restored_processor_goes_on_from_the_same_history(tmp_path):
     d = tmp_path / "again"
     d.mkdir(mode=0o700)
     (d / ck.FILE).write_bytes(data)
-    proc = Processor(env={}, checkpoint=ck.Checkpoint(str(d), Settings().max_history_bytes))
+    proc = Processor(env={}, checkpoint=ck.Checkpoint(str(d)))
     state = pickle.loads(data[ck._HEADER.size:])
     mem = proc.detector.mem
     assert mem.nulls and mem.nulls.keys() == state["memory"]["nulls"].keys()
@@ -143,7 +143,7 @@ def test_a_hang_named_before_the_restart_still_explains_the_waits_on_it(tmp_path
 
     def started() -> Processor:
         return Processor(env={}, published=PublishedVerdicts(str(tmp_path)),
-                         checkpoint=ck.Checkpoint(str(tmp_path), Settings().max_history_bytes))
+                         checkpoint=ck.Checkpoint(str(tmp_path)))
 
     first = started()
     first.ingest_request(dp.request())
