@@ -114,10 +114,13 @@ def collectives_since(sim: Simulation, truth: dict, t0_ns: float, t1_ns: float) 
 
 
 def measured_slowdown(sim: Simulation, truth: dict) -> float | None:
-    """The faulty communicator's median collective time (first kernel start to last end) after the fault's
-    onset over the median before it, as this run's noise made them: what the fault really did to the job
+    """The faulty communicator's mean collective time (first kernel start to last end) after the fault's
+    onset over the mean before it, as this run's noise made them: what the fault really did to the job
     (the corpus sets a fault's parameter for its magnitude without noise, where NCCL's noise elsewhere may
-    already be the collective's bottleneck). None when unknown or either side is empty."""
+    already be the collective's bottleneck, and the CPU's run-ahead may absorb a late call). The mean, not
+    the median: a fault that acts on one op of each training step (a rank late into one of its TP group's
+    four all-reduces) costs the job its share of the collectives and leaves the median where it was. None
+    when unknown or either side is empty."""
     kind, name, onset = truth.get("comm_kind"), truth.get("comm_name"), truth.get("onset_sim_ns")
     idx = next((c.index for c in sim.comms.get(kind, ()) if c.name == name), None)
     if idx is None or onset is None:
@@ -128,7 +131,7 @@ def measured_slowdown(sim: Simulation, truth: dict) -> float | None:
             (after if min(e["issue"]) >= onset else before).append(max(e["end"]) - min(e["kstart"]))
     if not before or not after:
         return None
-    return round(statistics.median(after) / max(statistics.median(before), 1.0), 3)
+    return round(statistics.fmean(after) / max(statistics.fmean(before), 1.0), 3)
 
 
 def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None,

@@ -93,7 +93,7 @@ class CandidateKey(NamedTuple):
 class Durations:
     """A communicator's recent kernel times (per function and size), and when the test first judged it."""
 
-    recent: deque          # (start, size bucket, log of the median rank's kernel time, healthy)
+    recent: deque          # (start, size bucket, log kernel time: median rank's, shortest (slower.py), healthy)
     judged_from: int = -1  # start of the first collective whose every measure the test judged
 
 
@@ -124,7 +124,7 @@ class JobMemory:
         self._comms_of: dict[tuple, set] = {}        # (job, place) -> the communicators it is in
         self.own: dict[NullKey, OwnSpreads] = {}     # -> its candidates' own healthy scores
         self.durations: dict[tuple, Durations] = {}  # (job, comm, func) -> its kernels' recent times
-        # (job, ranks, func, crosses hosts) -> recent (start, size bucket, log kernel time, comm) of every
+        # (job, ranks, func, crosses hosts) -> recent (start, size bucket, log kernel times, comm) of every
         # communicator of that shape: a communicator's siblings (slower.py)
         self.sibling_durations: dict[tuple, deque] = {}
         self._key_memo: dict[tuple, tuple[list, list[CandidateKey]]] = {}  # (job, comm, measure) -> (units, keys)

@@ -23,6 +23,13 @@ from mycroft_otel.processor.spans import span_attributes
 from mycroft_otel.processor.state import TraceState
 
 _KERNEL = frozenset({sc.KERNEL_DURATION})
+# Which of a collective's kernel times a fault lengthens (Durations.recent keeps both). A rank's kernel runs
+# from its launch to its last step, so it holds its wait for the peers that arrive after it, then the
+# transfer. WAIT: the median rank's kernel, the others' wait for a late rank. TRANSFER: the shortest kernel,
+# the last rank to arrive, which found its peers there and ran only the transfer: a slow GPU, link, NIC or
+# proxy lengthens it, while the ranks' arrival skew (the model's compute jitter, large beside a TP group's
+# NVLink all-reduce) does not.
+WAIT, TRANSFER = 2, 3
 
 
 def _reach(unit, peers: dict[int, set[int]]) -> set[int]:
@@ -56,9 +63,9 @@ class SlowerCheck:
         self.s, self.mem = settings, memory
 
     def note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> Durations:
-        """Remember how long this collective's kernels ran (the median over up to 16 of its ranks of the
-        kernel's GPU time, KernelCh start to stop), per communicator and function, with its size; the
-        communicator's recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
+        """Remember how long this collective's kernels ran (over up to 16 of its ranks, the kernel's GPU time,
+        KernelCh start to stop: the median rank's and the shortest, WAIT and TRANSFER), per communicator and
+        function, with its size; the communicator's recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
         then waits on the stream behind the model's compute, often far longer than it runs. A kernel waits
         for its peers once running, so a late rank, a slow link or GPU lengthens its peers' kernels too.
         ``tested``: the test judged every measure (each had a null); ``healthy``: nothing alarmed and no
@@ -73,15 +80,16 @@ class SlowerCheck:
             ran = [v for ref in m.refs[:16] if type(v := span_attributes(ref, _KERNEL).get(sc.KERNEL_DURATION)) is int]
             if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
                 when = min(ref.start_ns for ref in m.refs)
-                took = float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0))
-                history.recent.append((when, bucket, took, healthy))
+                wait = float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0))
+                transfer = float(np.log(min(ran) + 1.0))
+                history.recent.append((when, bucket, wait, transfer, healthy))
                 if tested and history.judged_from < 0:
                     history.judged_from = when
                 get_or_put(self.mem.sibling_durations, _siblings(st),
-                           lambda: deque(maxlen=4 * self.s.duration_history)).append((when, bucket, took, st.comm))
+                           lambda: deque(maxlen=4 * self.s.duration_history)).append((when, bucket, wait, transfer, st.comm))
         return history
 
-    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int) -> bool:
+    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int, col: int) -> bool:
         """Whether this communicator's kernels since ``onset_ns`` ran longer than its siblings' over the same
         time (the job's other communicators of its size and function, on the network or inside a node alike:
         a TP x DP job's DP rings, or its TP groups), by 3 standard errors of the difference; False when there is
@@ -92,31 +100,38 @@ class SlowerCheck:
         sib = self.mem.sibling_durations.get(_siblings(st))
         if sib is None:
             return None
-        others = [(k, d, c) for t, k, d, c in sib if t >= onset_ns and c != st.comm]
+        others = [(e[1], e[col], e[-1]) for e in sib if e[0] >= onset_ns and e[-1] != st.comm]
         level = _levels([(k, d) for k, d, _ in others])
         theirs = [d - level[k] for k, d, _ in others if k in level]
-        mine = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
+        mine = [e[col] - level[e[1]] for e in history.recent if e[0] >= onset_ns and e[1] in level]
         if len({c for k, _, c in others if k in level}) < 2 or len(theirs) < self.s.null_min_collectives or len(mine) < 3:
             return False
         return self._longer(mine, theirs)
 
     def _longer(self, mine: list[float], theirs: list[float]) -> bool:
-        """Whether the median of ``mine`` (log kernel times, less their size's level) stands above the median
-        of ``theirs`` by 3 standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n + 1/m), the
-        spread theirs, at least min_scale)."""
-        t = np.array(theirs)
+        """Whether ``mine`` (log kernel times, less their size's level) run longer than ``theirs``: their median
+        above by 3 standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n + 1/m), the spread theirs,
+        at least min_scale), or their mean by 3 standard errors (theirs' standard deviation, at least
+        min_scale). The median is what a typical collective took; the mean is what the job spent. A fault
+        that acts on one collective of each training step (a rank late before one of its TP group's four
+        all-reduces per step, a proxy thread that sleeps now and then) leaves the median where it was and
+        moves the mean by its share of the collectives. The healthy deviation counts every healthy outlier
+        (a descheduled rank's long kernel), so the mean's bar widens with them."""
+        t, m = np.array(theirs), np.array(mine)
         mid = median(t)
         scale = max(1.4826 * median(np.abs(t - mid)), self.s.min_scale)
-        err = 1.2533 * scale * np.sqrt(1.0 / len(mine) + 1.0 / len(t))
-        return median(np.array(mine)) - mid >= 3.0 * err
+        spread = np.sqrt(1.0 / len(m) + 1.0 / len(t))
+        if median(m) - mid >= 3.0 * 1.2533 * scale * spread:
+            return True
+        sd = max(float(t.std(ddof=1)) if len(t) > 1 else 0.0, self.s.min_scale)
+        return float(m.mean() - t.mean()) >= 3.0 * sd * spread
 
     def is_slower(self, st: TraceState, ev: slowdown.Evidence, history: Durations, alarms: list[Alarm]) -> bool:
         """Whether the communicator's collectives since the alarms' evidence began take longer than its
-        healthy ones before (_note_duration): their median log-duration above the healthy median by 3
-        standard errors of the difference (sqrt(pi/2) x spread x sqrt(1/n_since + 1/n_healthy), the spread
-        at least min_scale). Since the latest onset among the alarms: a fault's culprit and symptoms start
-        gathering together, while a candidate that has crept up since the first collectives must not stretch
-        the window back.
+        healthy ones before (_note_duration), in the kernel time an alarm's fault lengthens (WAIT for a late
+        rank, TRANSFER for the rest): by their median or their mean (_longer). Since the latest onset among
+        the alarms: a fault's culprit and symptoms start gathering together, while a candidate that has crept
+        up since the first collectives must not stretch the window back.
 
         A slowdown is named for making the job slower. The test compares candidates with each other; a
         candidate can read off its peers for a while without slowing anything: in a healthy ring every
@@ -140,16 +155,19 @@ class SlowerCheck:
         the role offset takes away (sequential.OwnSpreads) while its own history is short; a larger role
         repeats where the algorithm repeats it."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
-        healthy = [(k, d) for t, k, d, ok in history.recent if t < onset_ns and ok][-self.s.own_size:]
-        level = _levels(healthy)
-        before = [d - level[k] for k, d in healthy if k in level]
-        since = [d - level[k] for t, k, d, _ in history.recent if t >= onset_ns and k in level]
-        enough = len(before) >= self.s.null_min_collectives
-        if enough and since and self._longer(since, before):
-            return True
+        cols = {WAIT if a.measure == slowdown.LATE else TRANSFER for a in alarms}
+        enough = False
+        for col in sorted(cols):
+            healthy = [(e[1], e[col]) for e in history.recent if e[0] < onset_ns and e[-1]][-self.s.own_size:]
+            level = _levels(healthy)
+            before = [d - level[k] for k, d in healthy if k in level]
+            since = [e[col] - level[e[1]] for e in history.recent if e[0] >= onset_ns and e[1] in level]
+            enough = len(before) >= self.s.null_min_collectives
+            if enough and since and self._longer(since, before):
+                return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
-        if not enough and self._than_siblings(st, history, onset_ns):
+        if not enough and any(self._than_siblings(st, history, onset_ns, col) for col in sorted(cols)):
             # slower than its siblings; not slower than them says nothing: a fault that slows a DP ring slows
             # every TP group waiting on it, and through them every other ring
             return True

@@ -28,3 +28,12 @@ def test_ranks_keep_the_same_collectives_at_a_few_per_second(rate):
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
         Cadence(per_s=0)
+
+
+def test_a_larger_stride_keeps_a_subset_of_a_smaller_one():
+    """Two ranks near a rate boundary may pick neighbouring strides: the collectives the larger one keeps are
+    kept by both, so their traces stay complete."""
+    fast, slow = Cadence(per_s=8.0), Cadence(per_s=2.0)
+    a, b = _kept(fast, 100.0, 20.0), _kept(slow, 100.0, 20.0)
+    assert fast.stride < slow.stride
+    assert set(s for s in b if s >= 400) <= set(a)
