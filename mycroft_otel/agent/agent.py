@@ -357,6 +357,8 @@ class Agent:
         start = ops["start_ns"].tolist()
         end = ops["end_ns"].tolist()
         op_ids = ops["op_id"].tolist()
+        n_flows = ops["n_flows"].tolist()
+        flow_rows = recs["flows"]
         keep, anomalies = [], []
         for i in range(len(recs)):
             arrive = api[i] or start[i]
@@ -366,8 +368,8 @@ class Agent:
             if stalled and an is None:
                 an = (stalled, None, None)
             coll = kinds[i] == sp.KIND_COLL
-            nf = int(ops["n_flows"][i])
-            if nf and ctx.flow_rule.classify(funcs[i], nbytes[i], recs["flows"][i][:nf]) and an is None:
+            nf = n_flows[i]
+            if nf and ctx.flow_rule.classify(funcs[i], nbytes[i], flow_rows[i, :nf]) and an is None:
                 an = (sc.ANOMALY_SLOW, None, None)
             if coll:
                 ctx.slow_marks.append(an is not None and an[0] == sc.ANOMALY_SLOW)
@@ -385,9 +387,7 @@ class Agent:
                 keep.append(i)
                 anomalies.append(an)
             elif self.s.peer_export:  # compact copy: the op and its valid flows (~1 KB instead of 6 KB)
-                r = recs[i]
-                flows = r["flows"][:int(r["op"]["n_flows"])].copy()
-                ctx.history.append((traces[i], {"op": r["op"].copy(), "flows": flows}))
+                ctx.history.append((traces[i], {"op": ops[i].copy(), "flows": flow_rows[i, :nf].copy()}))
             ctx.summary.add(sp.func_name(funcs[i]), seqs[i], nbytes[i], end[i] - arrive, exported)
             if kinds[i] == sp.KIND_COLL and seqs[i] > ctx.last_seq:
                 ctx.last_seq = seqs[i]

@@ -264,36 +264,37 @@ class FlowRule:
         return hit
 
     def classify(self, func: int, nbytes: int, flows: Any) -> bool:
-        """``flows``: the op's valid flow records (FLOW_DTYPE). True when the op looks slow by its flows."""
+        """``flows``: the op's valid flow records (FLOW_DTYPE). True when the op looks slow by its flows.
+
+        A collective has a few flows: its columns are read into Python lists once, and the arithmetic done on
+        them (a numpy call per value costs more than the work, and this runs for every completed op)."""
         if len(flows) == 0:
             return False
         key = (func, int(nbytes).bit_length())
-        steps = flows["n_steps"].astype("float64")
-        steps[steps < 1] = 1
-        send = (flows["dir"] & 1) == 0
+        steps = [max(1, n) for n in flows["n_steps"].tolist()]
+        send = [(d & 1) == 0 for d in flows["dir"].tolist()]
         # busy times (the union of the steps' waits), the processor's measures: the summed waits count the
         # queue of up to NCCL_STEPS steps on one link again per step, by construction larger on a tree's leaf
-        net = flows["net_busy_ns"] / steps
-        peers = flows["peer"]
+        net = [b / n for b, n in zip(flows["net_busy_ns"].tolist(), steps)]
         hit = False
         # one send flow far above its own history and above the rank's other send flows (the flow's own
         # history is the skew-free reference: in a ring the channels may lead to different peers)
-        idx = [i for i in range(len(flows)) if send[i]]
+        idx = [i for i, out in enumerate(send) if out]
         if len(idx) >= 2:
-            vals = [float(net[i]) for i in idx]
+            channels, peers = flows["channel"].tolist(), flows["peer"].tolist()
+            vals = [net[i] for i in idx]
             for j, i in enumerate(idx):
-                k = (key, int(flows["channel"][i]), int(peers[i]))
                 others = sorted(vals[:j] + vals[j + 1:])
                 med = others[len(others) // 2]
-                above = self._check(self._flow, k, vals[j])
+                above = self._check(self._flow, (key, channels[i], peers[i]), vals[j])
                 if above and vals[j] >= self.sib_factor / 2 * max(med, 1.0):
                     hit = True
         # the rank's GPU (receive side) against its own history
-        recv = ~send
-        if recv.any():
-            g = float(flows["gpu_busy_ns"][recv].sum()) / float(steps[recv].sum())
+        if not all(send):
+            busy = flows["gpu_busy_ns"].tolist()
+            g = sum(b for b, out in zip(busy, send) if not out) / sum(n for n, out in zip(steps, send) if not out)
             hit = self._check(self._gpu, key, g) or hit
         # every send flow slower than before: the least-waiting one against its history
-        if send.any():
-            hit = self._check(self._net, key, float(net[send].min())) or hit
+        if idx:
+            hit = self._check(self._net, key, min(net[i] for i in idx)) or hit
         return hit
