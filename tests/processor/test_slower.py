@@ -1,11 +1,18 @@
 """The Slower check (processor/slower.py): a verdict needs the communicator's kernels to run longer since the
-evidence began than while it was healthy, by what a typical collective took (the median) or by what the job
-spent (the mean)."""
+evidence began than while it was healthy, in the kernel time the alarm's fault lengthens (the median rank's
+wait for a late rank, the shortest kernel's transfer for the rest), by what a typical collective took (the
+median) or by what the job spent (the mean)."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
+from mycroft_otel.processor import slowdown
+from mycroft_otel.processor.candidates import Alarm
+from mycroft_otel.processor.memory import Durations
+from mycroft_otel.processor.sequential import Cusum
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.slower import SlowerCheck
 
@@ -45,3 +52,42 @@ def test_healthy_times_with_an_outlier_are_not_slower():
     since[5] += 1.0
     assert not _check()._longer(since, before)
     assert not _check()._longer(_healthy(rng, 12), _healthy(rng, 64))
+
+
+def _history(rng: np.random.Generator, onset: int, shift: float) -> Durations:
+    """A TP group's kernel times: the median rank's wait for its peers swings with the model's compute jitter
+    (here 0.4 in log units), the last rank's transfer does not; from ``onset`` on the transfer runs ``shift``
+    longer (and so does the wait, within its jitter)."""
+    h = Durations(deque())
+    for t in range(40):
+        late = shift if t >= onset else 0.0
+        h.recent.append((t, 24, 13.0 + rng.normal(0.0, 0.4) + late, 12.0 + rng.normal(0.0, 0.03) + late,
+                         t < onset))
+    h.judged_from = 0
+    return h
+
+
+def _alarm(measure: str, onset: int) -> Alarm:
+    c = Cusum()
+    c.onset_ns = onset
+    return Alarm(measure, 1, c, 3.0)
+
+
+def test_a_slow_gpu_is_read_in_the_transfer_not_in_the_wait_for_peers():
+    """A GPU 1.2x slower on NVLink: the arrival skew hides it in the median rank's kernel, the shortest kernel
+    (the last rank to arrive ran the transfer only) shows it."""
+    rng = np.random.default_rng(4)
+    history = _history(rng, onset=24, shift=np.log(1.2))
+    check = _check()
+    assert check.is_slower(None, None, history, [_alarm(slowdown.GPU, 24)])
+    assert not check.is_slower(None, None, history, [_alarm(slowdown.LATE, 24)])  # a late rank's cost is the wait
+
+
+def test_healthy_kernel_times_are_seldom_slower():
+    """Each reading is a test at 3 standard errors (by the median or by the mean): on healthy times it passes
+    about 1 time in 300, never more than a few in 300 histories."""
+    check = _check()
+    passed = {m: sum(check.is_slower(None, None, _history(np.random.default_rng(seed), onset=24, shift=0.0),
+                                     [_alarm(m, 24)]) for seed in range(300))
+              for m in (slowdown.GPU, slowdown.LATE)}
+    assert passed[slowdown.GPU] <= 3 and passed[slowdown.LATE] <= 6, passed
