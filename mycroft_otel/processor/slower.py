@@ -65,10 +65,10 @@ class SlowerCheck:
     def note_duration(self, st: TraceState, m: slowdown.Measures, tested: bool, healthy: bool) -> Durations:
         """Remember how long this collective's kernels ran (over up to 16 of its ranks, the kernel's GPU time,
         KernelCh start to stop: the median rank's and the shortest, WAIT and TRANSFER), per communicator and
-        function, with its size; the communicator's recent durations. Not its spans: a span opens when the host enqueues the collective, and the kernel
-        then waits on the stream behind the model's compute, often far longer than it runs. A kernel waits
-        for its peers once running, so a late rank, a slow link or GPU lengthens its peers' kernels too.
-        ``tested``: the test judged every measure (each had a null); ``healthy``: nothing alarmed and no
+        function, with its size; the communicator's recent durations. Not its spans: a span opens when the
+        host enqueues the collective, and the kernel then waits on the stream behind the model's compute,
+        often far longer than it runs. A kernel waits for its peers once running, so a late rank, a slow link
+        or GPU lengthens its peers' kernels too. ``tested``: the test judged every measure (each had a null); ``healthy``: nothing alarmed and no
         slowdown named in a joined communicator persists. Only healthy collectives stand for the
         communicator's healthy time, so a fault that follows a named one is compared with the time before
         that one. A collective whose agents export no kernel times (an NCCL without KernelCh events) adds
@@ -85,8 +85,9 @@ class SlowerCheck:
                 history.recent.append((when, bucket, wait, transfer, healthy))
                 if tested and history.judged_from < 0:
                     history.judged_from = when
-                get_or_put(self.mem.sibling_durations, _siblings(st),
-                           lambda: deque(maxlen=4 * self.s.duration_history)).append((when, bucket, wait, transfer, st.comm))
+                siblings = get_or_put(self.mem.sibling_durations, _siblings(st),
+                                      lambda: deque(maxlen=4 * self.s.duration_history))
+                siblings.append((when, bucket, wait, transfer, st.comm))
         return history
 
     def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int, col: int) -> bool:
