@@ -68,10 +68,10 @@ class SlowerCheck:
         function, with its size; the communicator's recent durations. Not its spans: a span opens when the
         host enqueues the collective, and the kernel then waits on the stream behind the model's compute,
         often far longer than it runs. A kernel waits for its peers once running, so a late rank, a slow link
-        or GPU lengthens its peers' kernels too. ``tested``: the test judged every measure (each had a null); ``healthy``: nothing alarmed and no
-        slowdown named in a joined communicator persists. Only healthy collectives stand for the
-        communicator's healthy time, so a fault that follows a named one is compared with the time before
-        that one. A collective whose agents export no kernel times (an NCCL without KernelCh events) adds
+        or GPU lengthens its peers' kernels too. ``tested``: the test judged every measure (each had a null);
+        ``healthy``: nothing alarmed and no slowdown named in a joined communicator persists. Only healthy
+        collectives stand for the communicator's healthy time, so a fault that follows a named one is compared
+        with the time before that one. A collective whose agents export no kernel times (an NCCL without KernelCh events) adds
         nothing."""
         func, bucket = kind_of(st)
         history = get_or_put(self.mem.durations, (st.job, st.comm, func),
@@ -156,19 +156,21 @@ class SlowerCheck:
         the role offset takes away (sequential.OwnSpreads) while its own history is short; a larger role
         repeats where the algorithm repeats it."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
-        cols = {WAIT if a.measure == slowdown.LATE else TRANSFER for a in alarms}
+        cols = sorted({WAIT if a.measure == slowdown.LATE else TRANSFER for a in alarms})
+        healthy = [e for e in history.recent if e[0] < onset_ns and e[-1]][-self.s.own_size:]
+        recent = [e for e in history.recent if e[0] >= onset_ns]
+        # the sizes with a level are the same in every column: so is how many healthy times there are
         enough = False
-        for col in sorted(cols):
-            healthy = [(e[1], e[col]) for e in history.recent if e[0] < onset_ns and e[-1]][-self.s.own_size:]
-            level = _levels(healthy)
-            before = [d - level[k] for k, d in healthy if k in level]
-            since = [e[col] - level[e[1]] for e in history.recent if e[0] >= onset_ns and e[1] in level]
+        for col in cols:
+            level = _levels([(e[1], e[col]) for e in healthy])
+            before = [e[col] - level[e[1]] for e in healthy if e[1] in level]
+            since = [e[col] - level[e[1]] for e in recent if e[1] in level]
             enough = len(before) >= self.s.null_min_collectives
             if enough and since and self._longer(since, before):
                 return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
-        if not enough and any(self._than_siblings(st, history, onset_ns, col) for col in sorted(cols)):
+        if not enough and any(self._than_siblings(st, history, onset_ns, col) for col in cols):
             # slower than its siblings; not slower than them says nothing: a fault that slows a DP ring slows
             # every TP group waiting on it, and through them every other ring
             return True
