@@ -71,8 +71,8 @@ class SlowerCheck:
         or GPU lengthens its peers' kernels too. ``tested``: the test judged every measure (each had a null);
         ``healthy``: nothing alarmed and no slowdown named in a joined communicator persists. Only healthy
         collectives stand for the communicator's healthy time, so a fault that follows a named one is compared
-        with the time before that one. A collective whose agents export no kernel times (an NCCL without KernelCh events) adds
-        nothing."""
+        with the time before that one. A collective whose agents export no kernel times (an NCCL without
+        KernelCh events) adds nothing."""
         func, bucket = kind_of(st)
         history = get_or_put(self.mem.durations, (st.job, st.comm, func),
                               lambda: Durations(deque(maxlen=self.s.duration_history)))
