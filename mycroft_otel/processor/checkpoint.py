@@ -52,7 +52,7 @@ log = logging.getLogger("mycroft_otel.processor")
 
 FILE = "detector-history"
 MAGIC = b"mycroft-history\n"
-VERSION = 2  # 2: a communicator's kernel times keep the wait and the transfer (slower.py)
+VERSION = 3  # 2: a communicator's kernel times keep the wait and the transfer (slower.py); 3: as KernelTime
 _HEADER = struct.Struct("<16sIQ32s")  # magic, version, payload bytes, SHA-256 of the payload
 SAVE_EVERY_S = 1.0  # evidence lost in a crash: at most this much (a slowdown gathers over ~1-3 s of collectives)
 MAX_SHARE = 0.05    # of the timer's time spent writing checkpoints (a large history is written less often)
@@ -77,6 +77,7 @@ _TYPES = frozenset({
     ("mycroft_otel.processor.sequential", "RobustNull"), ("mycroft_otel.processor.sequential", "Cusum"),
     ("mycroft_otel.processor.sequential", "OwnSpreads"), ("mycroft_otel.processor.memory", "NullKey"),
     ("mycroft_otel.processor.memory", "CandidateKey"), ("mycroft_otel.processor.memory", "Durations"),
+    ("mycroft_otel.processor.memory", "KernelTime"),
     ("mycroft_otel.processor.open_incidents", "OpenIncident"), ("mycroft_otel.processor.open_incidents", "Member"),
 })
 

@@ -89,11 +89,23 @@ class CandidateKey(NamedTuple):
     unit: object = None
 
 
+class KernelTime(NamedTuple):
+    """One collective's kernel times (KernelCh, GPU time) over up to 16 of its ranks, in log ns (which of them a
+    fault lengthens is slower.py's matter), kept in its communicator's Durations and among its siblings'."""
+
+    start: int       # the collective's start (the evidence's time base, Cusum.onset_ns)
+    bucket: int      # its message size bucket (kind_of)
+    wait: float      # the median rank's kernel: its wait for the peers that arrive after it, then the transfer
+    transfer: float  # the shortest kernel: the last rank to arrive, which ran the transfer only
+    healthy: bool    # stands for the communicator's healthy time (SlowerCheck.note_duration)
+    comm: str
+
+
 @dataclass(slots=True)
 class Durations:
     """A communicator's recent kernel times (per function and size), and when the test first judged it."""
 
-    recent: deque          # (start, size bucket, log kernel time: median rank's, shortest (slower.py), healthy)
+    recent: deque          # of KernelTime
     judged_from: int = -1  # start of the first collective whose every measure the test judged
 
 
@@ -124,8 +136,8 @@ class JobMemory:
         self._comms_of: dict[tuple, set] = {}        # (job, place) -> the communicators it is in
         self.own: dict[NullKey, OwnSpreads] = {}     # -> its candidates' own healthy scores
         self.durations: dict[tuple, Durations] = {}  # (job, comm, func) -> its kernels' recent times
-        # (job, ranks, func, crosses hosts) -> recent (start, size bucket, log kernel times, comm) of every
-        # communicator of that shape: a communicator's siblings (slower.py)
+        # (job, ranks, func, crosses hosts) -> recent KernelTime of every communicator of that shape: a
+        # communicator's siblings (slower.py)
         self.sibling_durations: dict[tuple, deque] = {}
         self._key_memo: dict[tuple, tuple[list, list[CandidateKey]]] = {}  # (job, comm, measure) -> (units, keys)
         self._until_trim = TRIM_EVERY

@@ -10,26 +10,30 @@ its candidates stand (a role repeats where the algorithm repeats it, a fault sit
 from __future__ import annotations
 
 from collections import deque
+from operator import attrgetter
+from typing import Callable
 
 import numpy as np
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
-from mycroft_otel.processor.memory import Durations, JobMemory, get_or_put, kind_of
+from mycroft_otel.processor.memory import Durations, JobMemory, KernelTime, get_or_put, kind_of
 from mycroft_otel.processor.sequential import median
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import span_attributes
 from mycroft_otel.processor.state import TraceState
 
 _KERNEL = frozenset({sc.KERNEL_DURATION})
-# Which of a collective's kernel times a fault lengthens (Durations.recent keeps both). A rank's kernel runs
-# from its launch to its last step, so it holds its wait for the peers that arrive after it, then the
-# transfer. WAIT: the median rank's kernel, the others' wait for a late rank. TRANSFER: the shortest kernel,
-# the last rank to arrive, which found its peers there and ran only the transfer: a slow GPU, link, NIC or
-# proxy lengthens it, while the ranks' arrival skew (the model's compute jitter, large beside a TP group's
-# NVLink all-reduce) does not.
-WAIT, TRANSFER = 2, 3
+# Which of a collective's kernel times a fault lengthens (KernelTime keeps both). A rank's kernel runs from
+# its launch to its last step, so it holds its wait for the peers that arrive after it, then the transfer.
+# WAIT: the median rank's kernel, the others' wait for a late rank. TRANSFER: the shortest kernel, the last
+# rank to arrive, which found its peers there and ran only the transfer: a slow GPU, link, NIC or proxy
+# lengthens it, while the ranks' arrival skew (the model's compute jitter, large beside a TP group's NVLink
+# all-reduce) does not.
+KernelRead = Callable[[KernelTime], float]
+WAIT: KernelRead = attrgetter("wait")
+TRANSFER: KernelRead = attrgetter("transfer")
 
 
 def _reach(unit, peers: dict[int, set[int]]) -> set[int]:
@@ -80,17 +84,16 @@ class SlowerCheck:
             ran = [v for ref in m.refs[:16] if type(v := span_attributes(ref, _KERNEL).get(sc.KERNEL_DURATION)) is int]
             if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
                 when = min(ref.start_ns for ref in m.refs)
-                wait = float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0))
-                transfer = float(np.log(min(ran) + 1.0))
-                history.recent.append((when, bucket, wait, transfer, healthy))
+                times = KernelTime(when, bucket, float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0)),
+                                   float(np.log(min(ran) + 1.0)), healthy, st.comm)
+                history.recent.append(times)
                 if tested and history.judged_from < 0:
                     history.judged_from = when
-                siblings = get_or_put(self.mem.sibling_durations, _siblings(st),
-                                      lambda: deque(maxlen=4 * self.s.duration_history))
-                siblings.append((when, bucket, wait, transfer, st.comm))
+                get_or_put(self.mem.sibling_durations, _siblings(st),
+                           lambda: deque(maxlen=4 * self.s.duration_history)).append(times)
         return history
 
-    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int, col: int) -> bool:
+    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int, read: KernelRead) -> bool:
         """Whether this communicator's kernels since ``onset_ns`` ran longer than its siblings' over the same
         time (the job's other communicators of its size and function, on the network or inside a node alike:
         a TP x DP job's DP rings, or its TP groups), by 3 standard errors of the difference; False when there is
@@ -101,11 +104,11 @@ class SlowerCheck:
         sib = self.mem.sibling_durations.get(_siblings(st))
         if sib is None:
             return None
-        others = [(e[1], e[col], e[-1]) for e in sib if e[0] >= onset_ns and e[-1] != st.comm]
-        level = _levels([(k, d) for k, d, _ in others])
-        theirs = [d - level[k] for k, d, _ in others if k in level]
-        mine = [e[col] - level[e[1]] for e in history.recent if e[0] >= onset_ns and e[1] in level]
-        if len({c for k, _, c in others if k in level}) < 2 or len(theirs) < self.s.null_min_collectives or len(mine) < 3:
+        others = [e for e in sib if e.start >= onset_ns and e.comm != st.comm]
+        level = _levels([(e.bucket, read(e)) for e in others])
+        theirs = [read(e) - level[e.bucket] for e in others if e.bucket in level]
+        mine = [read(e) - level[e.bucket] for e in history.recent if e.start >= onset_ns and e.bucket in level]
+        if len({e.comm for e in others if e.bucket in level}) < 2 or len(theirs) < self.s.null_min_collectives or len(mine) < 3:
             return False
         return self._longer(mine, theirs)
 
@@ -156,21 +159,21 @@ class SlowerCheck:
         the role offset takes away (sequential.OwnSpreads) while its own history is short; a larger role
         repeats where the algorithm repeats it."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
-        cols = sorted({WAIT if a.measure == slowdown.LATE else TRANSFER for a in alarms})
-        healthy = [e for e in history.recent if e[0] < onset_ns and e[-1]][-self.s.own_size:]
-        recent = [e for e in history.recent if e[0] >= onset_ns]
-        # the sizes with a level are the same in every column: so is how many healthy times there are
+        reads = dict.fromkeys(WAIT if a.measure == slowdown.LATE else TRANSFER for a in alarms)
+        healthy = [e for e in history.recent if e.start < onset_ns and e.healthy][-self.s.own_size:]
+        recent = [e for e in history.recent if e.start >= onset_ns]
+        # the sizes with a level are the same for either kernel time: so is how many healthy times there are
         enough = False
-        for col in cols:
-            level = _levels([(e[1], e[col]) for e in healthy])
-            before = [e[col] - level[e[1]] for e in healthy if e[1] in level]
-            since = [e[col] - level[e[1]] for e in recent if e[1] in level]
+        for read in reads:
+            level = _levels([(e.bucket, read(e)) for e in healthy])
+            before = [read(e) - level[e.bucket] for e in healthy if e.bucket in level]
+            since = [read(e) - level[e.bucket] for e in recent if e.bucket in level]
             enough = len(before) >= self.s.null_min_collectives
             if enough and since and self._longer(since, before):
                 return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
-        if not enough and any(self._than_siblings(st, history, onset_ns, col) for col in cols):
+        if not enough and any(self._than_siblings(st, history, onset_ns, read) for read in reads):
             # slower than its siblings; not slower than them says nothing: a fault that slows a DP ring slows
             # every TP group waiting on it, and through them every other ring
             return True

@@ -11,7 +11,7 @@ import numpy as np
 
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
-from mycroft_otel.processor.memory import Durations
+from mycroft_otel.processor.memory import Durations, KernelTime
 from mycroft_otel.processor.sequential import Cusum
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.slower import SlowerCheck
@@ -61,8 +61,8 @@ def _history(rng: np.random.Generator, onset: int, shift: float) -> Durations:
     h = Durations(deque())
     for t in range(40):
         late = shift if t >= onset else 0.0
-        h.recent.append((t, 24, 13.0 + rng.normal(0.0, 0.4) + late, 12.0 + rng.normal(0.0, 0.03) + late,
-                         t < onset))
+        h.recent.append(KernelTime(t, 24, 13.0 + rng.normal(0.0, 0.4) + late, 12.0 + rng.normal(0.0, 0.03) + late,
+                                   t < onset, "tp0"))
     h.judged_from = 0
     return h
 
