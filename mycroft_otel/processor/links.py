@@ -41,7 +41,7 @@ class Links:
         one peer cannot tell the two ends apart: the sender is named); else its slowest flow (a link, a
         route, a QP), and a rank with one flow out names that flow. With no slow flow out, the NIC of a
         receiver it sends into, when that gathers evidence."""
-        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
+        flows = ev.units(slowdown.FLOW)
         out = [u for u in flows if u[0] == sender]
         slow = [(u, c) for u in out if (c := self.mem.gathering(st, slowdown.FLOW, u)) is not None]
         if not any(self.mem.crosses_hosts(st.comm, sender, u[1]) for u in out):
@@ -93,7 +93,7 @@ class Links:
     def one_receiver(self, ev: slowdown.Evidence, sender: int) -> int | None:
         """The only rank ``sender``'s flows of this collective go to (a ring's downstream neighbour on every
         channel), else None."""
-        to = {u[1] for u in ev.values.get(slowdown.FLOW, ([], None))[0] if u[0] == sender}
+        to = {u[1] for u in ev.units(slowdown.FLOW) if u[0] == sender}
         return next(iter(to)) if len(to) == 1 else None
 
     def receiver_of(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> tuple[str, object, Cusum] | None:
@@ -102,7 +102,7 @@ class Links:
         own least-waiting flow in, another sender's flow into it here, or another communicator's flow into it
         from elsewhere, half way to an alarm)."""
         r = self.one_receiver(ev, a.unit)
-        if r is None or not self._taking_in(st, ev.values.get(slowdown.FLOW, ([], None))[0], r, a.unit, 0.0):
+        if r is None or not self._taking_in(st, ev.units(slowdown.FLOW), r, a.unit, 0.0):
             return None
         into = self.mem.gathering(st, slowdown.NIC_RECV, r)
         return slowdown.NIC_RECV, r, into if into is not None else a.cusum

@@ -94,7 +94,21 @@ def _proxy(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
 def _gpu_path(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     held = {g.unit for g in c.by[slowdown.GPU]}
     found = n._held_back_path(c.st, c.ev, a.unit, held)
-    return None if found is None else a.led_to(*found)
+    if found is None or not _can_hold_back(c.ev, found[:2], a.unit):
+        return None
+    return a.led_to(*found)
+
+
+def _can_hold_back(ev: slowdown.Evidence, path: tuple, gpu: int) -> bool:
+    """Whether a network path is slow enough to explain what a GPU waits. A GPU held back by a link waits, per
+    step, for a FIFO slot that the link frees once per step of its own: the sender's send primitive blocks
+    until then, and every GPU upstream waits on the one after it in turn. So none waits much longer per step
+    than the link takes per step (a NIC's: its least-waiting flow's). A path that takes less than half the
+    GPU's wait per step (half: one collective's noise) is a symptom beside it, not its cause: a GPU's slow
+    consumption moves its neighbours' links a little (the rank before it consumes late, and its process
+    notices arrivals late). Where either is not measured here, the path's accumulated evidence stands."""
+    link, waited = ev.value(*path), ev.value(slowdown.GPU, gpu)
+    return link is None or waited is None or link >= waited / 2
 
 
 def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
@@ -244,7 +258,7 @@ class Naming:
         drift) and gathers evidence of lateness into this communicator. A rank held back in one communicator
         (its DP ring waiting on a proxy) is late into its others (its TP group), where its lateness gathers
         too, so this collective's own score says whether its senders' credit waits are that rank's doing."""
-        units = ev.values.get(slowdown.LATE, ([], None))[0]
+        units = ev.units(slowdown.LATE)
         z = ev.z.get(slowdown.LATE)
         return z is not None and any(u != besides and z[i] > self.s.cusum.k and
                                      self.mem.gathering(st, slowdown.LATE, u) is not None
@@ -252,7 +266,7 @@ class Naming:
 
     def _proxy_behind(self, st: TraceState, ev: slowdown.Evidence) -> tuple[int, Cusum] | None:
         """The rank of this collective whose proxy gathers the most evidence (half way to an alarm), with it."""
-        units = ev.values.get(slowdown.PROXY, ([], None))[0]
+        units = ev.units(slowdown.PROXY)
         found = [(u, c) for u in units if (c := self.mem.gathering(st, slowdown.PROXY, u)) is not None]
         return max(found, key=lambda x: x[1].s) if found else None
 
@@ -287,7 +301,7 @@ class Naming:
         frees, so the data it received waits for its GPU too), and which of them crosses h first is a matter
         of noise; the held-back wait is the source's, less the slack of NCCL_STEPS slots."""
         best = g
-        for u in ev.values.get(slowdown.GPU, ([], None))[0]:
+        for u in ev.units(slowdown.GPU):
             c = self.mem.gathering(st, slowdown.GPU, u)
             if c is not None and c is not g.cusum and c.last_when_ns == g.cusum.last_when_ns and c.x > best.cusum.x:
                 best = g.led_to(slowdown.GPU, u, c, c.z)
@@ -311,9 +325,9 @@ class Naming:
         found = self.links.path_out(st, ev, source)
         if found is not None:
             return found
-        flows = ev.values.get(slowdown.FLOW, ([], None))[0]
+        flows = ev.units(slowdown.FLOW)
         behind = _upstream(flows, source)
-        behind.update(u for u in ev.values.get(slowdown.GPU, ([], None))[0]
+        behind.update(u for u in ev.units(slowdown.GPU)
                       if u != source and (u in alarmed or self.mem.gathering(st, slowdown.GPU, u) is not None))
         for u in sorted(behind):
             other = self.links.path_out(st, ev, u)

@@ -288,6 +288,16 @@ class Evidence:
     # per measure, the candidates' evidence (Cusum or None, in units' order) as the test left it
     held: dict[str, list] = field(default_factory=dict)
 
+    def units(self, measure: str) -> list:
+        """The candidates this collective measured ``measure`` at (none: an empty list)."""
+        got = self.values.get(measure)
+        return [] if got is None else got[0]
+
+    def value(self, measure: str, unit) -> float | None:
+        """A candidate's value of ``measure`` in this collective; None where it was not measured."""
+        got = self.values.get(measure)
+        return None if got is None or unit not in got[0] else float(got[1][got[0].index(unit)])
+
 
 def _crosses_hosts(st: TraceState, ranks: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Per flow (``src``/``dst``: indices into ``ranks``), whether its two ends are on different hosts, or a

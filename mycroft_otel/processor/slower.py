@@ -189,10 +189,10 @@ class SlowerCheck:
         fault sits in one place: the candidates it moves are its neighbours (a slow GPU's upstream peer blocks
         on its FIFO slots), whose reach overlaps its own."""
         peers: dict[int, set[int]] = {}  # rank -> the ranks its flows (sender, receiver, channel) join it to
-        for src, dst, _ in ev.values.get(slowdown.FLOW, ((), None))[0]:
+        for src, dst, _ in ev.units(slowdown.FLOW):
             peers.setdefault(src, set()).add(dst)
             peers.setdefault(dst, set()).add(src)
         half = self.s.cusum.h / 2
-        gathering = [_reach(u, peers) for u in ev.values[name][0]
+        gathering = [_reach(u, peers) for u in ev.units(name)
                      if (c := self.mem.cusums.get(self.mem.candidate(st.job, st.comm, name, u))) is not None and c.s >= half]
         return any(a.isdisjoint(b) for i, a in enumerate(gathering) for b in gathering[i + 1:])

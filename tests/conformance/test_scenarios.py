@@ -40,7 +40,10 @@ N_DOWN = ("nic_down: in 1 of 14 runs (a full CI run; the 13 others were right, 6
 # 2026-12-04) was the harness: the culprit and its upstream marked the onset at once through one temporary file,
 # and the loser's proxy thread died of it (the report now prints a rank thread's traceback). tpdp_slow_proxy,
 # named as the receiver's NIC in 3 pytest runs in a row (a CI run of 8e9cd37, two on 2026-12-04): its sender's
-# nic_send alarmed first, and the receiver's proxy was not asked (65c931f; 6 of 6 runs since).
+# nic_send alarmed first, and the receiver's proxy was not asked (65c931f; 6 of 6 runs since). slow_gpu, named
+# as the link 6 -> 7 upstream of the slow GPU in the CI run of 2a0ee1d and in 1 of 14 runs beside 2 busy loops
+# (2026-12-05): that link had drifted half way to h while taking a quarter of the GPU's wait per step, which
+# cannot hold a GPU back (naming.py _can_hold_back; the run's recording: tests/processor/testdata/conf_slow_gpu).
 # Deterministic failures: strict xfail (a fix turns them into a failing XPASS: then remove the entry). None now.
 XFAIL_VERDICT: dict = {}
 XFAIL_SECONDARY: dict = {}
