@@ -113,7 +113,8 @@ def _can_hold_back(ev: slowdown.Evidence, path: tuple, gpu: int) -> bool:
 
 def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     touching = [f for f in c.by[slowdown.FLOW] if a.unit in f.unit[:2]]
-    if len(touching) == 1 and not c.by[slowdown.NIC_SEND] and not c.by[slowdown.NIC_RECV]:
+    if len(touching) == 1 and not c.by[slowdown.NIC_SEND] and not c.by[slowdown.NIC_RECV] and \
+            _can_hold_back(c.ev, (slowdown.FLOW, touching[0].unit), a.unit):
         return touching[0]
     return None
 
