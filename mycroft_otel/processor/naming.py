@@ -94,9 +94,8 @@ def _proxy(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
 def _gpu_path(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     held = {g.unit for g in c.by[slowdown.GPU]}
     found = n._held_back_path(c.st, c.ev, a.unit, held)
-    if found is None or not _can_hold_back(c.ev, found[:2], a.unit):
-        return None
-    return a.led_to(*found)
+    # (a path too fast to have held the GPU back explains nothing: the GPU is named, the path its runner-up)
+    return a.led_to(*found) if found is not None and _can_hold_back(c.ev, found[:2], a.unit) else None
 
 
 def _can_hold_back(ev: slowdown.Evidence, path: tuple, gpu: int) -> bool:

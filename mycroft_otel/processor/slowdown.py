@@ -295,8 +295,11 @@ class Evidence:
 
     def value(self, measure: str, unit) -> float | None:
         """A candidate's value of ``measure`` in this collective; None where it was not measured."""
-        got = self.values.get(measure)
-        return None if got is None or unit not in got[0] else float(got[1][got[0].index(unit)])
+        units, values = self.values.get(measure, ((), None))
+        try:
+            return float(values[units.index(unit)])
+        except ValueError:  # (not among the units: not measured)
+            return None
 
 
 def _crosses_hosts(st: TraceState, ranks: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

@@ -103,7 +103,7 @@ class SlowerCheck:
         began a few steps into the job is judged as soon as it has run a few slow collectives."""
         sib = self.mem.sibling_durations.get(_siblings(st))
         if sib is None:
-            return None
+            return False
         others = [e for e in sib if e.start >= onset_ns and e.comm != st.comm]
         level = _levels([(e.bucket, read(e)) for e in others])
         theirs = [read(e) - level[e.bucket] for e in others if e.bucket in level]
