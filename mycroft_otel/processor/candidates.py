@@ -23,6 +23,7 @@ import numpy as np
 
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.memory import JobMemory, NullKey, bounded_put, get_or_put, kind_of
+from mycroft_otel.processor.recovered import stall_window
 from mycroft_otel.processor.views import Finding
 from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull, median
 from mycroft_otel.processor.settings import Settings
@@ -227,7 +228,7 @@ class CandidateTest:
         if name == slowdown.FLOW and not isinstance(unit, tuple):
             name = slowdown.NIC_SEND
         c = get_or_put(self.mem.cusums, self.mem.candidate(st.job, st.comm, name, unit), Cusum)
-        start, end = slowdown.stall_window(st)
+        start, end = stall_window(st)
         if start < c.last_stall_end_ns:
             return None  # the same descheduling, seen in another collective in flight with this one
         c.last_stall_end_ns = end

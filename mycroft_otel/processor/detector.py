@@ -20,6 +20,7 @@ from mycroft_otel.processor.candidates import CandidateTest
 from mycroft_otel.processor.memory import MAX_KEYS, JobMemory
 from mycroft_otel.processor.naming import Naming, label
 from mycroft_otel.processor.outcome import NO_CANDIDATE, Decision, Outcome, silent
+from mycroft_otel.processor.recovered import recovered_stall, stall_window
 from mycroft_otel.processor.views import Finding, build_views, decorate
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.slower import SlowerCheck
@@ -56,9 +57,9 @@ class SlowdownDetector:
         self.mem.trim()
         self.mem.link(st)
         self.mem.note_waits(st, m)
-        recovered = slowdown.recovered_stall(st)
+        recovered = recovered_stall(st)
         if recovered is not None and recovered.category == sc.CAT_LATE_RANK:
-            start, end = slowdown.stall_window(st)
+            start, end = stall_window(st)
             if end - start >= self.s.straggler_ns:
                 recovered.reason = "straggler"
                 late = st.op.get(recovered.ranks[0])

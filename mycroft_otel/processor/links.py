@@ -137,3 +137,31 @@ class Links:
         into = self.mem.evidence_elsewhere(st, receiver, sender, into=True)
         return into >= self.s.cusum.cap - self.s.cusum.k and \
             into > self.mem.evidence_elsewhere(st, sender, receiver, into=False)
+
+
+def alarmed_path(a: Alarm) -> Callable[[int, int], bool]:
+    """Whether a flow (sender, receiver) of the alarm's communicator is on the path the alarm measured: the
+    link's two ends (any channel), or every flow out of (into) a NIC alarm's rank."""
+    if a.measure == slowdown.FLOW:
+        ends = set(a.unit[:2])
+        return lambda s, d: {s, d} == ends
+    if a.measure == slowdown.NIC_SEND:
+        return lambda s, d: s == a.unit
+    if a.measure == slowdown.NIC_RECV:
+        return lambda s, d: d == a.unit
+    return lambda s, d: False  # a GPU, proxy or lateness measures no network path
+
+
+def upstream(flows: list, rank: int) -> set:
+    """The ranks whose data reaches ``rank`` through this collective's flows (sender, receiver, channel),
+    hop by hop: a tree's subtree below it, a whole ring."""
+    senders: dict[int, set] = {}
+    for s, d, _ in flows:
+        senders.setdefault(d, set()).add(s)
+    seen, todo = set(), [rank]
+    while todo:
+        for s in senders.get(todo.pop(), ()):
+            if s not in seen and s != rank:
+                seen.add(s)
+                todo.append(s)
+    return seen

@@ -20,7 +20,7 @@ from typing import Callable
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
-from mycroft_otel.processor.links import Links
+from mycroft_otel.processor.links import Links, alarmed_path, upstream
 from mycroft_otel.processor.memory import NAMED_KEPT, JobMemory, get_or_put
 from mycroft_otel.processor.outcome import Decision, Outcome, silent
 from mycroft_otel.processor.views import Finding
@@ -118,19 +118,6 @@ def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     return None
 
 
-def _alarmed_path(a: Alarm) -> Callable[[int, int], bool]:
-    """Whether a flow (sender, receiver) of the alarm's communicator is on the path the alarm measured: the
-    link's two ends (any channel), or every flow out of (into) a NIC alarm's rank."""
-    if a.measure == slowdown.FLOW:
-        ends = set(a.unit[:2])
-        return lambda s, d: {s, d} == ends
-    if a.measure == slowdown.NIC_SEND:
-        return lambda s, d: s == a.unit
-    if a.measure == slowdown.NIC_RECV:
-        return lambda s, d: d == a.unit
-    return lambda s, d: False  # a GPU, proxy or lateness measures no network path
-
-
 def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     """A proxy thread that posts ready steps late, at an end of the slow path, whose process's other flows
     read slow too. A proxy thread moves every flow of its process, in every communicator, and a starved one
@@ -144,7 +131,7 @@ def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
     else:
         peer = n.links.one_receiver(c.ev, a.unit) if a.measure == slowdown.NIC_SEND else None
         ends = (a.unit,) if peer is None else (a.unit, peer)
-    on_path = _alarmed_path(a)
+    on_path = alarmed_path(a)
     found = []
     for u in ends:
         cs = n.mem.gathering(c.st, slowdown.PROXY, u)
@@ -192,21 +179,6 @@ EXPLAINED_BY: tuple[Row, ...] = (
         Explanation("a rank late into this collective or a link gathers evidence", _late_or_link, Act.WAIT),),
         first=_strongest),
 )
-
-
-def _upstream(flows: list, rank: int) -> set:
-    """The ranks whose data reaches ``rank`` through this collective's flows (sender, receiver, channel),
-    hop by hop: a tree's subtree below it, a whole ring."""
-    senders: dict[int, set] = {}
-    for s, d, _ in flows:
-        senders.setdefault(d, set()).add(s)
-    seen, todo = set(), [rank]
-    while todo:
-        for s in senders.get(todo.pop(), ()):
-            if s not in seen and s != rank:
-                seen.add(s)
-                todo.append(s)
-    return seen
 
 
 def label(measure: str, unit) -> str:
@@ -326,7 +298,7 @@ class Naming:
         if found is not None:
             return found
         flows = ev.units(slowdown.FLOW)
-        behind = _upstream(flows, source)
+        behind = upstream(flows, source)
         behind.update(u for u in ev.units(slowdown.GPU)
                       if u != source and (u in alarmed or self.mem.gathering(st, slowdown.GPU, u) is not None))
         for u in sorted(behind):
@@ -351,7 +323,7 @@ class Naming:
         GPUs), nor a measure of the path it names (a NIC's own flows and its other side, a link's flows
         between the same two ends on other channels)."""
         mine = (a.cusum,) + a.via
-        on_path = _alarmed_path(a)
+        on_path = alarmed_path(a)
         nic = a.measure in (slowdown.NIC_SEND, slowdown.NIC_RECV)
 
         def explained(name: str, u) -> bool:
