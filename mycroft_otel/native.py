@@ -274,6 +274,16 @@ def valid_flows(op_rows: np.ndarray) -> list[np.ndarray]:
     return [row["flows"][: int(row["op"]["n_flows"])] for row in np.atleast_1d(op_rows)]
 
 
+def ring_ops(recs: np.ndarray) -> np.ndarray:
+    """The op records of RING_RECORD rows as a contiguous array of their own (a copy that keeps no ~10 KB row
+    alive): byte columns sliced out of the rows, about 5x cheaper than numpy's copy of a structured field."""
+    op, offset = recs.dtype.fields["op"][:2]
+    if not recs.flags.c_contiguous:
+        return recs["op"].copy()
+    rows = recs.view(np.uint8).reshape(len(recs), recs.dtype.itemsize)
+    return rows[:, offset:offset + op.itemsize].copy().view(op).ravel()
+
+
 def torn_slots(live: np.ndarray) -> np.ndarray:
     """Mask of live slots that never held still within the reader's retry budget (marked with an odd generation)."""
     return (live["generation"] & 1).astype(bool)
@@ -306,5 +316,5 @@ __all__ = [
     "PROTO_NAMES", "RING_RECORD_DTYPE", "RingReader", "ShmHeader", "State", "UNKNOWN_INDEX", "WAIT_STATE_NAMES",
     "WaitState", "algo_name", "datatype_name", "datatype_size", "dir_name", "drain", "func_name", "index_of",
     "log_messages", "mono_to_realtime", "monotonic_ns", "new_events", "op_kind_name", "open_ring", "pid_alive",
-    "plugin_path", "proto_name", "read_header", "ring_files", "torn_flows", "torn_slots", "valid_flows", "wait_state_name",
+    "plugin_path", "proto_name", "read_header", "ring_files", "ring_ops", "torn_flows", "torn_slots", "valid_flows", "wait_state_name",
 ]

@@ -40,6 +40,7 @@ from mycroft_otel.agent.sampling import Baselines, Cadence, FlowRule, Summary, s
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.agent.source import PROC_EXITED, PROC_STOPPED, RingSource, default_reader_factory
 from mycroft_otel.agent.state import CursorStore
+from mycroft_otel.native import ring_ops
 
 log = logging.getLogger("mycroft_otel.agent")
 
@@ -360,6 +361,7 @@ class Agent:
         n_flows = ops["n_flows"].tolist()
         flow_rows = recs["flows"]
         keep, anomalies = [], []
+        kept = None  # the batch's op records and flows, copied for the history of records not exported
         for i in range(len(recs)):
             arrive = api[i] or start[i]
             an = ctx.baselines.classify(funcs[i], nbytes[i], arrive, end[i])
@@ -386,8 +388,10 @@ class Agent:
             if exported:
                 keep.append(i)
                 anomalies.append(an)
-            elif self.s.peer_export:  # compact copy: the op and its valid flows (~1 KB instead of 6 KB)
-                ctx.history.append((traces[i], {"op": ops[i].copy(), "flows": flow_rows[i, :nf].copy()}))
+            elif self.s.peer_export:  # compact copy: the op and its valid flows (~1 KB instead of 10 KB)
+                if kept is None:  # one copy per batch, the first time one of its records is kept back
+                    kept = (ring_ops(recs), flow_rows[:, :max(n_flows)].copy())
+                ctx.history.append((traces[i], {"op": kept[0][i], "flows": kept[1][i, :nf]}))
             ctx.summary.add(sp.func_name(funcs[i]), seqs[i], nbytes[i], end[i] - arrive, exported)
             if kinds[i] == sp.KIND_COLL and seqs[i] > ctx.last_seq:
                 ctx.last_seq = seqs[i]

@@ -55,6 +55,7 @@ from mycroft_otel import ids
 from mycroft_otel import semconv as sc
 from mycroft_otel.agent import spans as sp
 from mycroft_otel.agent.source import RingSource
+from mycroft_otel.native import ring_ops
 
 SCOPE_NAME = "mycroft_otel.agent.collectives"
 
@@ -102,7 +103,8 @@ _DIRS = sp.DIR_NAMES
 _OVERFLOW_ATTRS = {ATTR_OVERFLOW: True}
 _UNKNOWN_FUNC = 255
 _BINCOUNT_MAX = 1 << 16  # (peer, direction) keys below this are counted with bincount
-
+#: completions a communicator's batches hold before they are folded into its histograms (~40 KB of op records)
+FOLD_RECORDS = 256
 
 
 def comm_kind(nnodes: int) -> str | None:
@@ -155,11 +157,15 @@ class _Hist:
 
 @dataclass
 class _Comm:
-    """Per communicator: its histograms by (func, size bucket) and network wait by (peer, direction)."""
+    """Per communicator: its histograms by (func, size bucket) and network wait by (peer, direction), and the
+    completions recorded since they were last folded in (:meth:`CollectiveMetrics.record`)."""
     attrs: dict
     duration: dict = field(default_factory=dict)        # (func, size) -> _Hist
     bandwidth: dict = field(default_factory=dict)       # (func, size) -> _Hist
     net_wait_ns: dict = field(default_factory=dict)     # (peer, dir) -> int
+    ops: dict = field(default_factory=dict)             # nranks -> [op records], not folded in yet
+    waits: list = field(default_factory=list)           # [(peer * 2 + dir, wait ns)], not folded in yet
+    pending: int = 0
 
 
 class CollectiveMetrics:
@@ -185,15 +191,66 @@ class CollectiveMetrics:
 
     # --- the poll loop's side --------------------------------------------------------------
     def record(self, src: RingSource, recs: np.ndarray) -> None:
-        """Aggregate a batch of completion records of one ring (the agent calls this for every batch).
+        """Take a batch of completion records of one ring (the agent calls this for every batch it reads).
 
-        A poll's batch is usually one function at one size on one communicator, so the common case
-        takes one group and a handful of numpy calls; mixed batches group by (function, size).
+        A poll reads a few records per ring, and folding them into the histograms costs a few dozen numpy
+        calls whatever their number: so a batch only keeps its op records (144 B each, not the ring's 10 KB
+        with the flow slots) and its flows' network waits, and a communicator's batches are folded in
+        together once they hold :data:`FOLD_RECORDS` completions, or when the exporter collects.
         """
         n = len(recs)
         if not n:
             return
         ops = recs["op"]
+        nflows = ops["n_flows"]
+        waits = None
+        width = int(nflows.max())
+        if width:  # network wait per (peer, direction) of the valid flows (a peer < 0 is none: dropped at the fold)
+            fl = recs["flows"][:, :width]
+            if not (nflows == width).all():  # (usually every op of a batch has as many flows)
+                fl = fl[np.arange(width)[None, :] < nflows.astype(np.int64)[:, None]]
+            waits = ((fl["peer"].astype(np.int64) * 2 + (fl["dir"] & 1)).ravel(), fl["net_wait_ns"].ravel())
+        coll = ops["kind"] == sp.KIND_COLL
+        last = int(ops["seq"][coll].max()) if coll.any() else -1
+        with self._lock:
+            self.records += n
+            c = self._comm(src)
+            # by rank count: the overflow series mixes communicators, and bus bandwidth needs each batch's own
+            c.ops.setdefault(src.nranks, []).append(ring_ops(recs))
+            if waits is not None:
+                c.waits.append(waits)
+            c.pending += n
+            if c.pending >= FOLD_RECORDS:
+                self._fold(c)
+            if last >= 0:
+                rk = self._rank_key(src)
+                if rk is not None and last > self._last_seq.get(rk, (-1, ""))[0]:
+                    self._last_seq[rk] = (last, src.host)
+
+    def _fold(self, c: _Comm) -> None:
+        """Fold a communicator's pending completions into its histograms and waits (holding the lock)."""
+        for nranks, batches in c.ops.items():
+            # joined as bytes: concatenating structured records promotes them field by field, more than the fold costs
+            self._fold_ops(c, np.concatenate([b.view(np.uint8) for b in batches]).view(batches[0].dtype), nranks)
+        pk = np.concatenate([k for k, _ in c.waits]) if c.waits else np.empty(0, dtype=np.int64)
+        has_peer = pk >= 0
+        if has_peer.any():
+            pk = pk[has_peer]
+            w = np.concatenate([v for _, v in c.waits])[has_peer].astype(np.float64)
+            if pk.max() < _BINCOUNT_MAX:  # the usual rank numbers: one pass, no sort
+                present = np.flatnonzero(np.bincount(pk))
+                sums = zip(present.tolist(), np.bincount(pk, weights=w)[present].tolist())
+            else:  # a huge peer number (a big job, or a hostile ring) must not size an array
+                uniq, inv = np.unique(pk, return_inverse=True)
+                sums = zip(uniq.tolist(), np.bincount(inv, weights=w).tolist())
+            for p, ns in sums:
+                peer = (p // 2, p % 2) if c is not self._overflow else (-1, -1)
+                if peer not in c.net_wait_ns and len(c.net_wait_ns) >= 2 * self.max_peers:
+                    peer = (-1, -1)  # into the communicator's overflow series
+                c.net_wait_ns[peer] = c.net_wait_ns.get(peer, 0) + int(ns)
+        c.ops, c.waits, c.pending = {}, [], 0
+
+    def _fold_ops(self, c: _Comm, ops: np.ndarray, nranks: int) -> None:
         begin = ops["start_ns"].astype(np.int64)
         end = ops["end_ns"].astype(np.int64)
         if not begin.all():  # no start seen: from the API call
@@ -204,69 +261,47 @@ class CollectiveMetrics:
         func[func >= len(sp.FUNC_NAMES)] = _UNKNOWN_FUNC  # one "Unknown" series, whatever the code
         nbytes = ops["bytes"].astype(np.float64)
         key = func * len(SIZE_LABELS) + np.searchsorted(_SIZE_EDGES, ops["bytes"], side="left")
-        f0 = int(func[0])
-        if (func == f0).all():
-            factor: Any = sp.busbw_factor(f0, src.nranks)
+        funcs = np.unique(func).tolist()
+        if len(funcs) == 1:
+            factor: Any = sp.busbw_factor(funcs[0], nranks)
         else:
-            factor = np.array([sp.busbw_factor(f, src.nranks) for f in func.tolist()])
+            factor = np.ones(len(func))
+            for f in funcs:
+                factor[func == f] = sp.busbw_factor(f, nranks)
         bw_ok = ok & (dur > 0) & (nbytes > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             bw = nbytes * factor / dur
         k0 = int(key[0])
         groups = [k0] if (key == k0).all() else np.unique(key[ok]).tolist()
-        # network wait per (peer, direction): valid flows with a peer
-        nflows = ops["n_flows"].astype(np.int64)
-        flows = recs["flows"][:, :int(nflows.max())] if nflows.any() else None
-        waits = None
-        if flows is not None:
-            fl = flows[np.arange(flows.shape[1])[None, :] < nflows[:, None]]
-            fl = fl[fl["peer"] >= 0]
-            if len(fl):
-                pk = fl["peer"].astype(np.int64) * 2 + (fl["dir"].astype(np.int64) & 1)
-                w = fl["net_wait_ns"].astype(np.float64)
-                if pk.max() < _BINCOUNT_MAX:  # the usual rank numbers: one pass, no sort
-                    present = np.flatnonzero(np.bincount(pk))
-                    waits = zip(present.tolist(), np.bincount(pk, weights=w)[present].tolist())
-                else:  # a huge peer number (a big job, or a hostile ring) must not size an array
-                    uniq, inv = np.unique(pk, return_inverse=True)
-                    waits = zip(uniq.tolist(), np.bincount(inv, weights=w).tolist())
-        coll = ops["kind"] == sp.KIND_COLL
-        last = int(ops["seq"][coll].max()) if coll.any() else -1
-        with self._lock:
-            self.records += n
-            c = self._comm(src)
-            for k in groups:
-                sel = ok if len(groups) == 1 else ok & (key == k)
-                if not sel.any():
-                    continue
-                # the overflow series is one series: no function or size in it
-                fk = (k // len(SIZE_LABELS), k % len(SIZE_LABELS)) if c is not self._overflow else (-1, -1)
-                h = c.duration.get(fk)
-                if h is None:
-                    h = c.duration[fk] = _Hist(_DUR_EDGES)
-                h.add(dur[sel])
-                sel = sel & bw_ok
-                if sel.any():
-                    b = c.bandwidth.get(fk)
-                    if b is None:
-                        b = c.bandwidth[fk] = _Hist(_BW_EDGES)
-                    b.add(bw[sel])
-            for p, ns in waits or ():
-                peer = (p // 2, p % 2) if c is not self._overflow else (-1, -1)
-                if peer not in c.net_wait_ns and len(c.net_wait_ns) >= 2 * self.max_peers:
-                    peer = (-1, -1)  # into the communicator's overflow series
-                c.net_wait_ns[peer] = c.net_wait_ns.get(peer, 0) + int(ns)
-            if last >= 0:
-                rk = self._rank_key(src)
-                if rk is not None and last > self._last_seq.get(rk, (-1, ""))[0]:
-                    self._last_seq[rk] = (last, src.host)
+        for k in groups:
+            sel = ok if len(groups) == 1 else ok & (key == k)
+            if not sel.any():
+                continue
+            # the overflow series is one series: no function or size in it
+            fk = (k // len(SIZE_LABELS), k % len(SIZE_LABELS)) if c is not self._overflow else (-1, -1)
+            h = c.duration.get(fk)
+            if h is None:
+                h = c.duration[fk] = _Hist(_DUR_EDGES)
+            h.add(dur[sel])
+            sel = sel & bw_ok
+            if sel.any():
+                b = c.bandwidth.get(fk)
+                if b is None:
+                    b = c.bandwidth[fk] = _Hist(_BW_EDGES)
+                b.add(bw[sel])
+
+    def _fold_all(self) -> None:
+        for c in [*self._comms.values(), self._overflow]:
+            if c.pending:
+                self._fold(c)
 
     def exemplars(self, src: RingSource, recs: np.ndarray, traces: Sequence[int]) -> None:
         """Attach exported operations to the duration histogram as exemplars (their trace id and op span id).
 
         Only operations the agent exported as spans: an exemplar links to a trace the backend holds
         (a trace id as a label would make a series per collective; an exemplar costs nothing per series).
-        Called after :meth:`record` of the same batch, so the series exist.
+        Called after :meth:`record` of the same batch: a series its completions will fold into (not yet, while
+        they are pending) is created here with no count.
         """
         if not len(recs):
             return
@@ -283,9 +318,11 @@ class CollectiveMetrics:
                 return
             for i in range(len(recs)):
                 b, e = int(begin[i]), int(end[i])
-                h = c.duration.get((int(func[i]), int(size[i])))
-                if h is None or b <= 0 or e < b:
+                if b <= 0 or e < b:
                     continue
+                h = c.duration.get(fk := (int(func[i]), int(size[i])))
+                if h is None:
+                    h = c.duration[fk] = _Hist(_DUR_EDGES)
                 v = (e - b) * 1e-9
                 bucket = int(np.searchsorted(h.bounds, v, side="left"))
                 h.exemplars[bucket] = (v, src.to_real(e), int(traces[i]), ids.span_id(traces[i], src.rank, sc.ROLE_OP))
@@ -323,6 +360,7 @@ class CollectiveMetrics:
 
         def waits(_options: Any) -> Iterable[Observation]:
             with self._lock:
+                self._fold_all()
                 out = []
                 for c in [*self._comms.values(), self._overflow]:
                     for (peer, d), ns in c.net_wait_ns.items():
@@ -362,6 +400,7 @@ class CollectiveMetrics:
                 (BUS_BANDWIDTH, "By/s", "bandwidth", "bus bandwidth of completed NCCL operations (NCCL's busBw)")):
             points = []
             with self._lock:
+                self._fold_all()
                 for c in [*self._comms.values(), self._overflow]:
                     for (f, s), h in getattr(c, what).items():
                         attrs = dict(c.attrs)
