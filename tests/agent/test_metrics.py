@@ -141,6 +141,40 @@ def test_allgather_busbw_is_per_rank_bytes_times_n_minus_1(tmp_path, otel_env):
     assert bw.sum == pytest.approx(7 * (4 << 20) / (2e-3 - 1e-6))
 
 
+def test_completions_are_folded_in_by_the_time_they_are_read(tmp_path, otel_env, monkeypatch):
+    """A poll's few records wait as op records (no histogram work per poll); reading the histograms folds them in,
+    and so does a communicator holding FOLD_RECORDS of them."""
+    ring = FakeRing(tmp_path / "r0", rank=0, nranks=4)
+    for _ in range(3):
+        ring.op_done()
+    cm = am.CollectiveMetrics()
+    _poll(tmp_path, cm)
+    c = next(iter(cm._comms.values()))
+    assert c.pending == 3 and not c.duration
+    assert [p.count for p in cm.histograms()[0].data.data_points] == [3] and c.pending == 0
+
+    for _ in range(3):
+        ring.op_done()
+    monkeypatch.setattr(am, "FOLD_RECORDS", 2)
+    _poll(tmp_path, cm)
+    assert c.pending == 0 and sum(int(h.counts.sum()) for h in c.duration.values()) == 6
+
+
+def test_overflow_series_takes_each_communicators_own_rank_count_for_bus_bandwidth(tmp_path, otel_env):
+    """Communicators over the cap share one series, but each completion's busBw uses its own communicator's size."""
+    FakeRing(tmp_path / "a", rank=0, nranks=4, comm_hash=0x1).op_done(func=ALLGATHER, dur_ns=2_000_000, count=1 << 20)
+    FakeRing(tmp_path / "b", rank=0, nranks=2, comm_hash=0x2).op_done(func=ALLGATHER, dur_ns=2_000_000, count=1 << 20)
+    FakeRing(tmp_path / "c", rank=0, nranks=8, comm_hash=0x3).op_done(func=ALLGATHER, dur_ns=2_000_000, count=1 << 20)
+    cm = am.CollectiveMetrics(max_comms=1)
+    _poll(tmp_path, cm)
+    over = [p for p in cm.histograms()[1].data.data_points if am.ATTR_OVERFLOW in p.attributes]
+    kept = [p for p in cm.histograms()[1].data.data_points if am.ATTR_OVERFLOW not in p.attributes]
+    assert len(over) == 1 and over[0].count == 2 and len(kept) == 1
+    n_kept = {0x1: 4, 0x2: 2, 0x3: 8}[int(kept[0].attributes[am.ATTR_COMM], 16)]
+    per_rank_step = (4 << 20) / (2e-3 - 1e-6)  # (n - 1) x this each (test_allgather_busbw_...)
+    assert over[0].sum == pytest.approx((4 - 1 + 2 - 1 + 8 - 1 - (n_kept - 1)) * per_rank_step)
+
+
 def test_every_series_names_its_job_and_communicator_kind(tmp_path, otel_env):
     """Job id and where the communicator's ranks are (NCCL's node count) on every collective series."""
     FakeRing(tmp_path / "tp", rank=0, nranks=8, comm_hash=0x11, job_id="job-7", nnodes=1).op_done()
