@@ -14,9 +14,9 @@
    (``_native.SpanDecoder``: SpanRefs with the key attributes).
    The traffic: 64-rank ring all-reduces (2 channels, 4 flows per rank), 90% complete and
    healthy, 5% hung (in-flight snapshots), 5% slow with a culprit.
-2. Scale: one hung ring collective of 1,024 / 4,096 / 16,384 ranks (a GPU stall at one rank):
+2. Scale: one hung ring collective of 1,024 / 4,096 / 16,384 / 131,072 ranks (a GPU stall at one rank):
    time to decode+ingest its spans and time for the analysis that names the culprit
-   (target <= 1 s at 16,384).
+   (target <= 1 s at 16,384; the largest, a world-size hang of issue #29's 131,072-rank job, full run only).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def main() -> int:
     print(f"  of which the slowdown analysis: {t['analysis_us_per_collective']:.0f} us per 64-rank collective "
           f"({t['analysis_share']:.0%} of the processor's time)")
     print("hang analysis at scale (GPU stall in a ring, 2 channels):")
-    for n in ((1024, 4096) if args.quick else (1024, 4096, 16384)):
+    for n in ((1024, 4096) if args.quick else (1024, 4096, 16384, 131072)):
         s = scale(n)
         print(f"  {s['ranks']:6d} ranks  decode+ingest {s['decode_ingest_s']:6.2f} s  analysis {s['analysis_s']:6.3f} s"
               f"  culprit {'right' if s['right'] else 'WRONG'}")

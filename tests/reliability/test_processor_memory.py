@@ -108,6 +108,12 @@ def test_ranks_per_trace_are_capped_and_counted():
     assert f'mycroft_processor_spans_dropped_total{{reason="{DROP_RANK_CAP}"}} 4.0' in metrics.text()
 
 
+def test_the_default_rank_cap_keeps_a_131072_rank_collective_whole():
+    """Issue #29's largest job: its world-size hang is one trace of 131,072 ranks, named in ~2 s
+    (benchmarks/processor/bench.py, full run); a cap below it dropped half the ranks and named nothing."""
+    assert Processor(env={}).store.max_ranks >= 131_072
+
+
 def test_root_cause_comm_labels_are_bounded():
     from mycroft_otel.processor.metrics import MAX_COMM_LABELS
 
