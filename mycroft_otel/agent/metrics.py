@@ -204,7 +204,7 @@ class CollectiveMetrics:
         ops = recs["op"]
         nflows = ops["n_flows"]
         waits = None
-        width = int(nflows.max())
+        width = min(int(nflows.max()), recs["flows"].shape[1])  # (a hostile count beyond the record's slots)
         if width:  # network wait per (peer, direction) of the valid flows (a peer < 0 is none: dropped at the fold)
             fl = recs["flows"][:, :width]
             if not (nflows == width).all():  # (usually every op of a batch has as many flows)

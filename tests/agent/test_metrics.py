@@ -256,10 +256,13 @@ def test_hostile_records_stay_bounded(tmp_path, otel_env):
         ring.complete(rec)
     bad = ring.make_op(start_ns=5000, end_ns=10)  # ends before it starts: not a duration
     ring.complete(bad)
+    many = ring.make_op(start_ns=1000, end_ns=3000, func=250, count=1 << 61)
+    many["op"]["n_flows"] = 255  # more flows than the record has slots (64)
+    ring.complete(many)
     cm = am.CollectiveMetrics(max_peers=8)
     _poll(tmp_path, cm)
     dur = cm.histograms()[0]
-    assert sum(p.count for p in dur.data.data_points) == 100
+    assert sum(p.count for p in dur.data.data_points) == 101
     assert len(dur.data.data_points) == 1  # 50 unknown function codes: one series, not 50 with one label set
     assert {p.attributes[am.ATTR_FUNC] for p in dur.data.data_points} == {"Unknown"}
     assert {p.attributes[am.ATTR_SIZE] for p in dur.data.data_points} == {"inf"}
