@@ -31,10 +31,7 @@ P2P = ("Send", "Recv")  # one trace per transfer: a p2p group's transfers share 
 
 DEFAULT_MAX_BYTES = 512 << 20   # MYCROFT_MAX_TRACE_BYTES: span bytes held, all traces (accounted as below)
 SPAN_OVERHEAD_BYTES = 512       # a kept SpanRef's Python objects (tuple, ints, key strings), measured ~450
-# Ranks one trace keeps evidence of; spans of further ranks are dropped (counted). Twice the largest job we size
-# for (131,072 ranks: its world-size hang is one trace), and a bound on what one hostile trace costs the hang walk
-# (~0.9 s per 131,072 ranks on a core) beside the byte budget's bound on its memory.
-MAX_RANKS_PER_TRACE = 1 << 18
+MAX_RANKS_PER_TRACE = 1 << 18   # ranks a trace keeps (more are dropped, counted): twice a 131,072-rank job
 
 # why kept spans were let go (the mycroft_processor_spans_dropped reasons of the store)
 DROP_EVICTED_BYTES = "evicted_bytes"
