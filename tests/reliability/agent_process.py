@@ -120,3 +120,26 @@ def fill_live_table(ring, *, age_s: float = 30.0) -> None:
     live["op"]["seq"] = np.arange(n)
     live["generation"] = 2
     live["state"] = 1
+
+
+def spawn_as(uid: int, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``argv`` running as ``uid``, started without fork handlers.
+
+    ``Popen(user=...)`` must fork (the uid change cannot run in a vfork child), and a fork runs gRPC's atfork
+    handlers: in a test process whose OTLP sink has started gRPC's event engine, the child restarts its poller, then
+    ``close_fds`` closes that poller's epoll descriptor and the child can die before its exec (grpc/grpc#43055). Popen
+    reads an empty error pipe as success and hands back the pid of a process that never ran. ``setpriv`` changes the
+    uid after a plain spawn instead, and the checks below turn any such loss into a clear failure here.
+    """
+    p = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv], env=env)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the uid flips when setpriv has run; the command is running from then on
+        assert p.poll() is None, f"{argv} as uid {uid} exited at once with {p.returncode}"
+        try:
+            if os.stat(f"/proc/{p.pid}").st_uid == uid:
+                return p
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    p.kill()
+    raise AssertionError(f"{argv} never ran as uid {uid}")

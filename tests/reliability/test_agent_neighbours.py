@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 pytest.importorskip("mycroft_otel._native")
 
-from agent_process import AgentProcess, fill_live_table  # noqa: E402
+from agent_process import AgentProcess, fill_live_table, spawn_as  # noqa: E402
 from agent_shm import HEADER, LAYOUT_VERSION, LIVE, MAGIC, RECORD, FakeRing  # noqa: E402
 from mycroft_otel import ids  # noqa: E402
 from mycroft_otel import semconv as sc  # noqa: E402
@@ -34,7 +33,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files and
 @pytest.fixture
 def hostile_process():
     """A process of another user: the pid the hostile rings name, so the agent follows them as live."""
-    p = subprocess.Popen(["sleep", "300"], user=HOSTILE_UID, group=HOSTILE_UID)
+    p = spawn_as(HOSTILE_UID, ["sleep", "300"])
     yield p
     p.kill()
     p.wait(10)

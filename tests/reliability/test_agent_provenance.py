@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 
 import pytest
 
 pytest.importorskip("mycroft_otel._native")
 
-from agent_process import AgentProcess  # noqa: E402
+from agent_process import AgentProcess, spawn_as  # noqa: E402
 from agent_shm import FakeRing  # noqa: E402
 from mycroft_otel import semconv as sc  # noqa: E402
 
@@ -29,8 +28,8 @@ OPS = 5
 def test_a_forged_ring_carries_its_owner_and_never_joins_another_job(tmp_path, otel_env):
     ring_dir = tmp_path / "rings"
     ring_dir.mkdir(mode=0o755)
-    mallory = subprocess.Popen(["sleep", "300"], user=MALLORY, group=MALLORY,
-                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MYCROFT_JOB_ID": "mallory-job"})
+    mallory = spawn_as(MALLORY, ["sleep", "300"],
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MYCROFT_JOB_ID": "mallory-job"})
     rings = []
     try:
         # the victim: root's job (the agent's own user), rank 0 of a 2-rank communicator

@@ -56,10 +56,6 @@ class Chromium:
         os.close(cmd_r)
         os.close(out_w)
 
-        def child_fds():
-            os.dup2(hi_cmd, 3)
-            os.dup2(hi_out, 4)
-
         argv = [exe, "--headless", "--remote-debugging-pipe", "--disable-gpu", "--no-first-run",
                 "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--mute-audio", "--hide-scrollbars",
@@ -67,8 +63,12 @@ class Chromium:
         if os.geteuid() == 0:
             argv.append("--no-sandbox")   # Chromium refuses to run its sandbox as root
         self.log = open(os.path.join(self.profile, "chromium.log"), "wb")
-        self.proc = subprocess.Popen(argv + ["about:blank"], stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, pass_fds=(3, 4), preexec_fn=child_fds)
+        # bash moves the pipe ends onto 3 and 4 and execs Chromium. A preexec_fn would do it in Python after a
+        # fork, and a fork of a process running gRPC can die before its exec (see spawn_as in the reliability tests).
+        on_3_and_4 = f'exec 3<&{hi_cmd} 4>&{hi_out} {hi_cmd}<&- {hi_out}>&-; exec "$@"'
+        self.proc = subprocess.Popen(["bash", "-c", on_3_and_4, "chromium", *argv, "about:blank"],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     pass_fds=(hi_cmd, hi_out))
         os.close(hi_cmd)
         os.close(hi_out)
         self._w = os.fdopen(cmd_w, "wb", buffering=0)
