@@ -52,7 +52,8 @@ log = logging.getLogger("mycroft_otel.processor")
 
 FILE = "detector-history"
 MAGIC = b"mycroft-history\n"
-VERSION = 3  # 2: a communicator's kernel times keep the wait and the transfer (slower.py); 3: as KernelTime
+VERSION = 4  # 2: a communicator's kernel times keep the wait and the transfer (slower.py); 3: as KernelTime;
+# 4: the hung communicators (incidents.Incidents._hung_comms)
 _HEADER = struct.Struct("<16sIQ32s")  # magic, version, payload bytes, SHA-256 of the payload
 SAVE_EVERY_S = 1.0  # evidence lost in a crash: at most this much (a slowdown gathers over ~1-3 s of collectives)
 MAX_SHARE = 0.05    # of the timer's time spent writing checkpoints (a large history is written less often)
@@ -65,7 +66,7 @@ _MEMORY: dict[str, type | None] = {
 }
 # The incident keys (incidents.Incidents), each (monotonic time, ...) or a table of such tuples.
 _INCIDENT_LISTS = ("_hang_culprits", "_slow_hosts")
-_INCIDENT_TABLES = ("_named", "_slow_comms", "_flow_ends")
+_INCIDENT_TABLES = ("_named", "_slow_comms", "_flow_ends", "_hung_comms")
 _SECTIONS = ("clocks", "memory", "incidents", "open", "baselines", "stall_thresholds", "processes")
 
 # What the unpickler may build: the tables' containers, numpy arrays and scalars, our records.

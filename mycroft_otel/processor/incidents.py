@@ -117,6 +117,7 @@ class Incidents:
         self._slow_hosts: list[tuple[float, bytes, str, set]] = []    # (mono, trace id, job, hosts)
         self._slow_comms: dict[tuple, tuple[float, bytes]] = {}       # (job, comm) -> its slowdown verdict
         self._flow_ends: dict[tuple, tuple[float, bytes]] = {}        # (job, comm, receiver) of a named slow flow
+        self._hung_comms: dict[tuple, tuple[float, bytes]] = {}       # (job, comm) -> its hang verdict
 
     def expire(self, mono: float) -> None:
         for k, (t, _) in list(self._named.items()):
@@ -164,6 +165,15 @@ class Incidents:
             for t, tid, procs in self._hang_culprits:
                 if mono - t <= self.window_s and (mine & procs or any((j, h, "*") in procs for j, h, _ in mine)):
                     return tid, ()
+            # NCCL runs a communicator's collectives in order on every rank: while a named one is hung, a later
+            # one is queued behind it (its CPU enqueued it, its kernel waits on the stream) and an earlier one's
+            # snapshots are stale. Either is the same incident, whatever its partial evidence names -- a
+            # processor restored from its checkpoint hears them in any order before the named one's again.
+            hung = self._hung_comms.get((f.job, st.comm))
+            if hung is not None and hung[1] != st.trace_id and mono - hung[0] <= self.window_s:
+                named = self.store.get(hung[1])
+                if named is None or not named.complete():
+                    return hung[1], ()
             slow = self._slow_comms.get((f.job, st.comm))
             if f.confidence < 0.5 and slow is not None and mono - slow[0] <= self.window_s:
                 return slow[1], ()
@@ -215,6 +225,8 @@ class Incidents:
         if f.kind == sc.KIND_HANG:
             self._hang_culprits.append((mono, st.trace_id, hang_identity(f)))
             del self._hang_culprits[:-256]
+            self._hung_comms[(f.job, st.comm)] = (mono, st.trace_id)
+            _trim(self._hung_comms)
         elif f.category != sc.CAT_COLL_MISMATCH:
             if f.hosts:
                 self._slow_hosts.append((mono, st.trace_id, f.job, set(f.hosts)))

@@ -62,6 +62,14 @@ def _owner(stack: LocalStack, job: Job) -> int:
     return next(pp.index for pp in stack.processor_ports if pp.otlp_grpc == owner)
 
 
+def _verdict_lines(stack: LocalStack) -> list[str]:
+    """Each processor's log lines of the verdicts it published (which processor, collective and evidence)."""
+    out = []
+    for log in sorted((Path(stack.run_dir) / "logs").glob("processor-*.log")):
+        out += [f"{log.name}: {line}" for line in log.read_text(errors="replace").splitlines() if "root cause:" in line]
+    return out
+
+
 def test_a_processor_killed_mid_hang_gives_one_verdict_and_loses_nothing(stack):
     job = Job(stack, "restart", topology=TOPOLOGY, fault="nic_down:rank=2,at=2", seed=21, duration_s=300)
     index = _owner(stack, job)
@@ -89,7 +97,8 @@ def test_a_processor_killed_mid_hang_gives_one_verdict_and_loses_nothing(stack):
     assert len(verdicts) == 1, [(t, s.attributes) for t, s in verdicts]
     # nor any other verdict: the hung job's other communicators, whose snapshots the agents re-send after the
     # restart, wait on the hang named before it (the checkpoint's process index and incident keys)
-    assert len(all_verdicts_since(stack, started_ns)) == 1, all_verdicts_since(stack, started_ns)
+    assert len(all_verdicts_since(stack, started_ns)) == 1, (all_verdicts_since(stack, started_ns),
+                                                              _verdict_lines(stack))
     (_, span), = verdicts
     assert list(span.attributes[semconv.RCA_CULPRIT_GLOBAL_RANKS]) == [2], span.attributes
     assert sent > 0 and failed == 0 and enqueue_failed == 0, (sent, failed, enqueue_failed)

@@ -153,3 +153,29 @@ def test_a_hang_named_before_the_restart_still_explains_the_waits_on_it(tmp_path
     second.ingest_request(dp.request())
     assert second.tick() + second.tick() + second.tick() == []
     assert second.counts["already_published"] == 1 and second.counts["propagated"] == 1, second.counts
+
+
+def test_a_collective_queued_behind_the_hang_named_before_the_restart_is_the_same_incident(tmp_path):
+    """A NIC stops sending in a DP ring (collective 15); the ranks' CPUs have already enqueued collective 16, whose
+    kernels wait on the stream behind 15. After a restart the agents' snapshots come back in any order: 16's,
+    which alone look like a GPU that does nothing, before 15's. 16 is the hang named before, not a second one."""
+    hung = Ring(4, comm=0xD1, seq=15)
+    hung.net_send_stall(1, None)
+    queued = Ring(4, comm=0xD1, seq=16)
+    queued.gpu_stall(3)
+
+    def started(state: Path) -> Processor:
+        return Processor(env={}, published=PublishedVerdicts(str(state)), checkpoint=ck.Checkpoint(str(state)))
+
+    alone = Processor(env={})  # what 16's evidence names on its own: a verdict the rule has to explain
+    alone.ingest_request(queued.request())
+    assert [v.category for v in alone.tick() + alone.tick()] == ["gpu_stalled"]
+    first = started(tmp_path)
+    first.ingest_request(hung.request())
+    assert [v.category for v in first.tick()] == ["net_send_stalled"]
+    second = started(tmp_path)  # killed -9 after the verdict: its checkpoint was written with it
+    second.ingest_request(queued.request())
+    assert second.tick() + second.tick() == []
+    assert second.store.get(queued.tid.to_bytes(16, "big")).explained_by == hung.tid.to_bytes(16, "big")
+    second.ingest_request(hung.request())
+    assert second.tick() == [] and second.counts["already_published"] == 1, second.counts
