@@ -136,9 +136,7 @@ LINK_SNAPSHOT_OF = "snapshot_of"  # an in-flight/status span points at the op sp
 LINK_CULPRIT = "culprit"       # root-cause span -> the culprit's spans
 LINK_EVIDENCE = "evidence"     # root-cause span -> other spans the verdict used
 LINK_ROLES = (LINK_RECV_FROM, LINK_SEND_TO, LINK_SNAPSHOT_OF, LINK_CULPRIT, LINK_EVIDENCE)
-LINK_CHANNEL = "mycroft.link.channel"
-LINK_DIRECTION = "mycroft.link.direction"
-LINK_PEER = "mycroft.link.peer"
+LINK_PEER = "mycroft.link.peer"             # the linked op span's rank (send_to / recv_from)
 
 # --- the root-cause span (design §4, a contract) -----------------------------------
 RCA_KIND = "mycroft.rca.kind"                # "hang" | "slowdown"

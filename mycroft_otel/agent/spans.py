@@ -217,31 +217,32 @@ class SpanBuilder:
                 zip(ops["kind"].tolist(), ops["seq"].tolist(), ops["root_or_peer"].tolist())]
 
     # --- links -------------------------------------------------------------------------
-    def _link_attrs(self, role: str, channel: int, direction: str, peer: int) -> bytes:
-        key = (role, channel, direction, peer)
+    def _link_attrs(self, role: str, peer: int) -> bytes:
+        key = (role, peer)
         b = self._link_attr_cache.get(key)
         if b is None:
             if len(self._link_attr_cache) > 4096:
                 self._link_attr_cache.clear()
-            b = self._link_attr_cache[key] = otlp.attributes(4, [
-                (sc.LINK_ROLE, role), (sc.LINK_CHANNEL, channel), (sc.LINK_DIRECTION, direction),
-                (sc.LINK_PEER, peer)])
+            b = self._link_attr_cache[key] = otlp.attributes(4, [(sc.LINK_ROLE, role), (sc.LINK_PEER, peer)])
         return b
 
     def links(self, trace: int, kind: int, root_or_peer: int, chans: list, dirs: list, peers: list) -> list[bytes]:
+        """One link per peer and direction: the peer's op span, which this rank feeds (send_to) or waits on
+        (recv_from). A ring's channels all link the same two neighbours; which flow goes where is in the flow
+        arrays, so a link per flow would only repeat them."""
         tb = trace.to_bytes(16, "big")
-        out = []
-        peer_ids: dict[int, bytes] = {}
         if not chans and kind in (KIND_SEND, KIND_RECV) and root_or_peer >= 0:
-            chans, dirs, peers = [-1], [0 if kind == KIND_SEND else 1], [root_or_peer]
-        for ch, d, p in zip(chans, dirs, peers):
-            if p < 0:
+            dirs, peers = [0 if kind == KIND_SEND else 1], [root_or_peer]
+        out = []
+        seen: set[tuple[int, int]] = set()
+        for d, p in zip(dirs, peers):
+            d &= 1
+            if p < 0 or (d, p) in seen:
                 continue
-            sid = peer_ids.get(p)
-            if sid is None:
-                sid = peer_ids[p] = ids.span_id(trace, p, sc.ROLE_OP).to_bytes(8, "big")
+            seen.add((d, p))
+            sid = ids.span_id(trace, p, sc.ROLE_OP).to_bytes(8, "big")
             role = sc.LINK_SEND_TO if d == 0 else sc.LINK_RECV_FROM
-            out.append(otlp.ld(13, otlp.link(tb, sid, self._link_attrs(role, ch, DIR_NAMES[d & 1], p))))
+            out.append(otlp.ld(13, otlp.link(tb, sid, self._link_attrs(role, p))))
         return out
 
     def snapshot_of_link(self, trace: int) -> bytes:

@@ -56,16 +56,15 @@ def test_every_rank_once_links_resolve(tmp_path, otel_env):
             res = s["resource"]
             assert res[sc.SERVICE_NAME] == "agent-test" and res[sc.JOB_ID] == JOB and res[sc.HW_TYPE] == "gpu"
             assert res["deployment.environment"] == "test" and res[sc.PROCESS_PID] > 0
-            assert len(s["links"]) == 4
+            # one link per neighbour and direction, whatever the channels: the ring's next rank, fed, and its
+            # previous one, waited on
+            roles = {lk["attrs"][sc.LINK_ROLE]: lk["attrs"][sc.LINK_PEER] for lk in s["links"]}
+            assert len(s["links"]) == 2 and roles == {sc.LINK_SEND_TO: (r + 1) % n, sc.LINK_RECV_FROM: (r - 1) % n}
             for lk in s["links"]:
-                la = lk["attrs"]
                 assert lk["trace_id"] == trace
                 assert (trace, lk["span_id"]) in emitted  # every link points at a span the peer emitted
-                assert lk["span_id"] == ids.span_id(trace, la[sc.LINK_PEER], sc.ROLE_OP)
-                want = sc.LINK_SEND_TO if la[sc.LINK_DIRECTION] == "send" else sc.LINK_RECV_FROM
-                assert la[sc.LINK_ROLE] == want
-                peer = (r + 1) % n if want == sc.LINK_SEND_TO else (r - 1) % n
-                assert la[sc.LINK_PEER] == peer and la[sc.LINK_CHANNEL] in (0, 1)
+                assert lk["span_id"] == ids.span_id(trace, lk["attrs"][sc.LINK_PEER], sc.ROLE_OP)
+                assert set(lk["attrs"]) == {sc.LINK_ROLE, sc.LINK_PEER}
     agent.close()
     for ring in rings:
         ring.close()

@@ -165,12 +165,11 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
                 sc.FLOW_WAIT_SINCE: [f.since for f in fl], sc.FLOW_GPU_WAIT: [f.gpu_wait for f in fl],
                 sc.FLOW_NET_WAIT: [f.net_wait for f in fl], sc.FLOW_PEER_BUSY: [f.peer_wait for f in fl],
             })
-            for f in fl:
+            for send, peer in dict.fromkeys((f.send, f.peer) for f in fl):  # one link per peer and direction
                 links.append(trace_pb2.Span.Link(
-                    trace_id=tid.to_bytes(16, "big"), span_id=ids.span_id(tid, f.peer, sc.ROLE_OP).to_bytes(8, "big"),
-                    attributes=kvs({sc.LINK_ROLE: sc.LINK_SEND_TO if f.send else sc.LINK_RECV_FROM,
-                                    sc.LINK_CHANNEL: f.channel, sc.LINK_DIRECTION: "send" if f.send else "recv",
-                                    sc.LINK_PEER: f.peer})))
+                    trace_id=tid.to_bytes(16, "big"), span_id=ids.span_id(tid, peer, sc.ROLE_OP).to_bytes(8, "big"),
+                    attributes=kvs({sc.LINK_ROLE: sc.LINK_SEND_TO if send else sc.LINK_RECV_FROM,
+                                    sc.LINK_PEER: peer})))
         if r.anomaly:
             a[sc.ANOMALY] = r.anomaly
         if r.baseline:

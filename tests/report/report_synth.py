@@ -59,9 +59,10 @@ def ring_hang(n: int = 8, culprit: int = 3, seq: int = 17, silent: int | None = 
                     wait = "SendGpuWait" if d == "send" else "RecvWait"
                 for k, v in zip(flows, (c, d, peer, 16, 8, ready, tx, done, wait)):
                     flows[k].append(v)
-                links.append((ids.span_id(tid, peer, sc.ROLE_OP),
-                              {sc.LINK_ROLE: sc.LINK_SEND_TO if d == "send" else sc.LINK_RECV_FROM,
-                               sc.LINK_CHANNEL: c, sc.LINK_DIRECTION: d, sc.LINK_PEER: peer}))
+                if c == 0:  # one link per peer and direction
+                    links.append((ids.span_id(tid, peer, sc.ROLE_OP),
+                                  {sc.LINK_ROLE: sc.LINK_SEND_TO if d == "send" else sc.LINK_RECV_FROM,
+                                   sc.LINK_PEER: peer}))
         for k in range(3):
             a = {sc.COMM_HASH: ids.comm_hash_hex(COMM), sc.COMM_NRANKS: n, sc.RANK: r, sc.GLOBAL_RANK: r,
                  sc.HOST: f"node-{r // 4}", sc.OP_KIND: "coll", sc.OP_STATE: "in_flight", sc.COLL_SEQ: seq,
