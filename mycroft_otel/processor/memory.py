@@ -318,15 +318,17 @@ class JobMemory:
             for table in (self._joined, self._linked, self._members, self._comms_of):
                 table.clear()
 
-    def held_in_shared(self, st: TraceState, rank: int) -> bool:
-        """A GPU or a proxy thread in a communicator this rank is in (itself included) is half way to an
-        alarm: the rank's collective there ran long, and its kernels run in order on its stream."""
+    def held_in_shared(self, st: TraceState, rank: int, own_gpu: bool = True) -> bool:
+        """A GPU or a proxy thread in a communicator this rank is in (itself included; its own GPU unless
+        ``own_gpu`` is False) is half way to an alarm: the rank's collective there ran long, and its kernels
+        run in order on its stream."""
         place = self.candidate(st.job, st.comm, slowdown.GPU, rank).place
         near = {place}
         for comm in self._comms_of.get((st.job, place), ()):
             if comm != st.comm:
                 near |= self._members.get((st.job, comm), set())
-        return any(k.place in near for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY)))
+        return any(k.place in near and (own_gpu or k.place != place or k.measure != slowdown.GPU)
+                   for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY)))
 
     def waited_in_shared(self, st: TraceState, rank: int) -> bool:
         """Another rank, late into a communicator this rank is in besides this one, is half way to an alarm:

@@ -74,7 +74,7 @@ def _source(n: "Naming", c: _Collective, a: Alarm) -> Alarm:
 
 
 def _held_back(n: "Naming", c: _Collective, a: Alarm) -> bool:
-    return n._busy_before(c.st, a.unit)
+    return n._busy_before(c.st, a.unit, c.ev)
 
 
 def _link_elsewhere(n: "Naming", c: _Collective, a: Alarm) -> bool:
@@ -242,7 +242,7 @@ class Naming:
         found = [(u, c) for u in units if (c := self.mem.gathering(st, slowdown.PROXY, u)) is not None]
         return max(found, key=lambda x: x[1].s) if found else None
 
-    def _busy_before(self, st: TraceState, rank: int) -> bool:
+    def _busy_before(self, st: TraceState, rank: int, ev: slowdown.Evidence | None = None) -> bool:
         """The rank's lateness has a cause the test is gathering evidence of (half way to an alarm): its own
         GPU, or a link in this communicator or one joined to it. A rank's kernels run in order on its stream,
         so a slow GPU or a slow transfer of its pipeline stage holds back its start in the next collective,
@@ -253,9 +253,23 @@ class Naming:
         thread gathering evidence in another communicator the rank is in, its own or a peer's there: a proxy
         that posts ready chunks late, or a slow GPU, keeps every rank of that collective (a DP ring's) in it
         longer, and each enters its TP group's next collective late by as much. And another rank late into a
-        communicator they share: the rank waited there for it."""
-        return (self.mem.held_in_shared(st, rank) or self.mem.link_gathers(st)
+        communicator they share: the rank waited there for it.
+
+        Its own GPU only where the GPU reads healthy in this very collective: a slow GPU is slow in every
+        kernel, also this one's, while the GPU evidence of a rank that calls late gathers in its other
+        communicators: their receives are posted when it launches, and their data waits behind this
+        collective's kernel on its stream."""
+        own = not self._gpu_healthy_here(ev, rank)
+        return (self.mem.held_in_shared(st, rank, own_gpu=own) or self.mem.link_gathers(st)
                 or self.mem.waited_in_shared(st, rank))
+
+    def _gpu_healthy_here(self, ev: slowdown.Evidence | None, rank: int) -> bool:
+        """The rank's GPU was measured in this collective and read no slower than the test's drift (a
+        collective without flows, NVLink's, has no GPU measure: nothing is known there)."""
+        if ev is None or slowdown.GPU not in ev.z:
+            return False
+        units = ev.units(slowdown.GPU)
+        return rank in units and float(ev.z[slowdown.GPU][units.index(rank)]) <= self.s.cusum.k
 
     def _waited_for(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> Cusum | None:
         """The evidence of another rank that started last and reads late, when it gathers: the ranks before
@@ -263,7 +277,7 @@ class Naming:
         and a GPU's reading is its back-pressure. Not when a link or its own GPU explains its lateness
         (_busy_before)."""
         rank = ev.late_rank
-        if rank in (gpu, -1) or ev.lateness_ns <= 0 or self._busy_before(st, rank):
+        if rank in (gpu, -1) or ev.lateness_ns <= 0 or self._busy_before(st, rank, ev):
             return None
         return self.mem.gathering(st, slowdown.LATE, rank)
 

@@ -13,8 +13,9 @@ trace :func:`evidence` turns them into per-candidate values of the measures the 
 - ``nic_send`` / ``nic_recv``: the least-waiting flow out of / into a rank (every flow of that NIC slow);
 - ``proxy``: the time per step a rank's ready data moved at neither end: its send steps waited for credit
   (SendPeerWait: the time of its flow in neither GPU nor network wait) longer than the receiver's GPU held
-  the buffers, while the receiver's buffer was posted (RecvWait). A receiver with a buffer posted has sent
-  its credit, so what is left is the sender's proxy, which posts the ready step to the network late;
+  the buffers, while the receiver's buffer was posted (RecvWait), and not before the receiver started (a late
+  receiver's lateness). A receiver with a buffer posted has sent its credit, so what is left is the sender's
+  proxy, which posts the ready step to the network late;
 - ``late``: how late a rank really started (its first step posted) after the others' median start, as a
   share of the collective's makespan.
 
@@ -154,8 +155,12 @@ def _unsent(sends: np.ndarray, receives: np.ndarray, by: np.ndarray, steps: np.n
     ``receives``, rows of the flow table), the credit wait per step (steps ready, SendPeerWait) beyond the
     time its receiver's GPU held the buffers (a slow or blocked receiver returns credit late), as far as the
     receiver's buffer was posted meanwhile (its RecvWait busy time): ready data neither end moved. An agent
-    before peer_busy_ns exports none: its proxies read 0 (not named from this measure)."""
-    held = np.clip(sends[:, F_PEER_BUSY] - _busy(receives, F_GPU_BUSY, F_GPU_WAIT), 0.0,
+    before peer_busy_ns exports none: its proxies read 0 (not named from this measure). A receiver that started
+    after the sender (a late rank, or one whose other communicator held it back) had no buffer to give credit
+    for until then: that part of the wait is the receiver's lateness (the ``late`` measure's), not the proxy's."""
+    started = (sends[:, F_START] > 0) & (receives[:, F_START] > 0)
+    not_there = np.where(started, np.maximum(receives[:, F_START] - sends[:, F_START], 0), 0)
+    held = np.clip(sends[:, F_PEER_BUSY] - _busy(receives, F_GPU_BUSY, F_GPU_WAIT) - not_there, 0.0,
                    _busy(receives, F_NET_BUSY, F_NET_WAIT))
     sent_of = np.flatnonzero(np.bincount(by, minlength=nranks))
     unsent = (np.bincount(by, weights=held, minlength=nranks)[sent_of]

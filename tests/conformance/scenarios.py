@@ -96,6 +96,10 @@ SCENARIOS += [
     Scenario("tpdp_slow_proxy", kind="slowdown", iters=AT_SLOW + 16, **TPDP,
              fault={"kind": "slow_proxy", "rank": 10, "at_iter": AT_SLOW, "sleep_ms": 10},
              expect={"category": "slow_proxy", "ranks": [10]}),
+    # a compute straggler: rank 6 calls every step 150 ms late, so its TP group waits for it first, then its DP ring
+    Scenario("tpdp_late_rank", kind="slowdown", iters=AT_SLOW + 16, **TPDP,
+             fault={"kind": "late", "rank": 6, "at_iter": AT_SLOW, "late_ms": 150, "n_late": 16},
+             expect={"category": "late_rank", "ranks": [6]}),
     # rank 7's NIC at a lower rate (a link trained down): what it sends and receives in its DP ring. A receive
     # side alone is not this: in a ring a rank hears from one sender only, which sends to it only, so a slow
     # receiving NIC and that sender's slow sending NIC move exactly the same flows (docs/algorithm.md §8)
