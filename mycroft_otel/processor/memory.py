@@ -273,22 +273,11 @@ class JobMemory:
                 most = c.s
         return most
 
-    def link_gathers(self, st: TraceState, elsewhere: bool = False) -> bool:
-        """A link (a flow or a NIC) of this communicator or one joined to it is half way to an alarm;
-        ``elsewhere``: a flow of another joined communicator only."""
+    def link_gathers(self, st: TraceState) -> bool:
+        """A flow of another communicator joined to this one is half way to an alarm."""
         here = self.root(("c", st.job, st.comm))
-        for k in self.half_way(st.job, (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)):
-            if k.measure == slowdown.FLOW:
-                if elsewhere and k.place == st.comm:
-                    continue
-                node = ("c", st.job, k.place)
-            elif elsewhere:
-                continue
-            else:
-                node = ("p", st.job, k.place)  # a NIC is a process's (or a rank's of a pid-only one), as _link joins
-            if self.root(node) == here:
-                return True
-        return False
+        return any(k.place != st.comm and self.root(("c", st.job, k.place)) == here
+                   for k in self.half_way(st.job, (slowdown.FLOW,)))
 
     def root(self, node: tuple) -> tuple:
         up = self._joined.setdefault(node, node)
@@ -320,15 +309,18 @@ class JobMemory:
 
     def held_in_shared(self, st: TraceState, rank: int, own_gpu: bool = True) -> bool:
         """A GPU or a proxy thread in a communicator this rank is in (itself included; its own GPU unless
-        ``own_gpu`` is False) is half way to an alarm: the rank's collective there ran long, and its kernels
-        run in order on its stream."""
+        ``own_gpu`` is False), or a link there (this communicator's too), is half way to an alarm: the rank's
+        collective there ran long, and its kernels run in order on its stream. Not the communicators of its
+        peers only: a link in a TP peer's DP ring holds that peer back, which is late into their TP group."""
         place = self.candidate(st.job, st.comm, slowdown.GPU, rank).place
-        near = {place}
-        for comm in self._comms_of.get((st.job, place), ()):
-            if comm != st.comm:
-                near |= self._members.get((st.job, comm), set())
-        return any(k.place in near and (own_gpu or k.place != place or k.measure != slowdown.GPU)
-                   for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY)))
+        comms = self._comms_of.get((st.job, place), set()) | {st.comm}
+        near = {place}.union(*(self._members.get((st.job, c), ()) for c in comms - {st.comm}))
+        for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY, slowdown.FLOW, slowdown.NIC_SEND,
+                                        slowdown.NIC_RECV)):
+            if k.place in comms if k.measure == slowdown.FLOW else \
+                    k.place in near and (own_gpu or k.place != place or k.measure != slowdown.GPU):
+                return True
+        return False
 
     def waited_in_shared(self, st: TraceState, rank: int) -> bool:
         """Another rank, late into a communicator this rank is in besides this one, is half way to an alarm:

@@ -78,7 +78,7 @@ def _held_back(n: "Naming", c: _Collective, a: Alarm) -> bool:
 
 
 def _link_elsewhere(n: "Naming", c: _Collective, a: Alarm) -> bool:
-    return n.mem.link_gathers(c.st, elsewhere=True)
+    return n.mem.link_gathers(c.st)
 
 
 def _late_rank(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
@@ -244,7 +244,7 @@ class Naming:
 
     def _busy_before(self, st: TraceState, rank: int, ev: slowdown.Evidence | None = None) -> bool:
         """The rank's lateness has a cause the test is gathering evidence of (half way to an alarm): its own
-        GPU, or a link in this communicator or one joined to it. A rank's kernels run in order on its stream,
+        GPU, or a link in a communicator it is in. A rank's kernels run in order on its stream,
         so a slow GPU or a slow transfer of its pipeline stage holds back its start in the next collective,
         and through a TP group the start of its peers' next collectives too. The reverse never holds: a rank
         that calls late leaves its peers' sends waiting for its credit (SendPeerWait), not on the link, and
@@ -255,13 +255,12 @@ class Naming:
         longer, and each enters its TP group's next collective late by as much. And another rank late into a
         communicator they share: the rank waited there for it.
 
-        Its own GPU only where the GPU reads healthy in this very collective: a slow GPU is slow in every
+        Its own GPU counts only where it does not read healthy in this very collective: a slow GPU is slow in every
         kernel, also this one's, while the GPU evidence of a rank that calls late gathers in its other
         communicators: their receives are posted when it launches, and their data waits behind this
         collective's kernel on its stream."""
         own = not self._gpu_healthy_here(ev, rank)
-        return (self.mem.held_in_shared(st, rank, own_gpu=own) or self.mem.link_gathers(st)
-                or self.mem.waited_in_shared(st, rank))
+        return self.mem.held_in_shared(st, rank, own_gpu=own) or self.mem.waited_in_shared(st, rank)
 
     def _gpu_healthy_here(self, ev: slowdown.Evidence | None, rank: int) -> bool:
         """The rank's GPU was measured in this collective and read no slower than the test's drift (a
