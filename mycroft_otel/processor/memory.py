@@ -308,13 +308,19 @@ class JobMemory:
                 table.clear()
 
     def held_in_shared(self, st: TraceState, rank: int, own_gpu: bool = True) -> bool:
-        """A GPU or a proxy thread in a communicator this rank is in (itself included; its own GPU unless
-        ``own_gpu`` is False), or a link there (this communicator's too), is half way to an alarm: the rank's
-        collective there ran long, and its kernels run in order on its stream. Not the communicators of its
-        peers only: a link in a TP peer's DP ring holds that peer back, which is late into their TP group."""
+        """A GPU, proxy thread or NIC in another communicator this rank is in (its own included; its own GPU
+        unless ``own_gpu`` is False) is half way to an alarm: the rank's collective there ran long, and its
+        kernels run in order on its stream. Or a link there, or one that holds back a peer it meets there (a
+        slow pipeline transfer keeps its end late into their TP group, where this rank waits for it), or one
+        of this communicator. Not a link of this communicator's peers' other rings: it holds that peer back,
+        which is then late into this communicator, not this rank."""
         place = self.candidate(st.job, st.comm, slowdown.GPU, rank).place
-        comms = self._comms_of.get((st.job, place), set()) | {st.comm}
-        near = {place}.union(*(self._members.get((st.job, c), ()) for c in comms - {st.comm}))
+        others = self._comms_of.get((st.job, place), set()) - {st.comm}
+        near = {place}.union(*(self._members.get((st.job, c), ()) for c in others))
+        comms = {st.comm} | others
+        for c in others:
+            for peer in self._members.get((st.job, c), ()):
+                comms |= self._comms_of.get((st.job, peer), set()) - {c}
         for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY, slowdown.FLOW, slowdown.NIC_SEND,
                                         slowdown.NIC_RECV)):
             if k.place in comms if k.measure == slowdown.FLOW else \
