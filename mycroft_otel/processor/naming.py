@@ -242,7 +242,7 @@ class Naming:
         found = [(u, c) for u in units if (c := self.mem.gathering(st, slowdown.PROXY, u)) is not None]
         return max(found, key=lambda x: x[1].s) if found else None
 
-    def _busy_before(self, st: TraceState, rank: int, ev: slowdown.Evidence | None = None) -> bool:
+    def _busy_before(self, st: TraceState, rank: int, ev: slowdown.Evidence) -> bool:
         """The rank's lateness has a cause the test is gathering evidence of (half way to an alarm): its own
         GPU, or a link in a communicator it is in. A rank's kernels run in order on its stream,
         so a slow GPU or a slow transfer of its pipeline stage holds back its start in the next collective,
@@ -262,13 +262,11 @@ class Naming:
         own = not self._gpu_healthy_here(ev, rank)
         return self.mem.held_in_shared(st, rank, own_gpu=own) or self.mem.waited_in_shared(st, rank)
 
-    def _gpu_healthy_here(self, ev: slowdown.Evidence | None, rank: int) -> bool:
+    def _gpu_healthy_here(self, ev: slowdown.Evidence, rank: int) -> bool:
         """The rank's GPU was measured in this collective and read no slower than the test's drift (a
         collective without flows, NVLink's, has no GPU measure: nothing is known there)."""
-        if ev is None or slowdown.GPU not in ev.z:
-            return False
-        units = ev.units(slowdown.GPU)
-        return rank in units and float(ev.z[slowdown.GPU][units.index(rank)]) <= self.s.cusum.k
+        z = ev.score(slowdown.GPU, rank)
+        return z is not None and z <= self.s.cusum.k
 
     def _waited_for(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> Cusum | None:
         """The evidence of another rank that started last and reads late, when it gathers: the ranks before

@@ -241,6 +241,12 @@ class Evidence:
         except ValueError:  # (not among the units: not measured)
             return None
 
+    def score(self, measure: str, unit) -> float | None:
+        """A candidate's standardized score of ``measure`` in this collective; None where it was not judged."""
+        z = self.z.get(measure)
+        units = self.units(measure)
+        return float(z[units.index(unit)]) if z is not None and unit in units else None
+
 
 def _crosses_hosts(st: TraceState, ranks: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Per flow (``src``/``dst``: indices into ``ranks``), whether its two ends are on different hosts, or a
