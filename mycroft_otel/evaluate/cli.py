@@ -21,9 +21,13 @@ from mycroft_otel.evaluate.sink import Sink
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default="builtin", help="builtin, or a YAML/JSON file of scenarios")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these scenarios")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="run only these scenarios (with --corpus: these runs of it, named as --list prints them)")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
-    p.add_argument("--keep", action="store_true", help="keep each scenario's rings, component logs and the processor's input (otlp.rec, for processor.replay)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep each scenario's rings, component logs and the processor's input (otlp.rec, for "
+                        "processor.replay); with --corpus, each run's processor input, for mycroft-otel report "
+                        "--replay (the processor's decision about each collective)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--virtual", action="store_true",
                    help="one process on virtual time: deterministic, independent of the machine's load, faster "
@@ -167,16 +171,17 @@ def _run_virtual(args: argparse.Namespace, todo: list, stall_ms: int) -> int:
 def _run_corpus(args: argparse.Namespace, stall_ms: int) -> int:
     from mycroft_otel.evaluate import corpus
 
-    if args.only or args.topology or args.scenarios != "builtin" or args.keep:
-        print("mycroft-otel eval --corpus: --only, --topology, --scenarios and --keep do not apply (the corpus "
-              "names its own scenarios: write a corpus JSON file to choose them)", file=sys.stderr)
+    if args.topology or args.scenarios != "builtin":
+        print("mycroft-otel eval --corpus: --topology and --scenarios do not apply (the corpus names its own "
+              "scenarios: write a corpus JSON file to choose them, --only to run some of them)", file=sys.stderr)
         return 2
     if args.jobs < 1:
         print(f"mycroft-otel eval --corpus: --jobs must be >= 1 (got {args.jobs})", file=sys.stderr)
         return 2
     try:
         rc, out = corpus.main_corpus(args.corpus, stall_ms, args.jobs, args.json, args.plot, args.estimate_from,
-                                     args.list, log=lambda m: print(m, file=sys.stderr))
+                                     args.list, log=lambda m: print(m, file=sys.stderr), only=args.only,
+                                     keep=args.keep)
     except (OSError, ValueError) as exc:  # FaultError, TopologyError and a bad JSON file are ValueErrors
         print(f"mycroft-otel eval --corpus: {exc}", file=sys.stderr)
         return 2

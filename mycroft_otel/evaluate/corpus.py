@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, fields, replace
@@ -311,14 +312,16 @@ def _excused(v, noise_events: list[dict]) -> bool:
 
 
 def run_case(case: Case, stall_ms: int, plugin: str | None = None, processors: int = 1,
-             routing: Routing = BY_JOB) -> dict:
+             routing: Routing = BY_JOB, keep_dir: str | None = None) -> dict:
     """Run one case on virtual time and score it: a compact row (JSON-able). ``processors``, ``routing``:
-    behind a gateway (virtual.run_scenario)."""
+    behind a gateway (virtual.run_scenario). ``keep_dir``: the processor's input is kept there as
+    ``<scenario>.otlp.rec`` (the row's ``recording``), for ``mycroft-otel report --replay``."""
     sc = case.scenario
     if case.fault in HANGS:
         sc = replace(sc, duration_s=HANG_AT_S + stall_ms / 1000 + 5.0)
+    recording = os.path.join(keep_dir, f"{sc.name}.otlp.rec") if keep_dir else None
     o = virtual.run_scenario(sc, stall_ms, plugin=plugin, model=case.model(), processors=processors,
-                             routing=routing)
+                             routing=routing, recording=recording)
     r = virtual.score(o)
     truth = o.truth or {}
     healthy = case.fault == HEALTHY
@@ -349,14 +352,15 @@ def run_case(case: Case, stall_ms: int, plugin: str | None = None, processors: i
         "right_latency_collectives": o.collectives.get(right[0].trace_id) if right else None,
         "collectives": o.n_collectives, "healthy_collectives": o.collectives_before_onset,
         "sim_s": r["sim_s"], "wall_s": round(o.wall_s, 2), "events": o.events,
+        **({"recording": recording} if recording else {}),
     }
 
 
 def _run_indexed(args: tuple) -> tuple[int, dict]:
     """One case; a case that raises becomes a row naming the error (the others' results are kept)."""
-    i, case, stall_ms, plugin, processors, routing = args
+    i, case, stall_ms, plugin, processors, routing, keep_dir = args
     try:
-        return i, run_case(case, stall_ms, plugin, processors, routing)
+        return i, run_case(case, stall_ms, plugin, processors, routing, keep_dir)
     except Exception as exc:  # noqa: BLE001 -- any failure of one run is reported with its case, not fatal
         return i, {"scenario": case.scenario.name, "fault": case.fault, "topology": case.topology,
                    "comm": case.comm, "noise": case.noise, "seed": case.scenario.seed,
@@ -365,9 +369,10 @@ def _run_indexed(args: tuple) -> tuple[int, dict]:
 
 def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | None = None,
                log: Callable[[str], None] = lambda m: None, processors: int = 1,
-               routing: Routing = BY_JOB) -> list[dict]:
+               routing: Routing = BY_JOB, keep_dir: str | None = None) -> list[dict]:
     """Rows in ``todo``'s order. ``jobs`` > 1: a process pool (one plugin per process: the virtual clock
-    belongs to one ABI driver per process, so cases never share a process concurrently)."""
+    belongs to one ABI driver per process, so cases never share a process concurrently). ``keep_dir``: each
+    run's recording is kept there (run_case)."""
     rows: list[dict | None] = [None] * len(todo)
 
     def done(i: int, row: dict) -> None:
@@ -381,7 +386,7 @@ def run_corpus(todo: list[Case], stall_ms: int, jobs: int = 1, plugin: str | Non
             f"{' false verdicts: ' + str(row['false_verdicts']) if row['false_verdicts'] else ''}"
             f" [{row['sim_s']} s simulated in {row['wall_s']} s]")
 
-    work = [(i, c, stall_ms, plugin, processors, routing) for i, c in enumerate(todo)]
+    work = [(i, c, stall_ms, plugin, processors, routing, keep_dir) for i, c in enumerate(todo)]
     if jobs <= 1:
         for w in work:
             done(*_run_indexed(w))
@@ -442,8 +447,11 @@ def _n_comms(topology: str) -> int:
 
 
 def main_corpus(spec_name: str, stall_ms: int, jobs: int, as_json: bool, plot: str | None,
-                estimate_from: list[str] | None, list_only: bool, log: Callable[[str], None]) -> tuple[int, str]:
-    """The CLI's body (cli.py parses): returns (exit code, what to print on stdout)."""
+                estimate_from: list[str] | None, list_only: bool, log: Callable[[str], None],
+                only: list[str] | None = None, keep: bool = False) -> tuple[int, str]:
+    """The CLI's body (cli.py parses): returns (exit code, what to print on stdout). ``only``: these runs of
+    the corpus (by scenario name, as ``list_only`` prints them); ``keep``: each run's recording is kept in a
+    new directory, for ``mycroft-otel report --replay`` (why each collective was named or not)."""
     spec = load_spec(spec_name)
     if estimate_from:
         rows = []
@@ -462,10 +470,19 @@ def main_corpus(spec_name: str, stall_ms: int, jobs: int, as_json: bool, plot: s
     todo = cases(spec, factors)
     for u in factors.unreachable:
         log(f"left out: {u}")
+    if only:
+        unknown = sorted(set(only) - {c.scenario.name for c in todo})
+        if unknown:
+            raise ValueError(f"corpus {spec.name} has no run named {', '.join(unknown)} (--list names them)")
+        todo = [c for c in todo if c.scenario.name in only]
     if list_only:
         return 0, "\n".join(f"{c.scenario.name:48s} {c.scenario.fault}" for c in todo)
     log(f"corpus {spec.name}: {len(todo)} runs, --jobs {jobs}")
-    runs = run_corpus(todo, stall_ms, jobs=jobs, log=log)
+    keep_dir = tempfile.mkdtemp(prefix=f"mycroft-corpus-{spec.name}-") if keep else None
+    runs = run_corpus(todo, stall_ms, jobs=jobs, log=log, keep_dir=keep_dir)
+    if keep_dir:
+        log(f"recordings kept in {keep_dir}: mycroft-otel report --replay {keep_dir}/<run>.otlp.rec shows "
+            "the processor's decision about each collective")
     rows = [r for r in runs if "error" not in r]
     rep = report(rows)
     rep["failed_runs"] = {r["scenario"]: r["error"] for r in runs if "error" in r}

@@ -34,6 +34,7 @@ from mycroft_otel.evaluate.routing import BY_JOB, HashRing, Routing, split
 from mycroft_otel.evaluate.scenarios import Scenario
 from mycroft_otel.evaluate.sink import Verdict
 from mycroft_otel.processor.pipeline import Processor
+from mycroft_otel.processor.receiver import write_record
 from mycroft_otel.sim.faults import parse_fault
 from mycroft_otel.sim.model import TimingModel, eval_model
 from mycroft_otel.sim.runner import RunConfig
@@ -136,9 +137,13 @@ def measured_slowdown(sim: Simulation, truth: dict) -> float | None:
 
 def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lambda msg: None,
                  model: TimingModel | None = None, ring_records: int | None = None,
-                 record: list | None = None, processors: int = 1, routing: Routing = BY_JOB) -> VirtualOutcome:
+                 record: list | None = None, processors: int = 1, routing: Routing = BY_JOB,
+                 recording: str | None = None) -> VirtualOutcome:
     """``record``: a list that receives the run's OTLP traffic as ExportTraceServiceRequest bytes, what the
-    processor received and then its root-cause spans (the input of ``mycroft-otel report``). ``model``: the job's timing model (default the eval model under NCCL's noise; the corpus varies the
+    processor received and then its root-cause spans (the input of ``mycroft-otel report``). ``recording``: a
+    file that receives what the processor received, in the format of ``mycroft-otel processor --record`` on
+    the job's clock: ``mycroft-otel report --replay`` on it shows why the processor decided what it did about
+    each collective (processor/replay.py gives the same verdicts). ``model``: the job's timing model (default the eval model under NCCL's noise; the corpus varies the
     noise and the DP algorithm). ``ring_records``: completions per ring (default the plugin's; a job of
     thousands of contexts needs fewer to fit /dev/shm). ``processors``: how many processors analyse the
     job, each agent request split among them as the gateway's load_balancing exporter does on ``routing``
@@ -159,6 +164,7 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
     job = VirtualJob(sim, cfg)
     transport = MemoryTransport()
     agent = None
+    rec = open(recording, "wb") if recording else None
     try:
         settings = AgentSettings.from_env(env, ring_dir=cfg.ring_dir, state_dir=f"{work}/state")
         agent = Agent(settings, transport=transport, resource_extra=[], clock=job.mono_ns)
@@ -183,6 +189,8 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
                     deliver(payload)
                     if record is not None:
                         record.append(payload)
+                    if rec is not None:
+                        write_record(rec, payload, "application/x-protobuf", job.realtime_ns())
                 next_poll += poll_ns
             if t == next_tick:
                 for proc in procs:
@@ -209,6 +217,8 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
         out.components = {"processor": "ok", "agent": "ok"}
         out.agent_requests, out.agent_bytes = transport.requests, transport.bytes
     finally:
+        if rec is not None:
+            rec.close()
         if agent is not None:
             agent.close(flush_timeout_s=1.0)
         job.close()

@@ -71,9 +71,11 @@ def decode_export_request(data: bytes, content_type: str = "application/x-protob
     return req
 
 
-def write_record(f, data: bytes, content_type: str) -> None:
-    """Append one received payload to a recording: <u64 time_ns><u8 json?><u32 len><payload>."""
-    f.write(struct.pack("<QBI", time.time_ns(), content_type.startswith("application/json"), len(data)))
+def write_record(f, data: bytes, content_type: str, t_ns: int | None = None) -> None:
+    """Append one received payload to a recording: <u64 time_ns><u8 json?><u32 len><payload>; ``t_ns``: when
+    it was received (default now; a run on virtual time passes its own clock)."""
+    f.write(struct.pack("<QBI", time.time_ns() if t_ns is None else t_ns, content_type.startswith("application/json"),
+                        len(data)))
     f.write(data)
     f.flush()
 

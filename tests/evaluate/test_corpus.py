@@ -123,6 +123,35 @@ def test_same_corpus_same_rows_with_a_process_pool(plugin, tmp_path):
     assert strip(a.stdout) == strip(b.stdout) and len(strip(a.stdout)) == 2
 
 
+def test_one_run_kept_replays_to_its_verdict_and_explains_each_collective(plugin, tmp_path):
+    """--only picks runs of a corpus by name and --keep keeps what their processor received: replayed, that
+    recording gives the run's verdict, and the report shows the decision about every collective (why the
+    ones before the verdict named nothing). A name the corpus does not have is refused with the names."""
+    from mycroft_otel import semconv as sc
+    from mycroft_otel.processor.replay import replay
+    from mycroft_otel.report import render_report
+
+    spec = tmp_path / "two.json"
+    spec.write_text(json.dumps({"slowdowns": ["slow_flow"], "magnitudes": [10], "hangs": [], "late_once_ms": [],
+                                "healthy_seeds": [11]}))
+    listed = _eval("--corpus", str(spec), "--list")
+    name = next(line.split()[0] for line in listed.stdout.splitlines() if line.startswith("slow_flow"))
+    r = _eval("--corpus", str(spec), "--only", name, "--keep", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (run,) = json.loads(r.stdout)["runs"]
+    assert run["scenario"] == name and run["named_right"], run
+    _proc, verdicts = replay(run["recording"])
+    assert verdicts, "the recording replayed to no verdict"
+    first = verdicts[0].attributes()
+    assert (first[sc.RCA_CATEGORY], list(first[sc.RCA_CULPRIT_GLOBAL_RANKS])) == \
+        (run["category"], run["culprit"]), [v.summary() for v in verdicts]
+    _html, rep, problems = render_report(run["recording"], replay=True)
+    assert not problems and rep.decision_counts.get("named") == 1 and rep.decision_counts.get("below_bar", 0) > 10, \
+        rep.decision_counts
+    bad = _eval("--corpus", str(spec), "--only", "no-such-run")
+    assert bad.returncode == 2 and "no run named no-such-run" in bad.stderr, bad.stderr[-500:]
+
+
 def test_a_slow_link_in_a_16_rank_ring_is_named_as_the_link(plugin, tmp_path):
     """Beyond the ci subset's 8 ranks: a slow link holds back every kernel upstream of it through the FIFO
     credits, so the GPU that alarms first may be several hops from the link (x3 named an upstream GPU), and a
