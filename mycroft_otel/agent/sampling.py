@@ -140,33 +140,15 @@ class Baselines:
         return result
 
 
-#: Collectives (sequence numbers) per phase of the cadence (Cadence): at the strides of a DP ring or a TP group
-#: at a few to a few tens of collectives a second (2-8), 8-32 kept collectives of one op of the step in a row,
-#: more than the test needs to reach its bar on one (h = 6, at most 1 a collective)
-PHASE_BLOCK = 64
-
-
 class Cadence:
-    """Keep collective ``seq`` of a communicator when ``seq - seq // PHASE_BLOCK`` is a multiple of ``stride``,
-    with ``stride`` the power of two that keeps about ``per_s`` collectives per second at the communicator's
-    measured completion rate: every stride-th collective, one later in each block of 64.
+    """Keep collective ``seq`` of a communicator when ``seq % stride == 0``, with ``stride`` the power of two that
+    keeps about ``per_s`` collectives per second at the communicator's measured completion rate.
 
     Every rank of a communicator completes its collectives at the same rate, so all pick the same stride and
     keep the same collectives: the processor gets complete traces to compare ranks and flows in, without
-    any coordination. Near a boundary two ranks may briefly pick neighbouring strides; the phase does not
-    depend on the stride, so the larger stride's collectives are kept by both.
-
-    Why the phase moves: a training step issues the same collectives in the same order every iteration,
-    often a power of two of them per communicator (a TP group's all-reduces per layer, a DP ring's gradient
-    buckets). Every stride-th collective would be the same op of every step, and a fault at another op (a
-    rank late into the step's first all-reduce) would never be seen; moving one op per block visits every
-    op of the step in turn. Why blocks, not a hash per collective: within a block the kept collectives are the
-    same op of successive steps, alike in size and skew, so a fault on it gathers evidence collective after
-    collective, and they stay evenly spaced (one gap of stride + 1 per block) so that a short fault still
-    gets its share; a hash mixes the step's ops, which widens the nulls and dilutes a mild fault's evidence
-    with the ops it does not move (docs/algorithm.md §8 has both measured). Cost: ``per_s`` op spans per
-    rank and communicator per second on top of the ratio sampling and the flags (docs/span-schema.md states
-    it in bytes).
+    any coordination. Near a boundary two ranks may briefly pick neighbouring strides; being powers of two,
+    the larger stride's collectives are kept by both. Cost: ``per_s`` op spans per rank and communicator per
+    second on top of the ratio sampling and the flags (docs/span-schema.md states it in bytes).
     """
 
     __slots__ = ("per_s", "window_ns", "stride", "_count", "_since")
@@ -191,7 +173,7 @@ class Cadence:
             if self.stride == 0 or abs(math.log2(max(want, 1.0)) - math.log2(self.stride)) > 0.75:
                 self.stride = 1 << max(0, min(20, round(math.log2(max(want, 1.0)))))
             self._count, self._since = 0, end_ns
-        return self.stride > 0 and seq >= 0 and (seq - seq // PHASE_BLOCK) & (self.stride - 1) == 0
+        return self.stride > 0 and seq >= 0 and seq % self.stride == 0
 
 
 class Summary:

@@ -37,22 +37,3 @@ def test_a_larger_stride_keeps_a_subset_of_a_smaller_one():
     a, b = _kept(fast, 100.0, 20.0), _kept(slow, 100.0, 20.0)
     assert fast.stride < slow.stride
     assert set(s for s in b if s >= 400) <= set(a)
-
-
-def test_every_position_of_a_periodic_step_is_kept_one_at_a_time():
-    """A training step issues the same collectives every iteration, here 4 per step on the communicator: a
-    stride of 4 taken as every fourth collective would keep the same op of every step (a late rank's first
-    collective of the step, never seen). The kept ones fall on every op, each about as often, and within a
-    phase block on one op of successive steps (alike in size and skew: the evidence of a fault on that op
-    gathers collective after collective)."""
-    from mycroft_otel.agent.sampling import PHASE_BLOCK
-
-    c = Cadence(per_s=4.0)
-    kept = [s for s in _kept(c, 16.0, 200.0) if s >= 16 * 4]
-    assert c.stride == 4
-    per_position = [sum(1 for s in kept if s % 4 == p) for p in range(4)]
-    assert min(per_position) >= len(kept) / 8, per_position
-    blocks: dict[int, set[int]] = {}
-    for s in kept:
-        blocks.setdefault(s // PHASE_BLOCK, set()).add(s % 4)
-    assert all(len(ops) == 1 for ops in blocks.values()), blocks
