@@ -64,12 +64,18 @@ def replayed_verdicts(recording: str, problems: list[Problem], decided: Run | No
     from mycroft_otel.processor.replay import replay
     from mycroft_otel.report.otlp_json import request_to_json, spans_from_request
 
-    logging.getLogger("mycroft_otel").setLevel(logging.ERROR)
+    # the replayed processor's verdict lines are the report's content, not news: quiet while it runs, and the
+    # caller's level back after (a report rendered inside a larger program must not silence its logging)
+    log = logging.getLogger("mycroft_otel")
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
         _proc, verdicts = replay(recording)
     except Exception as exc:  # noqa: BLE001 - reported, the rest of the report goes on
         problems.append(Problem(recording, f"replay failed: {type(exc).__name__}: {exc}"))
         return []
+    finally:
+        log.setLevel(level)
     if decided is not None:
         decided.decisions += list(_proc.decisions)
         for key, n in _proc.counts.items():

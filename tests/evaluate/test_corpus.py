@@ -8,6 +8,7 @@ tightens the table (raise a rate, lower a count); a worse one fails here.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -145,7 +146,9 @@ def test_one_run_kept_replays_to_its_verdict_and_explains_each_collective(plugin
     first = verdicts[0].attributes()
     assert (first[sc.RCA_CATEGORY], list(first[sc.RCA_CULPRIT_GLOBAL_RANKS])) == \
         (run["category"], run["culprit"]), [v.summary() for v in verdicts]
+    before = logging.getLogger("mycroft_otel").level
     _html, rep, problems = render_report(run["recording"], replay=True)
+    assert logging.getLogger("mycroft_otel").level == before  # the replay quiets its logging for itself only
     assert not problems and rep.decision_counts.get("named") == 1 and rep.decision_counts.get("below_bar", 0) > 10, \
         rep.decision_counts
     bad = _eval("--corpus", str(spec), "--only", "no-such-run")
