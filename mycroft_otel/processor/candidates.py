@@ -196,8 +196,9 @@ class CandidateTest:
         keys = self.mem.keys(job, comm, name, units)
         held = list(map(self.mem.cusums.get, keys))
         # a candidate with no evidence for either test and none held costs nothing
-        for i in sorted(set(compress(range(len(held)), map(is_not, held, repeat(None)))).union(
-                np.flatnonzero(z > (d.mild.k if name in MILD else d.k)).tolist())):
+        moved = np.flatnonzero(z > (d.mild.k if name in MILD else d.k)).tolist()
+        holding = list(compress(range(len(held)), map(is_not, held, repeat(None))))
+        for i in (sorted(set(holding).union(moved)) if holding else moved):
             c = held[i]
             if c is None:
                 c = held[i] = Cusum()

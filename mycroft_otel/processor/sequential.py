@@ -246,6 +246,21 @@ def _row_medians(v: np.ndarray, held: np.ndarray) -> np.ndarray:
     return (s[at, (held - 1) // 2] + s[at, held // 2]) / 2
 
 
+def _row_median_mad(v: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``v`` (as _row_medians, its ``held`` values first), the median and the median absolute
+    deviation from it. Rows that hold as many values each (a measure's candidates are taught together) are
+    sorted without their empty slots, and no index per row is gathered."""
+    n = int(held[0]) if len(held) else 0
+    if not n or not (held == n).all():
+        m = _row_medians(v, held)
+        return m, _row_medians(np.abs(v - m[:, None]), held)
+    lo, hi = (n - 1) // 2, n // 2
+    s = np.sort(v[:, :n], axis=1)
+    m = (s[:, lo] + s[:, hi]) / 2
+    d = np.sort(np.abs(s - m[:, None]), axis=1)
+    return m, (d[:, lo] + d[:, hi]) / 2
+
+
 class OwnSpreads:
     """Each candidate's own recent healthy scores of one measure, one row of a ring buffer per
     candidate (numpy, so a collective's candidates are read and taught at once): its own median and spread
@@ -285,16 +300,18 @@ class OwnSpreads:
 
     def stats(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per row: (median, spread, scores held); median and spread 0 while it holds fewer than
-        ``min_values``."""
-        med, scale = np.zeros(len(rows)), np.zeros(len(rows))
+        ``min_values``. A row's first n slots hold its scores (add fills the ring from slot 0; n stops at
+        size), the rest NaN: the count of scores held is n, not a scan for NaNs."""
         n = self._n[rows]
         ready = n >= self.min_values
+        if ready.all():  # (the usual case once a measure's candidates have been taught a while)
+            m, mad = _row_median_mad(self._buf[rows], n)
+            return m, 1.4826 * mad, n
+        med, scale = np.zeros(len(rows)), np.zeros(len(rows))
         if ready.any():
-            v = self._buf[rows[ready]]
-            held = np.count_nonzero(~np.isnan(v), axis=1)
-            m = _row_medians(v, held)
+            m, mad = _row_median_mad(self._buf[rows[ready]], n[ready])
             med[ready] = m
-            scale[ready] = 1.4826 * _row_medians(np.abs(v - m[:, None]), held)
+            scale[ready] = 1.4826 * mad
         return med, scale, np.where(ready, n, 0)
 
     def add(self, rows: np.ndarray, values: np.ndarray) -> None:

@@ -203,6 +203,15 @@ def _distinct_per_group(group: np.ndarray, value: np.ndarray, groups: int) -> np
     return np.add.reduceat(new.astype(np.int64), _run_starts(g)) if len(g) else np.zeros(groups, dtype=np.int64)
 
 
+def _run_lengths(starts: np.ndarray, total: int) -> np.ndarray:
+    """The length of each run that starts at ``starts`` (sorted, the first 0) in an array of ``total``
+    (np.diff's ``append`` concatenates through its generic path: several times this on a few runs)."""
+    out = np.empty(len(starts), dtype=np.int64)
+    out[:-1] = starts[1:] - starts[:-1]
+    out[-1:] = total - starts[-1:]
+    return out
+
+
 def _run_starts(ordered: np.ndarray) -> np.ndarray:
     """Where each run of equal values starts in a sorted array: np.unique's first indices, without the sort
     it would do again (a few times this work on a collective's hundred flows)."""
@@ -248,13 +257,13 @@ class Evidence:
         return float(z[units.index(unit)]) if z is not None and unit in units else None
 
 
-def _crosses_hosts(st: TraceState, ranks: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Per flow (``src``/``dst``: indices into ``ranks``), whether its two ends are on different hosts, or a
-    host is not known (then it may)."""
+def _crosses_hosts(m: Measures) -> np.ndarray:
+    """Per send flow of ``m``, whether its two ends are on different hosts, or a host is not known (then it
+    may)."""
     code: dict[str, int] = {}
-    hosts = np.array([code.setdefault(ref.resource.host, len(code)) if (ref := st.op.get(int(r))) is not None
-                      and ref.resource.host else -1 for r in ranks.tolist()], dtype=np.int64)
-    hs, hd = hosts[src], hosts[dst]
+    hosts = np.fromiter((code.setdefault(h, len(code)) if (h := ref.resource.host) else -1 for ref in m.refs),
+                        dtype=np.int64, count=len(m.refs))
+    hs, hd = hosts[m.src], hosts[m.dst]
     return (hs != hd) | (hs < 0)
 
 
@@ -270,14 +279,14 @@ def evidence(st: TraceState, m: Measures) -> Evidence:
         vals[FLOW] = (list(zip(s.tolist(), d.tolist(), ch.tolist())), m.net)
         # a NIC carries a rank's traffic to other hosts only: flows between two GPUs of one host (NVLink, PCIe,
         # shared memory) are no NIC's evidence
-        net = np.flatnonzero(_crosses_hosts(st, ranks, m.src, m.dst))
+        net = np.flatnonzero(_crosses_hosts(m))
         for name, side, other in ((NIC_SEND, m.src[net], m.dst[net]), (NIC_RECV, m.dst[net], m.src[net])):
             if not len(side):
                 break
             order = np.argsort(side, kind="stable")
             ordered = side[order]
             first = _run_starts(ordered)
-            keys, count = ordered[first], np.diff(first, append=len(ordered))
+            keys, count = ordered[first], _run_lengths(first, len(ordered))
             many = count >= 2  # a NIC is all of a rank's flows: one flow alone is the flow measure
             if name == NIC_RECV:
                 # flows into a rank from one sender only (a ring) read the same whether the sender's NIC or
