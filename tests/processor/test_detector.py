@@ -143,6 +143,32 @@ def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
     assert again[0] == rows[1] and own.stats(again)[1][1] == 0.0
 
 
+def test_own_spreads_read_the_same_median_and_spread_as_their_definition_whatever_rows_hold():
+    """stats takes a faster path when every row holds as many scores (one sort, empty slots left out): it
+    must read exactly the median and the median absolute deviation of each row's scores, ties and a ring
+    that has wrapped included, and the rows holding fewer scores than the others too."""
+    rng = np.random.default_rng(5)
+    for size, adds in ((8, 3), (8, 5), (8, 8), (8, 13), (7, 20)):
+        own = OwnSpreads(size=size, min_values=2)
+        units = [f"u{i}" for i in range(6)]
+        kept: dict[str, list[float]] = {u: [] for u in units}
+        for k in range(adds):
+            some = units if k % 4 else units[:4]  # the last two miss a collective now and then
+            x = np.round(rng.normal(0, 1, len(some)), 1)  # rounded: ties
+            own.add(own.rows(some), x)
+            for u, v in zip(some, x.tolist()):
+                kept[u] = (kept[u] + [v])[-size:]
+        for sel in (units, units[:4]):
+            med, spread, n = own.stats(own.rows(sel))
+            for u, m, s, c in zip(sel, med.tolist(), spread.tolist(), n.tolist()):
+                v = np.array(kept[u])
+                if len(v) < 2:
+                    assert (m, s, c) == (0.0, 0.0, 0)
+                    continue
+                assert c == len(v) and m == np.median(v), (u, m, np.median(v))
+                assert s == 1.4826 * np.median(np.abs(v - np.median(v))), (u, s)
+
+
 def test_a_null_borrowed_from_another_size_never_narrows_this_sizes_spread():
     """A communicator's 64 MiB all-reduces (bandwidth-bound, narrow) have taught a null; its first 16 KiB ones
     (latency-bound, 6x wider) are judged by it until they have a null of their own, at the wider of the two
