@@ -118,6 +118,11 @@ def _normal_scores(n: int) -> np.ndarray:
     return np.array([math.nan] + [std.inv_cdf(k / (2.0 * (n + 1))) for k in range(1, 2 * n + 2)] + [math.nan])
 
 
+#: a normal distribution's standard deviation per unit of its median absolute deviation (1 / Phi^-1(3/4)):
+#: a MAD times this is the robust spread every null and candidate is scaled by
+MAD_TO_SD = 1.4826
+
+
 def median(values: np.ndarray) -> float:
     """The median of a 1-d array by partition (np.median's own checks cost more than the work on the few
     hundred values a null or a collective holds)."""
@@ -179,7 +184,7 @@ class RobustNull:
             v = self._buf[:self._n]
             med = median(v)
             mad = median(np.abs(v - med))
-            self._cache = (med, max(1.4826 * mad, self.min_scale))
+            self._cache = (med, max(MAD_TO_SD * mad, self.min_scale))
         return self._cache
 
     def normal_scores(self, x: np.ndarray, tail: int = 0) -> np.ndarray:
@@ -306,12 +311,12 @@ class OwnSpreads:
         ready = n >= self.min_values
         if ready.all():  # (the usual case once a measure's candidates have been taught a while)
             m, mad = _row_median_mad(self._buf[rows], n)
-            return m, 1.4826 * mad, n
+            return m, MAD_TO_SD * mad, n
         med, scale = np.zeros(len(rows)), np.zeros(len(rows))
         if ready.any():
             m, mad = _row_median_mad(self._buf[rows[ready]], n[ready])
             med[ready] = m
-            scale[ready] = 1.4826 * mad
+            scale[ready] = MAD_TO_SD * mad
         return med, scale, np.where(ready, n, 0)
 
     def add(self, rows: np.ndarray, values: np.ndarray) -> None:

@@ -19,7 +19,7 @@ from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
 from mycroft_otel.processor.memory import Durations, JobMemory, KernelTime, get_or_put, kind_of
-from mycroft_otel.processor.sequential import median
+from mycroft_otel.processor.sequential import MAD_TO_SD, median
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import span_attributes
 from mycroft_otel.processor.state import TraceState
@@ -123,7 +123,7 @@ class SlowerCheck:
         (a descheduled rank's long kernel), so the mean's bar widens with them."""
         t, m = np.array(theirs), np.array(mine)
         mid = median(t)
-        scale = max(1.4826 * median(np.abs(t - mid)), self.s.min_scale)
+        scale = max(MAD_TO_SD * median(np.abs(t - mid)), self.s.min_scale)
         spread = np.sqrt(1.0 / len(m) + 1.0 / len(t))
         if median(m) - mid >= 3.0 * 1.2533 * scale * spread:
             return True
