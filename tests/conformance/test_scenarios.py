@@ -78,6 +78,12 @@ FLAKY: dict = {
                          "output) as rank 5's NIC in its DP ring, whose flows out had read slow on every channel "
                          "from ten collectives before the fault's onset: evidence a loaded 2-core host gave rank 5 "
                          "before the fault, which its verdict, 0.8 s after the onset, was counted against",
+    "tpdp_slow_proxy": "in the CI run of 3514b4f (its first miss; right in the fresh-clone runs before it) a verdict "
+                       "before the fault's onset: slow_gpu at rank 3, whose process the host had taken off the CPU "
+                       "for 45 ms in that time (94 ms over all healthy ranks). The emulated GPU and the proxy are "
+                       "threads of the rank's process, and the proxy records when the GPU released each receive "
+                       "buffer only when it runs again, so a starved process reads as its own slow GPU over "
+                       "consecutive collectives: the serially correlated evidence of tpdp_healthy. No fix yet",
     "tpdp_late_rank": "new on 2026-12-05, 14 of 16 runs right since the fixes below (4 of 5 beside 2 busy loops). "
                       "Its first recorded misses, fixed (tests/processor/testdata/conf_tpdp_late_rank): the DP "
                       "upstream's proxy named (credit it waited for before the late receiver started), then "
