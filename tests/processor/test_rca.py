@@ -387,6 +387,27 @@ def test_an_intra_node_collective_behind_a_stuck_one_is_its_consequence():
     assert proc.counts["propagated"] == 1
 
 
+def test_a_collective_launched_behind_a_stuck_intra_node_one_is_its_consequence_not_its_cause():
+    """The other way round: a TP all-reduce over NVLink hangs first (a GPU stalled inside it), and the DP
+    rings its ranks launched after it wait on GPUs that never reach their DP kernels. A GPU runs its stream's
+    kernels in launch order, so the DP hang is the TP one's consequence, never its cause: one verdict, in the
+    TP communicator, and the DP collective explained by it."""
+    t0 = time.time_ns() - 10_000_000_000
+    tp = Ring(2, nch=0, comm=0x70, seq=90, t0=t0)
+    tp.hang_all()
+    for r, rv in tp.ranks.items():  # TP ranks 0, 1 are DP ranks 4, 5 (global 4, 5)
+        rv.global_rank, rv.host = 4 + r, default_host(4 + r)
+    dp = Ring(8, comm=0xD0, seq=40, t0=t0 + 2_000_000)  # launched 2 ms after the TP all-reduce
+    dp.gpu_stall(5)
+    proc = Processor(env={})
+    proc.ingest_request(dp.request())
+    proc.ingest_request(tp.request())
+    vs = proc.tick() + proc.tick() + proc.tick()
+    assert [(v.comm, v.category) for v in vs] == [("0000000000000070", "gpu_stalled")], \
+        [v.summary() for v in vs]
+    assert proc.counts["propagated"] == 1
+
+
 def test_two_faults_two_comms_two_verdicts():
     a = Ring(8, comm=0xA)
     a.gpu_stall(2)
