@@ -3,6 +3,8 @@ announce different step counts (a rank called with another count). Named at once
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 import numpy as np
 
 from mycroft_otel import semconv as sc
@@ -17,9 +19,21 @@ def _signature(ref: SpanRef) -> tuple | None:
     return (func, ref.count if ref.count >= 0 else None, ref.datatype or None)
 
 
-def check_mismatch(st: TraceState) -> Finding | None:
+def _agreed(traces: Iterable[TraceState]) -> set[tuple]:
+    """The calls of these collectives on which all their completed ranks agreed."""
+    out = set()
+    for o in traces:
+        sigs = {_signature(ref) for ref in o.op.values()}
+        if len(sigs) == 1:
+            out |= sigs
+    return out
+
+
+def check_mismatch(st: TraceState, earlier: Callable[[], Iterable[TraceState]] | None = None) -> Finding | None:
     """Ranks that called different functions, sizes or types at the same sequence number (as their
-    completed or in-flight spans say: status spans carry no size)."""
+    completed or in-flight spans say: status spans carry no size). As many ranks on each side (a DP pair,
+    one of two): the side that made a call the communicator's ``earlier`` collectives all agreed on is the
+    usual one. A training step repeats its collectives, so the rank that changed its call is the other."""
     ref_of = {**st.inflight, **st.op}
     if len({(ref.func, ref.count, ref.datatype) for ref in ref_of.values()}) < 2:
         return None  # all alike (the usual case, told without grouping)
@@ -31,6 +45,10 @@ def check_mismatch(st: TraceState) -> Finding | None:
     if len(groups) < 2:
         return None
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    tie = len(ordered[0][1]) == len(ordered[1][1])
+    usual = _agreed(earlier()) if tie and earlier is not None else set()
+    if usual:
+        ordered.sort(key=lambda kv: (-len(kv[1]), kv[0] not in usual, min(kv[1])))
     majority_sig, majority = ordered[0]
     culprits = sorted(r for _, rs in ordered[1:] for r in rs)
     sig = _signature(ref_of[culprits[0]])
@@ -39,7 +57,8 @@ def check_mismatch(st: TraceState) -> Finding | None:
     for i, name in enumerate(names):
         if sig[i] != majority_sig[i]:
             what.append(f"{name} {sig[i]} (others {majority_sig[i]})")
-    conf = 0.95 if len(majority) > len(culprits) else 0.6
+    # a tie told apart by the communicator's history is weaker evidence than a majority, stronger than none
+    conf = 0.95 if len(majority) > len(culprits) else 0.8 if majority_sig in usual else 0.6
     return Finding(
         kind=sc.KIND_HANG, category="coll_mismatch", ranks=culprits, confidence=conf,
         evidence=(f"rank{'s' if len(culprits) > 1 else ''} {ranks_text(culprits)} called {', '.join(what)} "

@@ -272,7 +272,7 @@ class Processor:
         """(st, finding, seconds the analysis took), or None: no finding (or evidence the analysis failed on)."""
         t0 = time.perf_counter()
         try:
-            f = rca.analyse_hang(st)
+            f = rca.analyse_hang(st, earlier=lambda: self.store.earlier(st))
         except Exception:  # hostile or inconsistent evidence must not stop the processor
             log.exception("hang analysis failed for trace %s", st.trace_id.hex())
             self.counts["analysis_errors"] += 1

@@ -24,6 +24,7 @@ needs nothing outside the trace (that is what lets processors scale out by trace
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor.mismatch import check_mismatch, check_step_mismatch
@@ -254,9 +255,11 @@ def _classify_flow(views: dict[int, RankView], s: int, d: int, ch: int) -> tuple
     return "net_send_stalled", f"sender and receiver wait on each other at step {sf.done} of {sf.steps}"
 
 
-def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None) -> Finding | None:
+def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None,
+                 earlier: Callable[[], Iterable[TraceState]] | None = None) -> Finding | None:
+    """The hang's finding (``earlier``: the communicator's collectives before it, for a mismatch)."""
     views = build_views(st) if views is None else views
-    mm = check_mismatch(st) or check_step_mismatch(st)
+    mm = check_mismatch(st, earlier) or check_step_mismatch(st)
     if mm is not None:
         decorate(st, views, mm)
         return mm

@@ -361,6 +361,11 @@ class TraceStore:
             return 0
         return max((o.op[r].end_ns for r in st.inflight if r in o.op), default=0)
 
+    def earlier(self, st: TraceState, k: int = 16) -> list[TraceState]:
+        """The communicator's collectives before this one still held, up to ``k`` back (p2p: not indexed)."""
+        return [o for s in range(st.seq - 1, max(st.seq - 1 - k, -1), -1)
+                if (o := self.traces.get(self.trace_at.get((st.comm, s), b""))) is not None]
+
     def queued(self, st: TraceState) -> bool:
         """A waiting rank of this collective still has an earlier collective of the same communicator in
         flight: NCCL runs them in order, so this one's lack of progress is the earlier one's."""
@@ -391,10 +396,5 @@ class TraceStore:
 
     def busy_elsewhere(self, key: ProcKey, trace_id: bytes) -> list[TraceState]:
         """Other traces where process ``key`` is in flight (latest evidence)."""
-        out = []
-        for tid in self.inflight_by_proc.get(key, ()):
-            if tid != trace_id:
-                st = self.traces.get(tid)
-                if st is not None:
-                    out.append(st)
-        return out
+        return [st for tid in self.inflight_by_proc.get(key, ())
+                if tid != trace_id and (st := self.traces.get(tid)) is not None]

@@ -119,6 +119,21 @@ def test_mismatch():
     assert "count" in v.finding.evidence
 
 
+@pytest.mark.parametrize("c", [0, 1])
+def test_a_mismatch_in_a_pair_names_the_rank_that_changed_its_call(c):
+    """Two ranks (a DP pair) that disagree are one against one: the communicator's earlier collectives, which
+    both ranks called alike, say which call is the usual one (a training step repeats its collectives)."""
+    t0 = time.time_ns() - 20_000_000_000
+    proc = Processor(env={}, settle_s=0.2)
+    for k in range(3):
+        proc.ingest_request(Ring(2, comm=0xD1, seq=20 + k, t0=t0 + k * 10_000_000).request())
+    ring = Ring(2, comm=0xD1, seq=23, t0=t0 + 30_000_000)
+    ring.mismatch(c)
+    v = _one(_run(ring, proc=proc)[1])
+    assert (v.category, v.finding.ranks) == ("coll_mismatch", [c])
+    assert v.finding.confidence == 0.8
+
+
 def _steps(ring, rank: int, steps: int, channels=None) -> None:
     """Rank ``rank``'s flows (on ``channels``, default all) announce ``steps`` steps, all of them moved."""
     for f in ring.ranks[rank].flows:
