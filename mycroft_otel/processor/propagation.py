@@ -9,10 +9,10 @@
   one's) and is then attributed to it. Likewise a GPU the walk finds neither consuming nor producing while
   its process is in flight in another hung trace: its stream is busy in that one's kernel. Both only behind
   a trace the process entered first: the stream runs kernels in launch order, so a DP kernel queued behind a
-  stuck TP one is that one's consequence, never its cause. While the other collective still moves, the culprit is slow there,
-  not absent here, so this one waits too; once that one is hung as well it waits up to 2 x the stall
-  threshold (a cycle of waits must not block forever), and a cycle where every trace waits for this one
-  names this one at once.
+  stuck TP one is that one's consequence, never its cause. While the other collective still moves, the
+  culprit is slow there, not absent here, so this one waits too; once that one is hung as well it waits up
+  to 2 x the stall threshold (a cycle of waits must not block forever), and a cycle where every trace waits
+  for this one names this one at once.
 - The ranks a hang waits for have evidence in a *later* collective of the communicator: they completed this
   one, and the waiting ranks expect data nobody sends -- the ranks disagree on the collective's size.
 """
@@ -24,12 +24,12 @@ from typing import Callable
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import detect, rca
 from mycroft_otel.processor.views import Finding, build_views, decorate
-from mycroft_otel.processor.state import TraceState, TraceStore, proc_key
+from mycroft_otel.processor.state import ProcKey, TraceState, TraceStore, proc_key
 
 _KEPT = 4096
 
 
-def _launched_before(o: TraceState, key, start_ns: int) -> bool:
+def _launched_before(o: TraceState, key: ProcKey, start_ns: int) -> bool:
     """Whether process ``key`` entered trace ``o``'s collective before ``start_ns``. A GPU runs its stream's
     kernels in launch order, so a rank present here waits behind another communicator's kernel only when that
     one was launched first: a TP kernel stuck on a stalled peer holds the DP kernel queued behind it, never
@@ -96,7 +96,7 @@ class Propagation:
                 # known only by its process, which holds another rank waiting right here: that process is
                 # not stuck elsewhere, this rank of it is missing (several GPUs per process)
                 continue
-            mine = None if missing else ref
+            mine = None if missing else st.inflight.get(r)  # when this rank's process launched this one
             others += [o for o in self.store.busy_elsewhere(key, st.trace_id)
                        if (o.comm != st.comm or o.seq < st.seq) and o.has_hang_evidence()
                        and (mine is None or _launched_before(o, key, mine.start_ns))]
