@@ -118,6 +118,13 @@ FLOW_GPU_BUSY = "mycroft.flow.gpu_busy_ns"   # the same waits as a union over st
 FLOW_NET_BUSY = "mycroft.flow.net_busy_ns"
 FLOW_PEER_BUSY = "mycroft.flow.peer_busy_ns"  # a send flow's time >= 1 step waited for credit (SendPeerWait)
 FLOW_NIC = "mycroft.flow.nic"                # NIC name/index when NCCL emits NetPlugin events
+# A flow array an op span leaves out when it equals another of its arrays, and that a reader takes from it:
+# a completed flow's stages all reached its steps and its last progress is its end; its busy times equal its
+# summed waits unless two of its steps waited at once. (Any other flow array is left out when all its
+# elements are 0 and reads as zeros.)
+FLOW_SAME_AS = {FLOW_POSTED: FLOW_STEPS, FLOW_READY: FLOW_STEPS, FLOW_TRANSMITTED: FLOW_STEPS,
+                FLOW_DONE: FLOW_STEPS, FLOW_LAST_PROGRESS: FLOW_END, FLOW_GPU_BUSY: FLOW_GPU_WAIT,
+                FLOW_NET_BUSY: FLOW_NET_WAIT}
 
 # --- status spans ---------------------------------------------------------------------
 STATUS_KIND = "mycroft.status.kind"          # one of STATUS_KINDS
@@ -205,7 +212,10 @@ GAP_NS = "mycroft.gap_ns"    # time since the rank's previous op on this communi
 # the persistence of a slowdown, carried inside each trace so that a processor needs no other trace to see it
 ANOMALY_RECENT = "mycroft.anomaly.recent"
 RECENT_WINDOW = 8
-HOST = "host.name"           # also set on rank spans (copy of the resource's host.name) for span-only readers
+# What a rank's spans on a communicator share, carried once by their resource and not by each span: a reader
+# takes them from the resource (OpenTelemetry: a resource's attributes describe every span it holds; TraceQL's
+# unscoped `.mycroft.rank` finds them there)
+RESOURCE_SPAN_ATTRS = (COMM_HASH, COMM_NAME, COMM_NRANKS, COMM_NNODES, RANK, GLOBAL_RANK, LOCAL_RANK, HOST_NAME)
 OP_STATE_COMPLETED = "completed"
 OP_STATE_IN_FLIGHT = "in_flight"
 PROCESS_STOPPED = "mycroft.process.stopped"  # bool on in-flight/status spans: the writer is SIGSTOPped (state T)

@@ -1,7 +1,7 @@
 """Ring records and live slots → OTLP span bytes, per docs/span-schema.md.
 
 One :class:`SpanBuilder` per source (rank context). It holds what never changes for
-that context (resource, the common attributes, pre-encoded) and builds:
+that context (its resource, which carries what all its spans share: sc.RESOURCE_SPAN_ATTRS) and builds:
 
 * ``op_spans(records, ...)``: the completed ``nccl.<Func>`` spans of a batch of ring
   records, vectorised over the batch (numpy column encoders in :mod:`.otlp`);
@@ -87,8 +87,9 @@ _FLOW_INT_FIELDS = (
     (sc.FLOW_PEER_BUSY, "peer_busy_ns", False),
 )
 # Flow arrays sent even when every element is 0: the channel gives the row count, and a reader's default for a
-# missing peer is -1 (unknown), not 0. Any other flow array whose elements are all 0 (or all "") is left out:
-# it reads as zeros (docs/span-schema.md) -- on a completed op the wait state, step and since are always so.
+# missing peer is -1 (unknown), not 0. An array of sc.FLOW_SAME_AS is left out when it equals the array named
+# there; any other whose elements are all 0 (or all "") is left out: it reads as zeros (docs/span-schema.md) --
+# on a completed op the wait state, step and since are always so.
 _FLOW_ALWAYS = frozenset({sc.FLOW_CHANNEL, sc.FLOW_PEER})
 _DIR_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in DIR_NAMES]
 _WAIT_ELEM = [otlp.ld(1, otlp.any_value(n)) for n in sc.WAIT_STATE_NAMES]
@@ -179,7 +180,7 @@ class SpanBuilder:
                 (sc.NCCL_PROFILER_ABI, src.abi_version), (sc.COMM_HASH, src.comm_hex)]
         if src.comm_name:
             res.append((sc.COMM_NAME, src.comm_name))
-        res.append((sc.RANK, src.rank))
+        res += [(sc.COMM_NRANKS, src.nranks), (sc.COMM_NNODES, src.nnodes), (sc.RANK, src.rank)]
         if src.global_rank >= 0:
             res.append((sc.GLOBAL_RANK, src.global_rank))
         if src.local_rank >= 0:
@@ -190,17 +191,6 @@ class SpanBuilder:
         res += [(k, v) for k, v in resource_extra if k not in seen]
         self.resource = otlp.resource(res)
         self.resource_attrs = res
-        common: list[tuple[str, Any]] = [(sc.COMM_HASH, src.comm_hex)]
-        if src.comm_name:
-            common.append((sc.COMM_NAME, src.comm_name))
-        common += [(sc.COMM_NRANKS, src.nranks), (sc.COMM_NNODES, src.nnodes), (sc.RANK, src.rank)]
-        if src.global_rank >= 0:
-            common.append((sc.GLOBAL_RANK, src.global_rank))
-        if src.local_rank >= 0:
-            common.append((sc.LOCAL_RANK, src.local_rank))
-        common.append((sc.HOST, src.host))
-        self.common_attrs = common
-        self.common_bytes = otlp.attributes(9, common)
         self._link_attr_cache: dict[tuple, bytes] = {}
 
     # --- ids ---------------------------------------------------------------------------
@@ -259,8 +249,7 @@ class SpanBuilder:
         r = s.to_real
         kind, func = int(op["kind"]), int(op["func"])
         peer = int(op["root_or_peer"])
-        a: list[tuple[str, Any]] = list(self.common_attrs)
-        a += [(sc.COLL_SEQ, int(op["seq"])), (sc.COLL_FUNC, func_name(func)),
+        a: list[tuple[str, Any]] = [(sc.COLL_SEQ, int(op["seq"])), (sc.COLL_FUNC, func_name(func)),
               (sc.OP_KIND, _name(KIND_NAMES, kind)), (sc.OP_STATE, state), (sc.NCCL_SEQ, int(op["nccl_seq"])),
               (sc.COLL_COUNT, int(op["count"])), (sc.COLL_BYTES, int(op["bytes"])),
               (sc.COLL_DATATYPE, _name(DATATYPE_NAMES, int(op["datatype"])))]
@@ -301,14 +290,16 @@ class SpanBuilder:
         n = min(int(op["n_flows"]), len(flows))
         if n:
             f = flows[:n]
+            cols: dict[str, list[int]] = {}
             for spec in _FLOW_INT_FIELDS:
                 if spec is None:
                     continue
                 key, field, is_time = spec
-                vals = [int(v) for v in f[field].tolist()]
+                vals = cols[key] = [int(v) for v in f[field].tolist()]
                 if is_time:
-                    vals = [r(v) for v in vals]
-                if any(vals) or key in _FLOW_ALWAYS:
+                    vals = cols[key] = [r(v) for v in vals]
+                same = sc.FLOW_SAME_AS.get(key)
+                if (vals != cols[same]) if same else (any(vals) or key in _FLOW_ALWAYS):
                     a.append((key, vals))
                 if key == sc.FLOW_CHANNEL:
                     a.append((sc.FLOW_DIRECTION, [DIR_NAMES[int(d) & 1] for d in f["dir"].tolist()]))
@@ -422,16 +413,21 @@ class SpanBuilder:
         flow_cols: list[list[bytes]] = []
         # record of each flow row, to tell per record whether a column has any non-zero element
         row_rec = np.repeat(np.arange(R), nflows)
+        cols: dict[str, np.ndarray] = {}
         for spec in _FLOW_INT_FIELDS:
             if spec is None:
                 continue
             key, field, is_time = spec
-            v = fl_all[field].astype(np.int64)
+            v = cols[key] = fl_all[field].astype(np.int64)
             if is_time:
-                v = np.where(v != 0, v + off, 0)
+                v = cols[key] = np.where(v != 0, v + off, 0)
             blob, ends = otlp.int_array_elements(v.view(np.uint64))
             kf = _kf(key)
-            send = (nflows > 0) if key in _FLOW_ALWAYS else np.bincount(row_rec[v != 0], minlength=R) > 0
+            same = sc.FLOW_SAME_AS.get(key)
+            if key in _FLOW_ALWAYS:
+                send = nflows > 0
+            else:  # a record keeps the array where one of its flows differs from what it reads as when left out
+                send = np.bincount(row_rec[v != (cols[same] if same else 0)], minlength=R) > 0
             flow_cols.append([otlp.array_attr(kf, e) if keep else b""
                               for e, keep in zip(otlp.split(blob, ends, nflows), send.tolist())])
             if key == sc.FLOW_CHANNEL:
@@ -457,7 +453,7 @@ class SpanBuilder:
             trace = traces[i]
             tb = trace.to_bytes(16, "big")
             p = peer_l[i]
-            parts = [self.common_bytes, c_seq[i], _FUNC_ATTR[fn], _KIND_ATTR[k], completed, c_nseq[i], c_count[i],
+            parts = [c_seq[i], _FUNC_ATTR[fn], _KIND_ATTR[k], completed, c_nseq[i], c_count[i],
                      c_bytes[i], _DT_ATTR[dl[i]]]
             if k == KIND_COLL and fn in ROOTED_FUNCS:
                 parts.append(_attr(sc.COLL_ROOT, p))
@@ -528,7 +524,7 @@ class SpanBuilder:
 
     def status_span(self, kind: str, trace: int, seq: int, last_seq: int, idle_since_real: int, now_real: int,
                     last_state: str, stopped: bool, func: str | None = None) -> bytes:
-        attrs = list(self.common_attrs) + [(sc.COLL_SEQ, seq)]
+        attrs = [(sc.COLL_SEQ, seq)]
         if func:
             attrs.append((sc.COLL_FUNC, func))
         attrs += [(sc.STATUS_KIND, kind), (sc.STATUS_LAST_SEQ, last_seq), (sc.STATUS_IDLE_SINCE, idle_since_real),
@@ -551,7 +547,7 @@ class SpanBuilder:
         except (ValueError, AttributeError):  # reader closed, or a reader without a header
             plugin = []
         return otlp.span(trace, sid, sc.SUMMARY_SPAN, window_start_real, window_end_real,
-                         list(self.common_attrs) + [(sc.SUMMARY_WINDOW_START, window_start_real)] + attrs + plugin)
+                         [(sc.SUMMARY_WINDOW_START, window_start_real)] + attrs + plugin)
 
 
 def _kch_of(rec: Any) -> np.ndarray | None:

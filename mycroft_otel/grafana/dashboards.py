@@ -335,14 +335,20 @@ def overview() -> db.Dashboard:
     return d
 
 
+def _scoped(key: str) -> str:
+    """A TraceQL attribute: span-scoped, or unscoped (span or resource) for those a rank's resource carries."""
+    return f".{key}" if key in sc.RESOURCE_SPAN_ATTRS else f"span.{key}"
+
+
 def collective() -> db.Dashboard:
     d = base("mycroft-collective", "mycroft collective", "Drill-down into one collective instance (one trace): "
              "verdict, every rank's evidence, the trace view.", None)
     d = d.with_variable(db.TextBoxVariable("trace_id").label("trace id").description(
         "32 hex digits: a collective's trace id (from the overview or a mycroft.root_cause span)"))
     d = d.with_variable(query_var("comm", "communicator", "mycroft_root_causes_total", "comm", multi=False))
-    evidence = ("select(" + ", ".join(f"span.{k}" for k in (
-        sc.RANK, sc.GLOBAL_RANK, sc.HOST, sc.OP_STATE, sc.ANOMALY, sc.SNAPSHOT_SEQ, sc.STATUS_KIND,
+    # a rank's spans carry their communicator and rank on their resource (sc.RESOURCE_SPAN_ATTRS): unscoped
+    evidence = ("select(" + ", ".join(_scoped(k) for k in (
+        sc.RANK, sc.GLOBAL_RANK, sc.HOST_NAME, sc.OP_STATE, sc.ANOMALY, sc.SNAPSHOT_SEQ, sc.STATUS_KIND,
         sc.STATUS_LAST_STATE, sc.PROCESS_STOPPED, sc.COLL_FUNC, sc.COLL_SEQ)) + ")")
     comm = 'comm=~"$comm"'
     for p in (
@@ -353,7 +359,7 @@ def collective() -> db.Dashboard:
         panel("table", 2, "Every rank's evidence",
               "One row per span: completed op spans, in-flight snapshots, not_entered / process_exited status. A "
               "rank with no row is silent (its op span id is still linked by its peers).", (0, 5, 24, 10),
-              [traceql("A", f'{{ trace:id = "${{trace_id}}" && span.{sc.RANK} >= 0 }} | {evidence}', spss=4096)],
+              [traceql("A", f'{{ trace:id = "${{trace_id}}" && {_scoped(sc.RANK)} >= 0 }} | {evidence}', spss=4096)],
               ds=TEMPO),
         panel("traces", 3, "Trace", "All ranks of the collective in one trace; links are the data dependencies "
               "(recv_from / send_to) and the verdict's culprit/evidence.", (0, 15, 24, 14),

@@ -95,7 +95,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
     # GPU: receive side
     recv = ~send
     gpu_of = np.flatnonzero(np.bincount(row[recv], minlength=len(refs)))
-    gpu = (np.bincount(row[recv], weights=_busy(table[recv], F_GPU_BUSY, F_GPU_WAIT), minlength=len(refs))[gpu_of]
+    gpu = (np.bincount(row[recv], weights=_busy(table[recv], F_GPU_BUSY), minlength=len(refs))[gpu_of]
            / np.bincount(row[recv], weights=steps[recv], minlength=len(refs))[gpu_of])
     # network: send flows into a rank of the same trace we heard from (one we did not may simply have
     # been late: no fair comparison); the receiver found by its (trace, rank) key
@@ -106,7 +106,7 @@ def measure(traces: list[TraceState]) -> list[Measures]:
                     (trace_of[src] << _RANK_BITS) | np.clip(peer, 0, (1 << _RANK_BITS) - 1))
     ok = (peer >= 0) & (peer < 1 << 20) & (at >= 0)
     out_rows, src, dst = out_rows[ok], src[ok], at[ok]
-    net = _busy(table[out_rows], F_NET_BUSY, F_NET_WAIT) / steps[out_rows]
+    net = _busy(table[out_rows], F_NET_BUSY) / steps[out_rows]
     # the other end's flow: its step count (mismatch.step_mismatch) and its wait for data (proxy)
     rx = np.flatnonzero(recv)
     rx_at = mismatch.receiver_flow(dst, table[out_rows, F_CHANNEL], ranks[src], row[rx], table[rx, F_CHANNEL],
@@ -160,19 +160,18 @@ def _unsent(sends: np.ndarray, receives: np.ndarray, by: np.ndarray, steps: np.n
     for until then: that part of the wait is the receiver's lateness (the ``late`` measure's), not the proxy's."""
     started = (sends[:, F_START] > 0) & (receives[:, F_START] > 0)
     not_there = np.where(started, np.maximum(receives[:, F_START] - sends[:, F_START], 0), 0)
-    held = np.clip(sends[:, F_PEER_BUSY] - _busy(receives, F_GPU_BUSY, F_GPU_WAIT) - not_there, 0.0,
-                   _busy(receives, F_NET_BUSY, F_NET_WAIT))
+    held = np.clip(sends[:, F_PEER_BUSY] - _busy(receives, F_GPU_BUSY) - not_there, 0.0,
+                   _busy(receives, F_NET_BUSY))
     sent_of = np.flatnonzero(np.bincount(by, minlength=nranks))
     unsent = (np.bincount(by, weights=held, minlength=nranks)[sent_of]
               / np.bincount(by, weights=steps, minlength=nranks)[sent_of])
     return sent_of, unsent
 
 
-def _busy(rows: np.ndarray, busy: int, wait: int) -> np.ndarray:
-    """The flows' busy times (the union of their steps' waits), or the summed waits of a flow whose agent
-    does not export them (an older agent: its busy column reads 0 while its steps did wait)."""
-    b = rows[:, busy]
-    return np.where((b > 0) | (rows[:, wait] == 0), b, rows[:, wait]).astype(np.float64)
+def _busy(rows: np.ndarray, busy: int) -> np.ndarray:
+    """The flows' busy times: the union of their steps' waits (their summed waits where the agent left the
+    array out as equal to them, or an older agent did not export it: spans.flow_table)."""
+    return rows[:, busy].astype(np.float64)
 
 
 def _leave_one_out_medians(values: np.ndarray) -> np.ndarray:

@@ -118,8 +118,9 @@ def flow_table(refs: Sequence[SpanRef], columns: tuple[str, ...] = FLOW_COLUMNS)
     (the first gives the row count; only these keys are decoded); a span's rows are contiguous, in
     ``refs`` order -- and the number of rows of each span."""
     dec = _flow_decoders.get(columns)
-    if dec is None:
-        dec = _flow_decoders[columns] = _native.FlowDecoder(columns, _FLOW_NAMES)
+    if dec is None:  # (an array the agent left out as equal to another reads as that one: it must be a column too)
+        same_as = {k: v for k, v in sc.FLOW_SAME_AS.items() if k in columns}
+        dec = _flow_decoders[columns] = _native.FlowDecoder(columns, _FLOW_NAMES, same_as)
     data, counts = dec.table(refs)
     return np.frombuffer(data, dtype=np.int64).reshape(-1, len(columns)), np.frombuffer(counts, dtype=np.int64)
 

@@ -60,6 +60,8 @@ def flows_of(span: Span) -> list[Flow]:
 
     def col(key, default):
         v = a.get(key)
+        if v is None and key in sc.FLOW_SAME_AS:  # left out as equal to that array
+            v = a.get(sc.FLOW_SAME_AS[key])
         return [v[i] if isinstance(v, list) and i < len(v) else default for i in range(n)]
     cols = [col(sc.FLOW_DIRECTION, "?"), col(sc.FLOW_PEER, -1), col(sc.FLOW_STEPS, 0), col(sc.FLOW_POSTED, 0),
             col(sc.FLOW_READY, 0), col(sc.FLOW_TRANSMITTED, 0), col(sc.FLOW_DONE, 0), col(sc.FLOW_WAIT_STATE, ""),
@@ -427,7 +429,7 @@ JOB_END_WINDOW_NS = 1_000_000_000
 def _process(s: Span) -> tuple:
     r = s.resource
     pid = r.get(sc.PROCESS_PID) if isinstance(r, dict) else None
-    host = r.get(sc.HOST) if isinstance(r, dict) else None
+    host = r.get(sc.HOST_NAME) if isinstance(r, dict) else None
     return (host, pid) if pid is not None else (host, s.attrs.get(sc.GLOBAL_RANK), s.attrs.get(sc.COMM_HASH),
                                                 s.attrs.get(sc.RANK))
 

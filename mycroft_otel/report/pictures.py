@@ -148,7 +148,7 @@ def timeline_svg(t: CollTrace, walk_ranks: list[int]) -> str:
                        f'<text x="{L + 4}" y="{y + 12}" font-size="11" font-style="italic" fill="#999">'
                        f"{_NO_SPAN[completed]} ({last - r + 1} ranks)</text>")
             continue
-        host = rv.attr(sc.HOST) if rv else None
+        host = rv.attr(sc.HOST_NAME) if rv else None
         g = rv.attr(sc.GLOBAL_RANK) if rv else None
         label = f"rank {r}" + (f" (g{g})" if g is not None else "") + (f" {host}" if host else "")
         weight = ' font-weight="bold" fill="#b00020"' if r in culprits else ""
@@ -284,7 +284,7 @@ def walk_svg(t: CollTrace, hops) -> str:
             cul = h.rank in culprits
             fill = "#f8c9c9" if cul else ("#fff1c1" if i == len(items) - 1 else "#e8eef7")
             rv = t.ranks.get(h.rank)
-            host = (rv.attr(sc.HOST) or "") if rv else "silent"
+            host = (rv.attr(sc.HOST_NAME) or "") if rv else "silent"
             out.append(f'<rect x="{x0}" y="10" width="{BW}" height="{BH}" rx="5" fill="{fill}" '
                        f'stroke="{"#b00020" if cul else "#888"}"/>'
                        f'<text x="{x0 + BW / 2}" y="25" font-size="12" text-anchor="middle" font-weight="bold">'

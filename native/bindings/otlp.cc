@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -344,21 +345,25 @@ class SpanDecoder {
     py::object last_tid_obj;
     Wire req{base, base + buf.size()};
     for (Wire rs; req.Next(1, &rs);) {
-      // The resource may come after the spans on the wire: read it first.
-      RawValue rvals[3];
+      // The resource may come after the spans on the wire: read it first. Its attributes among the span
+      // attributes read here are every span's values where the span has none (the agent sends what a rank's
+      // spans share -- communicator, rank -- on the resource only).
+      RawValue rvals[3], shared[kAttrs];
       for (Wire scan = rs, res; scan.Next(1, &res);) {
         for (Wire kv; res.Next(1, &kv);) {
           Wire key{nullptr, nullptr}, value{nullptr, nullptr};
           if (!SplitKeyValue(kv, &key, &value)) continue;
           size_t i = resource_keys_.Find(key.View());
           if (i < 3) rvals[i] = ReadValue(value);
+          size_t j = attr_keys_.Find(key.View());
+          if (j < kAttrs) shared[j] = ReadValue(value);
         }
       }
       py::object resource = Resource(rvals);
       for (Wire ss; rs.Next(2, &ss);) {
         for (Wire sp; ss.Next(2, &sp);) {
           ++seen;
-          Kind kind = Span(sp, base, data, resource, &refs, &last_tid, &last_tid_obj);
+          Kind kind = Span(sp, base, data, resource, shared, &refs, &last_tid, &last_tid_obj);
           ignored += kind == kRootCause;
           rejected += kind == kUnknown;
         }
@@ -394,13 +399,14 @@ class SpanDecoder {
 
   // Adds the span's SpanRef to refs when it has our shape; returns its kind (kRootCause: ignored,
   // kUnknown: rejected).
-  Kind Span(Wire sp, const uint8_t* base, const py::bytes& data, const py::object& resource, py::list* refs,
-            Wire* last_tid, py::object* last_tid_obj) const {
+  Kind Span(Wire sp, const uint8_t* base, const py::bytes& data, const py::object& resource,
+            const RawValue (&shared)[kAttrs], py::list* refs, Wire* last_tid, py::object* last_tid_obj) const {
     const uint8_t* span_start = sp.p;
     size_t span_len = size_t(sp.end - sp.p);
     Wire tid{nullptr, nullptr}, sid{nullptr, nullptr}, name_w{nullptr, nullptr};
     uint64_t start = 0, end = 0;
     RawValue vals[kAttrs];
+    std::copy(std::begin(shared), std::end(shared), std::begin(vals));
     int64_t flows_at = -1;
     while (sp.More()) {
       const uint8_t* field_start = sp.p;
@@ -554,14 +560,22 @@ class AttrDecoder {
 // their tuple, len(tuple) for any other string; a non-string element reads as "".
 class FlowDecoder {
  public:
-  FlowDecoder(const py::tuple& columns, const py::dict& names) : keys_(columns) {
+  FlowDecoder(const py::tuple& columns, const py::dict& names, const py::dict& same_as) : keys_(columns) {
     names_.resize(keys_.size());
+    same_as_.assign(keys_.size(), keys_.size());
     for (size_t i = 0; i < keys_.size(); ++i) {
       py::object k = columns[i];
+      if (same_as.contains(k)) {
+        same_as_[i] = keys_.Find(same_as[k].cast<std::string>());
+        if (same_as_[i] >= keys_.size()) throw py::value_error("FlowDecoder: a column's same_as is not a column");
+      }
       if (!names.contains(k)) continue;
       auto& values = names_[i].emplace();
       for (auto v : names[k].cast<py::tuple>()) values.push_back(v.cast<std::string>());
     }
+    for (size_t j : same_as_)
+      if (j < keys_.size() && same_as_[j] < keys_.size())
+        throw py::value_error("FlowDecoder: a column's same_as has a same_as of its own");
   }
 
   size_t width() const { return keys_.size(); }
@@ -607,6 +621,8 @@ class FlowDecoder {
     }
     size_t rows = (*cols)[0].size();
     size_t w = keys_.size();
+    for (size_t c = 0; c < w; ++c)  // an array left out reads as its same_as array (the agent left it out as equal)
+      if ((*cols)[c].empty() && same_as_[c] < w) (*cols)[c] = (*cols)[same_as_[c]];
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < w; ++c) out->push_back(r < (*cols)[c].size() ? (*cols)[c][r] : 0);
     return rows;
@@ -661,6 +677,7 @@ class FlowDecoder {
 
   KeyTable keys_;
   std::vector<std::optional<std::vector<std::string>>> names_;  // per column: its string values, if it has them
+  std::vector<size_t> same_as_;  // per column: the column it reads as when left out (width(): none)
 };
 
 }  // namespace
@@ -683,7 +700,8 @@ void RegisterOtlp(py::module_& m) {
            py::arg("start") = 0);
   py::class_<FlowDecoder>(m, "FlowDecoder",
                           "The flow arrays of spans a SpanDecoder walked, as one int64 table (a row per flow).")
-      .def(py::init<const py::tuple&, const py::dict&>(), py::arg("columns"), py::arg("names"))
+      .def(py::init<const py::tuple&, const py::dict&, const py::dict&>(), py::arg("columns"), py::arg("names"),
+           py::arg("same_as"))
       .def_property_readonly("width", &FlowDecoder::width)
       .def("table", &FlowDecoder::Table, py::arg("refs"));
 }

@@ -15,6 +15,19 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from mycroft_otel import semconv as sc
+
+
+
+def as_read(shared: dict, own: dict) -> dict:
+    """A span's attributes as docs/span-schema.md tells a reader to take them: with those its resource carries
+    for all its spans (sc.RESOURCE_SPAN_ATTRS), and a flow array left out as equal to another (sc.FLOW_SAME_AS)
+    read as that one."""
+    a = shared | own
+    for key, same in sc.FLOW_SAME_AS.items():
+        if key not in a and same in a:
+            a[key] = a[same]
+    return a
 
 
 def any_value(v: Any) -> Any:
@@ -52,12 +65,15 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
         now = time.time_ns()
         for rs in req.resource_spans:
             res = attrs(rs.resource.attributes)
+            # "attrs": a span's attributes as a reader takes them (as_read); "span_attrs": the span's own
+            shared = {k: v for k, v in res.items() if k in sc.RESOURCE_SPAN_ATTRS}
             for ss in rs.scope_spans:
                 for s in ss.spans:
                     out.append({
                         "trace_id": int.from_bytes(s.trace_id, "big"), "span_id": int.from_bytes(s.span_id, "big"),
                         "name": s.name, "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                        "kind": s.kind, "recv_ns": now, "attrs": attrs(s.attributes), "resource": res,
+                        "kind": s.kind, "recv_ns": now, "attrs": as_read(shared, attrs(s.attributes)),
+                        "span_attrs": attrs(s.attributes), "resource": res,
                         "scope": ss.scope.name,
                         "events": [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events],
                         "links": [{"trace_id": int.from_bytes(lk.trace_id, "big"),

@@ -42,18 +42,20 @@ def test_every_rank_once_links_resolve(tmp_path, otel_env):
             assert a[sc.COLL_SEQ] == seq and a[sc.COLL_FUNC] == "AllReduce" and a[sc.OP_KIND] == "coll"
             assert a[sc.OP_STATE] == "completed"
             assert a[sc.COMM_HASH] == ids.comm_hash_hex(COMM) and a[sc.COMM_NRANKS] == n
-            assert a[sc.GLOBAL_RANK] == r and a[sc.HOST] == f"node-{r // 4}"
+            assert a[sc.GLOBAL_RANK] == r and a[sc.HOST_NAME] == f"node-{r // 4}"
             assert a[sc.COLL_BYTES] == 4 << 20 and a[sc.COLL_DATATYPE] == "ncclFloat32"
             assert a[sc.COLL_ALGO] == "Ring" and a[sc.COLL_PROTO] == "Simple"
             assert a[sc.FLOW_DIRECTION] == ["send", "send", "recv", "recv"]
             assert a[sc.FLOW_PEER] == [(r + 1) % n] * 2 + [(r - 1) % n] * 2
-            assert a[sc.FLOW_DONE] == [8, 8, 8, 8]
+            assert a[sc.FLOW_DONE] == [8, 8, 8, 8] and sc.FLOW_DONE not in s["span_attrs"]  # left out: = steps
             assert all(len(a[k]) == 4 for k in a if k.startswith("mycroft.flow."))
             # realtime ns, consistent with the span's own times
             assert s["start"] == a[sc.TIME_API] <= a[sc.TIME_ENQUEUE] <= a[sc.TIME_END] == s["end"]
             assert abs(s["end"] - __import__("time").time_ns()) < 60e9
             assert a[sc.BUS_BW] > 0
             res = s["resource"]
+            # what a rank's spans share travels on their resource only
+            assert not set(s["span_attrs"]) & set(sc.RESOURCE_SPAN_ATTRS) and res[sc.RANK] == r
             assert res[sc.SERVICE_NAME] == "agent-test" and res[sc.JOB_ID] == JOB and res[sc.HW_TYPE] == "gpu"
             assert res["deployment.environment"] == "test" and res[sc.PROCESS_PID] > 0
             # one link per neighbour and direction, whatever the channels: the ring's next rank, fed, and its

@@ -137,7 +137,7 @@ def comm_hex(comm: int) -> str:
 def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Span:
     a = {
         sc.COMM_HASH: comm_hex(comm), sc.COMM_NRANKS: nranks, sc.RANK: r.rank, sc.COLL_SEQ: seq,
-        sc.COLL_FUNC: r.func, sc.OP_KIND: "coll", sc.HOST: r.host or default_host(r.rank),
+        sc.COLL_FUNC: r.func, sc.OP_KIND: "coll", sc.HOST_NAME: r.host or default_host(r.rank),
     }
     if r.global_rank >= 0:
         a[sc.GLOBAL_RANK] = r.global_rank

@@ -39,10 +39,10 @@ def _str(v) -> str:
     return v if type(v) is str else ""
 
 
-def _model_span(sp: trace_pb2.Span, resource: S.Resource):
+def _model_span(sp: trace_pb2.Span, resource: S.Resource, shared: dict):
     """(kind, SpanRef fields but raw) of one span read through protobuf, or the kind it is counted as
-    ("root_cause": ignored, "rejected")."""
-    a: dict = {}
+    ("root_cause": ignored, "rejected"). ``shared``: its resource's attributes, which a span's own override."""
+    a: dict = dict(shared)
     for kv in sp.attributes:
         a[kv.key] = _pb_value(kv.value)
         if kv.key.startswith(FLOW_PREFIX):
@@ -84,10 +84,11 @@ def _model(req: trace_service_pb2.ExportTraceServiceRequest):
         r = {kv.key: _pb_value(kv.value) for kv in rs.resource.attributes}
         host, pid, job = (r.get(k) for k in RES_KEYS)
         res = S.Resource(host=_str(host), pid=_int(pid, -1), job=_str(job))
+        shared = {k: v for k, v in r.items() if k in ATTR_KEYS}
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 seen += 1
-                kind, fields = _model_span(sp, res)
+                kind, fields = _model_span(sp, res, shared)
                 if fields is None:
                     counts[kind] += 1
                 else:
@@ -128,6 +129,8 @@ def _random_request(rng: random.Random) -> trace_service_pb2.ExportTraceServiceR
                 kv.value.int_value = rng.randint(-5, 1 << 40)
             else:
                 kv.value.string_value = rng.choice(["node-1", "", "ñödé-✓"])
+        for k in rng.sample(ATTR_KEYS, rng.randint(0, 4)):  # what a rank's spans share, as the agent sends it
+            _random_value(rng, k, rs.resource.attributes.add(key=k))
         for _ in range(rng.randint(0, 2)):
             ss = rs.scope_spans.add()
             ss.scope.name = "mycroft"
@@ -189,6 +192,29 @@ def test_span_decoder_on_real_shapes():
     assert _native.SpanDecoder.fields == S.SpanRef._fields
 
 
+def test_a_spans_resource_carries_what_its_spans_share():
+    """The agent sends a rank's communicator and rank on the resource only (sc.RESOURCE_SPAN_ATTRS): a span
+    without them reads them from its resource, and one of its own wins."""
+    ring = Ring(4, nch=2, comm=0x42, seq=3)
+    req = ring.request()
+    for rs in req.resource_spans:
+        sp = rs.scope_spans[0].spans[0]
+        own = {kv.key: kv.value for kv in sp.attributes}
+        keep = [kv for kv in sp.attributes if kv.key not in (sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH)]
+        del sp.attributes[:]
+        sp.attributes.extend(keep)
+        for k in (sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH):
+            rs.resource.attributes.add(key=k).value.CopyFrom(own[k])
+    first = req.resource_spans[0].scope_spans[0].spans[0]
+    mine = [common_pb2.KeyValue(key=sc.RANK, value=common_pb2.AnyValue(int_value=3))] + list(first.attributes)
+    del first.attributes[:]
+    first.attributes.extend(mine)  # (before its flows: ingest reads no further)
+    seen, refs, _, rejected = DECODE(req.SerializeToString())
+    assert (seen, rejected) == (4, 0)
+    assert [(r.rank, r.nranks, r.comm) for r in refs] == [(3, 4, "0000000000000042")] + \
+        [(r, 4, "0000000000000042") for r in (1, 2, 3)]
+
+
 def _flow_model(sp: trace_pb2.Span, columns: tuple[str, ...]) -> list[list[int]]:
     """The flow table rows of one span, read through protobuf."""
     cols: dict[str, list] = {}
@@ -196,6 +222,9 @@ def _flow_model(sp: trace_pb2.Span, columns: tuple[str, ...]) -> list[list[int]]
         if kv.key in columns:
             v = kv.value
             cols[kv.key] = list(v.array_value.values)[:4096] if v.WhichOneof("value") == "array_value" else []
+    for key, same in sc.FLOW_SAME_AS.items():  # an array left out (or not an array) reads as its same-as one
+        if key in columns and not cols.get(key):
+            cols[key] = cols.get(same, [])
     names = S._FLOW_NAMES
 
     def cell(key: str, i: int) -> int:

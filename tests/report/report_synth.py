@@ -65,7 +65,7 @@ def ring_hang(n: int = 8, culprit: int = 3, seq: int = 17, silent: int | None = 
                                    sc.LINK_PEER: peer}))
         for k in range(3):
             a = {sc.COMM_HASH: ids.comm_hash_hex(COMM), sc.COMM_NRANKS: n, sc.RANK: r, sc.GLOBAL_RANK: r,
-                 sc.HOST: f"node-{r // 4}", sc.OP_KIND: "coll", sc.OP_STATE: "in_flight", sc.COLL_SEQ: seq,
+                 sc.HOST_NAME: f"node-{r // 4}", sc.OP_KIND: "coll", sc.OP_STATE: "in_flight", sc.COLL_SEQ: seq,
                  sc.COLL_FUNC: "AllReduce", sc.SNAPSHOT_SEQ: k, sc.ANOMALY: "stalled",
                  sc.FLOW_CHANNEL: flows["ch"], sc.FLOW_DIRECTION: flows["dir"], sc.FLOW_PEER: flows["peer"],
                  sc.FLOW_STEPS: flows["steps"], sc.FLOW_POSTED: flows["posted"], sc.FLOW_READY: flows["ready"],
@@ -96,7 +96,7 @@ def completed(n: int = 4, seq: int = 40, late: int = 2) -> tuple[int, list[dict]
     for r in range(n):
         start = base + (50_000_000 if r == late else r * 10_000)
         end = base + 60_000_000
-        a = {sc.COMM_HASH: ids.comm_hash_hex(COMM), sc.COMM_NRANKS: n, sc.RANK: r, sc.HOST: "node-0",
+        a = {sc.COMM_HASH: ids.comm_hash_hex(COMM), sc.COMM_NRANKS: n, sc.RANK: r, sc.HOST_NAME: "node-0",
              sc.OP_KIND: "coll", sc.OP_STATE: "completed", sc.COLL_SEQ: seq, sc.COLL_FUNC: "AllReduce",
              sc.TIME_API: start, sc.TIME_END: end}
         if r == late:
@@ -114,7 +114,7 @@ def write_run(path, *requests: dict) -> None:
 def exit_status(tid: int, rank: int, seq: int, start: int, end: int, in_flight: bool) -> dict:
     """The agent's ``process_exited`` status of ``rank`` (in the collective, or idle after ``seq - 1``)."""
     a = {sc.COMM_HASH: ids.comm_hash_hex(COMM), sc.COMM_NRANKS: 8, sc.RANK: rank, sc.GLOBAL_RANK: rank,
-         sc.HOST: f"node-{rank // 4}", sc.COLL_SEQ: seq, sc.STATUS_KIND: sc.STATUS_PROCESS_EXITED,
+         sc.HOST_NAME: f"node-{rank // 4}", sc.COLL_SEQ: seq, sc.STATUS_KIND: sc.STATUS_PROCESS_EXITED,
          sc.STATUS_LAST_SEQ: seq - 1,
          sc.STATUS_LAST_STATE: f"process exited in AllReduce seq {seq}" if in_flight
          else f"process exited after collective {seq - 1}"}

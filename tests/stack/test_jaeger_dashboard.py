@@ -94,8 +94,9 @@ def sent(jaeger, board):
     ctx = api.SpanContext(tid, ids.span_id(tid, 2, "op"), is_remote=False,
                           trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED))
     op = ReadableSpan(name=sc.op_span_name("AllReduce"), context=ctx,
-                      resource=Resource({sc.SERVICE_NAME: AGENT_SERVICE, sc.HOST: "node-a"}),
-                      attributes={sc.RANK: 2, sc.COMM_HASH: "00000000000000ab", sc.COLL_SEQ: 42},
+                      resource=Resource({sc.SERVICE_NAME: AGENT_SERVICE, sc.HOST_NAME: "node-a", sc.RANK: 2,
+                                         sc.COMM_HASH: "00000000000000ab"}),  # as the agent: RESOURCE_SPAN_ATTRS
+                      attributes={sc.COLL_SEQ: 42},
                       start_time=now - 2 * 10**9, end_time=now - 10**9)
     exporter = OTLPSpanExporter(endpoint=jaeger["otlp"])
     try:
@@ -141,7 +142,7 @@ def test_search_panel_finds_the_verdict_with_the_dashboards_service_operation_an
     assert _search(jaeger, dict(target, service=AGENT_SERVICE), "") == []
     # the agents' side as docs/dashboards.md tells a Jaeger user to search it: span and resource (process) tags
     rank_op = dict(target, service=AGENT_SERVICE, operation="nccl.AllReduce")
-    assert _search(jaeger, rank_op, f"{sc.RANK}=2 {sc.HOST}=node-a") == [sent["trace_id"]]
+    assert _search(jaeger, rank_op, f"{sc.RANK}=2 {sc.HOST_NAME}=node-a") == [sent["trace_id"]]
     assert _search(jaeger, rank_op, f"{sc.RANK}=5") == []
 
 
