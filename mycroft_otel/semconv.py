@@ -72,7 +72,7 @@ P2P_PEER = "mycroft.p2p.peer"
 P2P_SRC = "mycroft.p2p.src"
 P2P_DST = "mycroft.p2p.dst"
 # Times are CLOCK_REALTIME nanoseconds (the agent converts from the plugin's monotonic clock).
-TIME_API = "mycroft.time.api_ns"
+TIME_API = "mycroft.time.api_ns"     # not sent: an op span starts at the API call when known (older agents sent it)
 TIME_ENQUEUE = "mycroft.time.enqueue_ns"
 TIME_LAUNCH = "mycroft.time.launch_ns"
 TIME_END = "mycroft.time.end_ns"

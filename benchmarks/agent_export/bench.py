@@ -214,7 +214,7 @@ def run_sdk(ring_dir: Path, recv: Receiver, total: int) -> tuple[float, float]:
                 op, flows = rec["op"], rec["flows"]
                 kind, peer = int(op["kind"]), int(op["root_or_peer"])
                 trace = b.trace_id(kind, int(op["seq"]), peer)
-                attrs = dict(b.op_attributes(op, flows, sc.OP_STATE_COMPLETED))
+                attrs = dict(b.op_attributes(op, flows, sc.OP_STATE_COMPLETED, b.start_end(op)[1]))
                 attrs = {k: v for k, v in attrs.items() if v is not None}
                 links = []
                 n = int(op["n_flows"])

@@ -241,7 +241,7 @@ class SpanBuilder:
         return otlp.ld(13, otlp.link(tb, own, otlp.attributes(4, [(sc.LINK_ROLE, sc.LINK_SNAPSHOT_OF)])))
 
     # --- attributes (generic, readable reference) -----------------------------------------
-    def op_attributes(self, op: Any, flows: np.ndarray, state: str, *, anomaly: str | None = None,
+    def op_attributes(self, op: Any, flows: np.ndarray, state: str, span_end: int, *, anomaly: str | None = None,
                       baseline: int | None = None, gap: int | None = None, snapshot: int | None = None,
                       stopped: bool | None = None, recent: int | None = None,
                       kch: np.ndarray | None = None) -> list[tuple[str, Any]]:
@@ -261,12 +261,12 @@ class SpanBuilder:
         if kind in (KIND_SEND, KIND_RECV):
             src_, dst = (s.rank, peer) if kind == KIND_SEND else (peer, s.rank)
             a += [(sc.P2P_PEER, peer), (sc.P2P_SRC, src_), (sc.P2P_DST, dst)]
-        api = int(op["api_ns"])
-        if api:
-            a.append((sc.TIME_API, r(api)))
         start, end = int(op["start_ns"]), int(op["end_ns"])
-        a += [(sc.TIME_ENQUEUE, r(start)), (sc.TIME_LAUNCH, r(int(op["launch_ns"]))), (sc.TIME_END, r(end)),
-              (sc.TIME_LAST_PROGRESS, r(int(op["last_progress_ns"])))]
+        # times the span's own start and end already say are left out (docs/span-schema.md): the API call is
+        # its start when known (sc.TIME_API is never sent), a completed op's end is its end
+        a += [(sc.TIME_ENQUEUE, r(start)), (sc.TIME_LAUNCH, r(int(op["launch_ns"])))]
+        a += [(k, t) for k, t in ((sc.TIME_END, r(end)), (sc.TIME_LAST_PROGRESS, r(int(op["last_progress_ns"]))))
+              if t != span_end]
         ks, ke = int(op["kernel_start_ns"]), int(op["kernel_end_ns"])
         if int(op["flags"]) & FLAG_KERNEL_TIMES and ke > ks:
             a.append((sc.KERNEL_DURATION, ke - ks))
@@ -329,7 +329,8 @@ class SpanBuilder:
                 out.append(otlp.ld(11, otlp.event(r(int(f["end_ns"])), "mycroft.flow.end", attrs)))
         return out
 
-    def _start_end(self, op: Any) -> tuple[int, int]:
+    def start_end(self, op: Any) -> tuple[int, int]:
+        """A completed op span's start (the API call when known, else the enqueue) and end, realtime ns."""
         api, start = int(op["api_ns"]), int(op["start_ns"])
         return self.src.to_real(api or start), self.src.to_real(int(op["end_ns"]))
 
@@ -339,12 +340,12 @@ class SpanBuilder:
         op, flows = rec["op"], rec["flows"]
         kind, peer = int(op["kind"]), int(op["root_or_peer"])
         trace = self.trace_id(kind, int(op["seq"]), peer)
-        start, end = self._start_end(op)
+        start, end = self.start_end(op)
         n = int(op["n_flows"])
         f = flows[:n]
         links = self.links(trace, kind, peer, f["channel"].tolist(), f["dir"].tolist(), f["peer"].tolist())
-        attrs = self.op_attributes(op, flows, sc.OP_STATE_COMPLETED, anomaly=anomaly, baseline=baseline, gap=gap,
-                                   recent=recent, kch=_kch_of(rec))
+        attrs = self.op_attributes(op, flows, sc.OP_STATE_COMPLETED, end, anomaly=anomaly, baseline=baseline,
+                                   gap=gap, recent=recent, kch=_kch_of(rec))
         events = self.flow_events(op, flows) if self.detail_chunk else []
         return otlp.span(trace.to_bytes(16, "big"), ids.span_id(trace, self.src.rank, sc.ROLE_OP).to_bytes(8, "big"),
                          sc.op_span_name(func_name(int(op["func"]))), start, end, attrs, links, events)
@@ -386,11 +387,12 @@ class SpanBuilder:
         c_count = col(sc.COLL_COUNT, ops["count"])
         c_bytes = col(sc.COLL_BYTES, nbytes)
         c_nch = col(sc.COLL_NCHANNELS, ops["n_channels"])
-        c_api = col(sc.TIME_API, real(api))
         c_enq = col(sc.TIME_ENQUEUE, real(start))
         c_launch = col(sc.TIME_LAUNCH, real(ops["launch_ns"]))
-        c_end = col(sc.TIME_END, real(end))
-        c_lp = col(sc.TIME_LAST_PROGRESS, real(ops["last_progress_ns"]))
+        # (sc.TIME_API is the span's start and sc.TIME_END its end: left out, as op_attributes leaves them)
+        lp = real(ops["last_progress_ns"])
+        c_lp = col(sc.TIME_LAST_PROGRESS, lp)
+        lp_new_l = (lp != real(end)).tolist()
         # [started, stopped] pairs
         pairs = []
         for key, a_, b_ in ((sc.PROXY_OPS, "proxy_ops_started", "proxy_ops_stopped"),
@@ -461,9 +463,9 @@ class SpanBuilder:
             if k in (KIND_SEND, KIND_RECV):
                 src_, dst = (rank_b, p) if k == KIND_SEND else (p, rank_b)
                 parts += [_attr(sc.P2P_PEER, p), _attr(sc.P2P_SRC, src_), _attr(sc.P2P_DST, dst)]
-            if api_l[i]:
-                parts.append(c_api[i])
-            parts += [c_enq[i], c_launch[i], c_end[i], c_lp[i]]
+            parts += [c_enq[i], c_launch[i]]
+            if lp_new_l[i]:
+                parts.append(c_lp[i])
             if flags_l[i] & FLAG_KERNEL_TIMES and ke_l[i] > ks_l[i]:
                 parts.append(_attr(sc.KERNEL_DURATION, ke_l[i] - ks_l[i]))
             st, en = start_l[i], end_l[i]
@@ -511,16 +513,18 @@ class SpanBuilder:
         op, flows = slot["op"], slot["flows"]
         kind, peer = int(op["kind"]), int(op["root_or_peer"])
         trace = self.trace_id(kind, int(op["seq"]), peer)
-        start, _ = self._start_end(op)
+        start, _ = self.start_end(op)
+        end = max(now_real, start)
         n = int(op["n_flows"])
         f = flows[:n]
         links = [self.snapshot_of_link(trace)] + self.links(
             trace, kind, peer, f["channel"].tolist(), f["dir"].tolist(), f["peer"].tolist())
-        attrs = self.op_attributes(op, flows, sc.OP_STATE_IN_FLIGHT, anomaly=anomaly, snapshot=k, stopped=stopped)
+        attrs = self.op_attributes(op, flows, sc.OP_STATE_IN_FLIGHT, end, anomaly=anomaly, snapshot=k,
+                                   stopped=stopped)
         events = self.flow_events(op, flows) if self.detail_chunk else []
         return otlp.span(trace.to_bytes(16, "big"),
                          ids.span_id(trace, self.src.rank, sc.ROLE_INFLIGHT, k).to_bytes(8, "big"),
-                         sc.INFLIGHT_SPAN, start, max(now_real, start), attrs, links, events)
+                         sc.INFLIGHT_SPAN, start, end, attrs, links, events)
 
     def status_span(self, kind: str, trace: int, seq: int, last_seq: int, idle_since_real: int, now_real: int,
                     last_state: str, stopped: bool, func: str | None = None) -> bytes:

@@ -487,7 +487,9 @@ class SpanDecoder {
     set(kBaseline, int_or(aBaseline, 0));
     set(kGlobalRank, int_or(aGlobalRank, -1));
     set(kBytes, int_or(aBytes, 0));
-    set(kLastProgress, int_or(aLastProgress, 0));
+    // an op span (completed or in flight) whose last progress is its end leaves it out (the agent's spans.py)
+    bool op = kind == kOp || kind == kInflight;
+    set(kLastProgress, is_int(aLastProgress) ? py::int_(vals[aLastProgress].i) : op ? py::int_(end) : py::int_(0));
     set(kResource, resource);
     set(kStopped, py::bool_(vals[aStopped].type == RawValue::kBool && vals[aStopped].i != 0));
     set(kFlowAt, py::int_(flows_at));
