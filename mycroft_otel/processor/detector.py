@@ -12,7 +12,7 @@ or the reason for silence.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import mismatch, slowdown
@@ -31,10 +31,13 @@ class SlowdownDetector:
     """Judges completed collectives one at a time, in completion order (the tests are sequential)."""
 
     def __init__(self, settings: Settings, process_of: Callable[[str, int], tuple | None] = lambda c, r: None,
-                 waiting: Callable[[tuple], list[tuple]] = lambda proc: []):
+                 waiting: Callable[[tuple], list[tuple]] = lambda proc: [],
+                 earlier: Callable[[TraceState], Iterable[TraceState]] = lambda st: ()):
         """``process_of(comm, rank)``: the rank's process, (host, "g", global rank) or (host, "p", pid), None when
-        unknown; ``waiting(process)``: (comm, start, last seen) of the collectives it is still seen in flight in."""
+        unknown; ``waiting(process)``: (comm, start, last seen) of the collectives it is still seen in flight in;
+        ``earlier(st)``: the communicator's collectives before this one still held (a mismatch's usual call)."""
         self.s = settings
+        self.earlier = earlier
         self.mem = JobMemory(settings, process_of, waiting)
         self.test = CandidateTest(settings, self.mem)
         self.slower = SlowerCheck(settings, self.mem)
@@ -46,7 +49,8 @@ class SlowdownDetector:
         monotonic clock (seconds)."""
         if m is None:
             m = slowdown.measure([st])[0] if st.op else None
-        mm = slowdown.check_mismatch(st, m) if m is not None else mismatch.check_mismatch(st)
+        before = lambda: self.earlier(st)  # noqa: E731  (asked only when a mismatch is one against one)
+        mm = slowdown.check_mismatch(st, m, before) if m is not None else mismatch.check_mismatch(st, before)
         if mm is not None:
             if m is None:
                 decorate(st, build_views(st), mm)

@@ -81,7 +81,7 @@ class Processor:
                                             metrics, incident_clock or mono_clock)
         self.propagation = Propagation(self.store, s.stall_ms, clock_ns)
         self.detector = SlowdownDetector(s, lambda comm, rank: self.store.proc_of.get((comm, rank)),
-                                         self.store.waiting)
+                                         self.store.waiting, self.store.earlier)
         self._hang_cand: dict[bytes, None] = {}
         self._slow_cand: dict[bytes, float] = {}
         self._held = HeldFindings(self.store, self._hang_cand)  # slowdown findings waiting for a stall's outcome

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -335,10 +336,12 @@ def straggler(st: TraceState, ev: Evidence, bar_ns: int) -> Finding | None:
                    onset_ns=0, reason="straggler")
 
 
-def check_mismatch(st: TraceState, m: Measures) -> Finding | None:
+def check_mismatch(st: TraceState, m: Measures,
+                   earlier: Callable[[], Iterable[TraceState]] | None = None) -> Finding | None:
     """Ranks that called different collectives at this number, or connections whose two ends announce
-    different step counts (mismatch.py): named at once, slowdown or not."""
-    mm = mismatch.check_mismatch(st)
+    different step counts (mismatch.py): named at once, slowdown or not. ``earlier``: the communicator's
+    collectives before it (mismatch.check_mismatch)."""
+    mm = mismatch.check_mismatch(st, earlier)
     if mm is None and st.op:
         mm = mismatch.step_mismatch(st, m.ranks[m.src], m.ranks[m.dst], m.channel, m.steps, m.expected)
     if mm is not None:

@@ -134,6 +134,23 @@ def test_a_mismatch_in_a_pair_names_the_rank_that_changed_its_call(c):
     assert v.finding.confidence == 0.8
 
 
+@pytest.mark.parametrize("c", [0, 1])
+def test_a_completed_mismatch_in_a_pair_names_the_rank_that_changed_its_call(c):
+    """The same one against one, on a collective that completed (both ranks moved the steps of their own
+    count): the slowdown path asks the communicator's earlier collectives too."""
+    t0 = time.time_ns() - 20_000_000_000
+    proc = Processor(env={}, settle_s=0.2)
+    for k in range(3):
+        proc.ingest_request(Ring(2, comm=0xD1, seq=20 + k, t0=t0 + k * 10_000_000).request())
+    ring = Ring(2, comm=0xD1, seq=23, t0=t0 + 30_000_000)
+    ring.ranks[c].count //= 2
+    for rv in ring.ranks.values():
+        rv.anomaly, rv.baseline = "slow", ring.dur  # (flagged: judged as soon as it arrives)
+    v = _one(_run(ring, proc=proc)[1])
+    assert (v.category, v.finding.ranks) == ("coll_mismatch", [c])
+    assert v.finding.confidence == 0.8
+
+
 def _steps(ring, rank: int, steps: int, channels=None) -> None:
     """Rank ``rank``'s flows (on ``channels``, default all) announce ``steps`` steps, all of them moved."""
     for f in ring.ranks[rank].flows:
