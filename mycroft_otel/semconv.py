@@ -216,6 +216,13 @@ RECENT_WINDOW = 8
 # takes them from the resource (OpenTelemetry: a resource's attributes describe every span it holds; TraceQL's
 # unscoped `.mycroft.rank` finds them there)
 RESOURCE_SPAN_ATTRS = (COMM_HASH, COMM_NAME, COMM_NRANKS, COMM_NNODES, RANK, GLOBAL_RANK, LOCAL_RANK, HOST_NAME)
+
+
+def with_shared(attrs: dict, resource: dict) -> dict:
+    """A span's attributes with those its resource carries for all its spans (RESOURCE_SPAN_ATTRS), its own
+    first: how a reader of a rank's spans takes them (the processor's native decoder does the same)."""
+    shared = {k: resource[k] for k in RESOURCE_SPAN_ATTRS if k in resource and k not in attrs}
+    return {**shared, **attrs} if shared else attrs
 OP_STATE_COMPLETED = "completed"
 OP_STATE_IN_FLIGHT = "in_flight"
 PROCESS_STOPPED = "mycroft.process.stopped"  # bool on in-flight/status spans: the writer is SIGSTOPped (state T)

@@ -135,13 +135,6 @@ def _id(v, nbytes: int, what: str) -> str:
     return raw.hex()
 
 
-def _with_shared(attrs: dict, resource: dict) -> dict:
-    """A span's attributes with those its resource carries for all its spans (sc.RESOURCE_SPAN_ATTRS: the
-    agent sends a rank's communicator and rank there only), its own first."""
-    shared = {k: resource[k] for k in sc.RESOURCE_SPAN_ATTRS if k in resource and k not in attrs}
-    return {**shared, **attrs} if shared else attrs
-
-
 def span_from_json(s: dict, resource: dict) -> Span:
     if not isinstance(s, dict):
         raise ShapeError("span is not an object")
@@ -153,7 +146,7 @@ def span_from_json(s: dict, resource: dict) -> Span:
     return Span(
         name=str(_g(s, "name", "")), trace_id=_id(_g(s, "traceId"), 16, "traceId"),
         span_id=_id(_g(s, "spanId"), 8, "spanId"), start_ns=int(_g(s, "startTimeUnixNano", 0) or 0),
-        end_ns=int(_g(s, "endTimeUnixNano", 0) or 0), attrs=_with_shared(kv_list(_g(s, "attributes", []) or []),
+        end_ns=int(_g(s, "endTimeUnixNano", 0) or 0), attrs=sc.with_shared(kv_list(_g(s, "attributes", []) or []),
                                                                          resource),
         resource=resource, links=links, status=str(status.get("message", "")) if isinstance(status, dict) else "")
 

@@ -11,6 +11,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mycroft_otel import semconv as sc
+
 ROOT_CAUSE_SPAN = "mycroft.root_cause"
 
 
@@ -22,7 +24,7 @@ class StoredSpan:
     span_id: str  # 16 lowercase hex digits
     name: str
     service_name: str | None
-    attributes: dict[str, Any] = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict)  # with its resource's shared ones (sc.with_shared)
     links: tuple[tuple[str, str], ...] = ()  # (trace_id, span_id)
     link_attributes: tuple[dict[str, Any], ...] = ()  # one dict per link, same order
 
@@ -74,7 +76,7 @@ def spans_from_otlp_json(doc: dict[str, Any]) -> list[StoredSpan]:
                         span_id=_hex_id(sp.get("spanId", ""), 8),
                         name=sp.get("name", ""),
                         service_name=service,
-                        attributes=_attrs(sp.get("attributes")),
+                        attributes=sc.with_shared(_attrs(sp.get("attributes")), res_attrs),
                         links=tuple(
                             (_hex_id(lk.get("traceId", ""), 16), _hex_id(lk.get("spanId", ""), 8))
                             for lk in sp.get("links", [])

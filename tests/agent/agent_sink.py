@@ -19,11 +19,11 @@ from mycroft_otel import semconv as sc
 
 
 
-def as_read(shared: dict, own: dict) -> dict:
+def as_read(own: dict, resource: dict) -> dict:
     """A span's attributes as docs/span-schema.md tells a reader to take them: with those its resource carries
-    for all its spans (sc.RESOURCE_SPAN_ATTRS), and a flow array left out as equal to another (sc.FLOW_SAME_AS)
-    read as that one."""
-    a = shared | own
+    for all its spans (sc.with_shared), and a flow array left out as equal to another (sc.FLOW_SAME_AS) read as
+    that one."""
+    a = dict(sc.with_shared(own, resource))
     for key, same in sc.FLOW_SAME_AS.items():
         if key not in a and same in a:
             a[key] = a[same]
@@ -66,13 +66,12 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
         for rs in req.resource_spans:
             res = attrs(rs.resource.attributes)
             # "attrs": a span's attributes as a reader takes them (as_read); "span_attrs": the span's own
-            shared = {k: v for k, v in res.items() if k in sc.RESOURCE_SPAN_ATTRS}
             for ss in rs.scope_spans:
                 for s in ss.spans:
                     out.append({
                         "trace_id": int.from_bytes(s.trace_id, "big"), "span_id": int.from_bytes(s.span_id, "big"),
                         "name": s.name, "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                        "kind": s.kind, "recv_ns": now, "attrs": as_read(shared, attrs(s.attributes)),
+                        "kind": s.kind, "recv_ns": now, "attrs": as_read(attrs(s.attributes), res),
                         "span_attrs": attrs(s.attributes), "resource": res,
                         "scope": ss.scope.name,
                         "events": [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events],
