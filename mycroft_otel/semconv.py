@@ -223,6 +223,8 @@ def with_shared(attrs: dict, resource: dict) -> dict:
     first: how a reader of a rank's spans takes them (the processor's native decoder does the same)."""
     shared = {k: resource[k] for k in RESOURCE_SPAN_ATTRS if k in resource and k not in attrs}
     return {**shared, **attrs} if shared else attrs
+
+
 OP_STATE_COMPLETED = "completed"
 OP_STATE_IN_FLIGHT = "in_flight"
 PROCESS_STOPPED = "mycroft.process.stopped"  # bool on in-flight/status spans: the writer is SIGSTOPped (state T)
