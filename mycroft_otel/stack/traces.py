@@ -13,8 +13,6 @@ from typing import Any, Callable
 
 from mycroft_otel import semconv as sc
 
-ROOT_CAUSE_SPAN = "mycroft.root_cause"
-
 
 @dataclass(frozen=True)
 class StoredSpan:
@@ -195,8 +193,8 @@ class TraceStoreClient:
             doc = _get_json(f"{self.base_url}/api/search?{q}")
             return [t["traceID"].rjust(32, "0").lower() for t in doc.get("traces", [])]
         ids: list[str] = []
-        for service in self._services_with(ROOT_CAUSE_SPAN):
-            params = {"service": service, "operation": ROOT_CAUSE_SPAN, "limit": limit,
+        for service in self._services_with(sc.ROOT_CAUSE_SPAN):
+            params = {"service": service, "operation": sc.ROOT_CAUSE_SPAN, "limit": limit,
                       "start": int(start * 1e6), "end": int((end + 1) * 1e6),
                       "tags": json.dumps({"mycroft.rca.category": category})}
             doc = _get_json(f"{self.base_url}/api/traces?{urllib.parse.urlencode(params)}")
