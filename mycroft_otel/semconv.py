@@ -60,7 +60,7 @@ OP_KIND = "mycroft.op.kind"          # "coll" | "send" | "recv"
 OP_STATE = "mycroft.op.state"        # "completed" | "in_flight"
 COLL_SEQ = "mycroft.coll.seq"        # per-communicator collective number (p2p: transfer n)
 COLL_FUNC = "mycroft.coll.func"      # "AllReduce", "Send", ...
-NCCL_SEQ = "mycroft.nccl.seq"        # NCCL's own seqNumber
+NCCL_SEQ = "mycroft.nccl.seq"        # NCCL's own seqNumber; absent: equal to COLL_SEQ
 COLL_COUNT = "mycroft.coll.count"
 COLL_BYTES = "mycroft.coll.bytes"
 COLL_DATATYPE = "mycroft.coll.datatype"
@@ -82,8 +82,10 @@ BUS_BW = "mycroft.busbw_gbps"
 ANOMALY = "mycroft.anomaly"          # "slow" | "stalled" | absent (sampled healthy span)
 BASELINE_NS = "mycroft.baseline_ns"  # the rank's running baseline duration when flagged
 SNAPSHOT_SEQ = "mycroft.snapshot.seq"  # in-flight snapshot number, 0-based
-PROXY_OPS = "mycroft.proxy_ops"      # [started, stopped]
-KERNEL_CHANNELS = "mycroft.kernel_channels"  # [started, stopped]
+# [started, stopped] counts, left out when both are the whole: a ProxyOp per flow, a kernel channel per channel
+# NCCL used (COLL_NCHANNELS). What a completed op says in most spans, so a reader takes a missing pair as that.
+PROXY_OPS = "mycroft.proxy_ops"
+KERNEL_CHANNELS = "mycroft.kernel_channels"
 COLL_USER_TAG = "mycroft.coll.user_tag"  # int: v7 per-call userTag (ncclCollConfig_t.userProfilerTag); absent if 0
 
 # --- kernel channels: arrays indexed like KERNEL_CH_CHANNEL (one entry per GPU channel) ----
@@ -106,18 +108,26 @@ FLOW_READY = "mycroft.flow.ready"            # send: GPU ready   | recv: receive
 FLOW_TRANSMITTED = "mycroft.flow.transmitted"  # send: on the wire | recv: flushed
 FLOW_DONE = "mycroft.flow.done"              # send: completed   | recv: consumed by GPU
 FLOW_BYTES = "mycroft.flow.bytes"
-FLOW_START = "mycroft.flow.start_ns"
-FLOW_END = "mycroft.flow.end_ns"             # 0 while running
-FLOW_LAST_PROGRESS = "mycroft.flow.last_progress_ns"
+# A flow's times travel as ns after its span's start (a few varint bytes where a CLOCK_REALTIME ns takes nine),
+# -1 for a time not reached yet; readers get them back as CLOCK_REALTIME ns, 0 for not yet (flow_time).
+FLOW_START = "mycroft.flow.start_offset_ns"
+FLOW_END = "mycroft.flow.end_offset_ns"      # not yet while running
+FLOW_LAST_PROGRESS = "mycroft.flow.last_progress_offset_ns"
 FLOW_WAIT_STATE = "mycroft.flow.wait_state"  # "SendGpuWait", ..., "" when idle
-FLOW_WAIT_STEP = "mycroft.flow.wait_step"
-FLOW_WAIT_SINCE = "mycroft.flow.wait_since_ns"
+FLOW_WAIT_STEP = "mycroft.flow.wait_step"    # the step a waiting flow waits on (0 when it waits on nothing)
+FLOW_WAIT_SINCE = "mycroft.flow.wait_since_offset_ns"
 FLOW_GPU_WAIT = "mycroft.flow.gpu_wait_ns"
 FLOW_NET_WAIT = "mycroft.flow.net_wait_ns"
 FLOW_GPU_BUSY = "mycroft.flow.gpu_busy_ns"   # the same waits as a union over steps: time >= 1 step waited
 FLOW_NET_BUSY = "mycroft.flow.net_busy_ns"
 FLOW_PEER_BUSY = "mycroft.flow.peer_busy_ns"  # a send flow's time >= 1 step waited for credit (SendPeerWait)
 FLOW_NIC = "mycroft.flow.nic"                # NIC name/index when NCCL emits NetPlugin events
+FLOW_OFFSETS = (FLOW_START, FLOW_END, FLOW_LAST_PROGRESS, FLOW_WAIT_SINCE)
+FLOW_NOT_YET = -1
+# The keys agents before 2026-12-06 sent these times under, as CLOCK_REALTIME ns (0 = not yet): readers take them
+# where a span has no offsets, so that processors upgraded before their agents read both (docs/deploy.md)
+FLOW_ABSOLUTE = {FLOW_START: "mycroft.flow.start_ns", FLOW_END: "mycroft.flow.end_ns",
+                 FLOW_LAST_PROGRESS: "mycroft.flow.last_progress_ns", FLOW_WAIT_SINCE: "mycroft.flow.wait_since_ns"}
 # A flow array an op span leaves out when it equals another of its arrays, and that a reader takes from it:
 # a completed flow's stages all reached its steps and its last progress is its end; its busy times equal its
 # summed waits unless two of its steps waited at once. (Any other flow array is left out when all its
@@ -223,6 +233,17 @@ def with_shared(attrs: dict, resource: dict) -> dict:
     first: how a reader of a rank's spans takes them (the processor's native decoder does the same)."""
     shared = {k: resource[k] for k in RESOURCE_SPAN_ATTRS if k in resource and k not in attrs}
     return {**shared, **attrs} if shared else attrs
+
+
+def flow_offset(t_ns: int, span_start_ns: int) -> int:
+    """A flow time (CLOCK_REALTIME ns, 0 = not yet) as its span carries it (FLOW_OFFSETS): a flow moves no data
+    before its operation was called, so an earlier time (clocks stepped between them) reads as the start."""
+    return max(t_ns - span_start_ns, 0) if t_ns else FLOW_NOT_YET
+
+
+def flow_time(offset: int, span_start_ns: int) -> int:
+    """A flow time as a reader wants it (CLOCK_REALTIME ns, 0 = not yet) from its span's offset."""
+    return span_start_ns + offset if offset >= 0 else 0
 
 
 OP_STATE_COMPLETED = "completed"

@@ -63,28 +63,28 @@ def busbw_factor(func: int, nranks: int) -> float:
     return 1.0
 
 
-# Flow array attributes: (key, Flow field, is a time to convert)
+# Flow array attributes: (key, Flow field); the times among them (sc.FLOW_OFFSETS) travel as offsets
 _FLOW_INT_FIELDS = (
-    (sc.FLOW_CHANNEL, "channel", False),
+    (sc.FLOW_CHANNEL, "channel"),
     None,  # direction (string)
-    (sc.FLOW_PEER, "peer", False),
-    (sc.FLOW_STEPS, "n_steps", False),
-    (sc.FLOW_POSTED, "posted", False),
-    (sc.FLOW_READY, "ready", False),
-    (sc.FLOW_TRANSMITTED, "transmitted", False),
-    (sc.FLOW_DONE, "done", False),
-    (sc.FLOW_BYTES, "bytes", False),
-    (sc.FLOW_START, "first_ns", True),
-    (sc.FLOW_END, "end_ns", True),
-    (sc.FLOW_LAST_PROGRESS, "last_progress_ns", True),
+    (sc.FLOW_PEER, "peer"),
+    (sc.FLOW_STEPS, "n_steps"),
+    (sc.FLOW_POSTED, "posted"),
+    (sc.FLOW_READY, "ready"),
+    (sc.FLOW_TRANSMITTED, "transmitted"),
+    (sc.FLOW_DONE, "done"),
+    (sc.FLOW_BYTES, "bytes"),
+    (sc.FLOW_START, "first_ns"),
+    (sc.FLOW_END, "end_ns"),
+    (sc.FLOW_LAST_PROGRESS, "last_progress_ns"),
     None,  # wait state (string)
-    (sc.FLOW_WAIT_STEP, "wait_step", False),
-    (sc.FLOW_WAIT_SINCE, "wait_since_ns", True),
-    (sc.FLOW_GPU_WAIT, "gpu_wait_ns", False),
-    (sc.FLOW_NET_WAIT, "net_wait_ns", False),
-    (sc.FLOW_GPU_BUSY, "gpu_busy_ns", False),
-    (sc.FLOW_NET_BUSY, "net_busy_ns", False),
-    (sc.FLOW_PEER_BUSY, "peer_busy_ns", False),
+    (sc.FLOW_WAIT_STEP, "wait_step"),
+    (sc.FLOW_WAIT_SINCE, "wait_since_ns"),
+    (sc.FLOW_GPU_WAIT, "gpu_wait_ns"),
+    (sc.FLOW_NET_WAIT, "net_wait_ns"),
+    (sc.FLOW_GPU_BUSY, "gpu_busy_ns"),
+    (sc.FLOW_NET_BUSY, "net_busy_ns"),
+    (sc.FLOW_PEER_BUSY, "peer_busy_ns"),
 )
 # Flow arrays sent even when every element is 0: the channel gives the row count, and a reader's default for a
 # missing peer is -1 (unknown), not 0. An array of sc.FLOW_SAME_AS is left out when it equals the array named
@@ -247,11 +247,15 @@ class SpanBuilder:
                       kch: np.ndarray | None = None) -> list[tuple[str, Any]]:
         s = self.src
         r = s.to_real
+        span_start = self.start_end(op)[0]
         kind, func = int(op["kind"]), int(op["func"])
         peer = int(op["root_or_peer"])
-        a: list[tuple[str, Any]] = [(sc.COLL_SEQ, int(op["seq"])), (sc.COLL_FUNC, func_name(func)),
-              (sc.OP_KIND, _name(KIND_NAMES, kind)), (sc.OP_STATE, state), (sc.NCCL_SEQ, int(op["nccl_seq"])),
-              (sc.COLL_COUNT, int(op["count"])), (sc.COLL_BYTES, int(op["bytes"])),
+        seq, nseq = int(op["seq"]), int(op["nccl_seq"])
+        a: list[tuple[str, Any]] = [(sc.COLL_SEQ, seq), (sc.COLL_FUNC, func_name(func)),
+              (sc.OP_KIND, _name(KIND_NAMES, kind)), (sc.OP_STATE, state)]
+        if nseq != seq:  # a missing one reads as the collective number
+            a.append((sc.NCCL_SEQ, nseq))
+        a += [(sc.COLL_COUNT, int(op["count"])), (sc.COLL_BYTES, int(op["bytes"])),
               (sc.COLL_DATATYPE, _name(DATATYPE_NAMES, int(op["datatype"])))]
         if kind == KIND_COLL and func in ROOTED_FUNCS:
             a.append((sc.COLL_ROOT, peer))
@@ -272,8 +276,12 @@ class SpanBuilder:
             a.append((sc.KERNEL_DURATION, ke - ks))
         if end > start:
             a.append((sc.BUS_BW, int(op["bytes"]) * busbw_factor(func, s.nranks) / (end - start)))
-        a += [(sc.PROXY_OPS, [int(op["proxy_ops_started"]), int(op["proxy_ops_stopped"])]),
-              (sc.KERNEL_CHANNELS, [int(op["kernel_ch_started"]), int(op["kernel_ch_stopped"])])]
+        n = min(int(op["n_flows"]), len(flows))
+        for key, pair, whole in ((sc.PROXY_OPS, [int(op["proxy_ops_started"]), int(op["proxy_ops_stopped"])], n),
+                                 (sc.KERNEL_CHANNELS, [int(op["kernel_ch_started"]), int(op["kernel_ch_stopped"])],
+                                  int(op["n_channels"]))):
+            if pair != [whole, whole]:  # a missing pair reads as the whole (semconv.PROXY_OPS)
+                a.append((key, pair))
         a += kernel_attributes(op, kch)
         if snapshot is not None:
             a.append((sc.SNAPSHOT_SEQ, snapshot))
@@ -287,20 +295,23 @@ class SpanBuilder:
                 a.append((sc.ANOMALY_RECENT, int(recent)))
         if stopped is not None:
             a.append((sc.PROCESS_STOPPED, bool(stopped)))
-        n = min(int(op["n_flows"]), len(flows))
         if n:
             f = flows[:n]
             cols: dict[str, list[int]] = {}
+            waiting = [int(w) != 0 for w in f["wait_state"].tolist()]
             for spec in _FLOW_INT_FIELDS:
                 if spec is None:
                     continue
-                key, field, is_time = spec
+                key, field = spec
                 vals = cols[key] = [int(v) for v in f[field].tolist()]
+                if key == sc.FLOW_WAIT_STEP:  # the step a flow waits on: none when it waits on nothing
+                    vals = cols[key] = [v if w else 0 for v, w in zip(vals, waiting)]
+                is_time = key in sc.FLOW_OFFSETS
                 if is_time:
                     vals = cols[key] = [r(v) for v in vals]
                 same = sc.FLOW_SAME_AS.get(key)
                 if (vals != cols[same]) if same else (any(vals) or key in _FLOW_ALWAYS):
-                    a.append((key, vals))
+                    a.append((key, [sc.flow_offset(v, span_start) for v in vals] if is_time else vals))
                 if key == sc.FLOW_CHANNEL:
                     a.append((sc.FLOW_DIRECTION, [DIR_NAMES[int(d) & 1] for d in f["dir"].tolist()]))
                 elif key == sc.FLOW_LAST_PROGRESS:
@@ -384,6 +395,7 @@ class SpanBuilder:
         nb_l = nbytes.tolist()
         c_seq = col(sc.COLL_SEQ, ops["seq"])
         c_nseq = col(sc.NCCL_SEQ, ops["nccl_seq"])
+        nseq_new_l = (ops["nccl_seq"] != ops["seq"]).tolist()
         c_count = col(sc.COLL_COUNT, ops["count"])
         c_bytes = col(sc.COLL_BYTES, nbytes)
         c_nch = col(sc.COLL_NCHANNELS, ops["n_channels"])
@@ -393,14 +405,19 @@ class SpanBuilder:
         lp = real(ops["last_progress_ns"])
         c_lp = col(sc.TIME_LAST_PROGRESS, lp)
         lp_new_l = (lp != real(end)).tolist()
-        # [started, stopped] pairs
+        # [started, stopped] pairs, left out where both are the whole (semconv.PROXY_OPS)
+        nflows = np.minimum(ops["n_flows"].astype(np.int64), recs["flows"].shape[1])
         pairs = []
-        for key, a_, b_ in ((sc.PROXY_OPS, "proxy_ops_started", "proxy_ops_stopped"),
-                            (sc.KERNEL_CHANNELS, "kernel_ch_started", "kernel_ch_stopped")):
-            m = np.stack([ops[a_].astype(np.int64), ops[b_].astype(np.int64)], axis=1).reshape(-1)
+        for key, a_, b_, whole in ((sc.PROXY_OPS, "proxy_ops_started", "proxy_ops_stopped", nflows),
+                                   (sc.KERNEL_CHANNELS, "kernel_ch_started", "kernel_ch_stopped",
+                                    ops["n_channels"].astype(np.int64))):
+            started, stopped = ops[a_].astype(np.int64), ops[b_].astype(np.int64)
+            m = np.stack([started, stopped], axis=1).reshape(-1)
             blob, ends = otlp.int_array_elements(m.view(np.uint64))
             kf = _kf(key)
-            pairs.append([otlp.array_attr(kf, e) for e in otlp.split(blob, ends, np.full(R, 2, dtype=np.int64))])
+            keep = ((started != whole) | (stopped != whole)).tolist()
+            pairs.append([otlp.array_attr(kf, e) if k else b""
+                          for e, k in zip(otlp.split(blob, ends, np.full(R, 2, dtype=np.int64)), keep)])
         flags_l = ops["flags"].tolist()
         ks_l, ke_l = ops["kernel_start_ns"].tolist(), ops["kernel_end_ns"].tolist()
         names = ops.dtype.names or ()
@@ -409,21 +426,26 @@ class SpanBuilder:
         phases_l = ((ops["flags"] & FLAG_KERNEL_PHASES) != 0).tolist()
 
         # flows
-        nflows = np.minimum(ops["n_flows"].astype(np.int64), recs["flows"].shape[1])
         fmask = np.arange(recs["flows"].shape[1])[None, :] < nflows[:, None]
         fl_all = recs["flows"][fmask]  # row-major: record by record
         flow_cols: list[list[bytes]] = []
         # record of each flow row, to tell per record whether a column has any non-zero element
         row_rec = np.repeat(np.arange(R), nflows)
+        flow_t0 = real(np.where(api != 0, api, start))[row_rec]  # each flow's span start
         cols: dict[str, np.ndarray] = {}
         for spec in _FLOW_INT_FIELDS:
             if spec is None:
                 continue
-            key, field, is_time = spec
+            key, field = spec
             v = cols[key] = fl_all[field].astype(np.int64)
-            if is_time:
+            if key == sc.FLOW_WAIT_STEP:  # the step a flow waits on: none when it waits on nothing
+                v = cols[key] = np.where(fl_all["wait_state"] != 0, v, 0)
+            if key in sc.FLOW_OFFSETS:  # (semconv.flow_offset, by the array)
                 v = cols[key] = np.where(v != 0, v + off, 0)
-            blob, ends = otlp.int_array_elements(v.view(np.uint64))
+                wire = np.where(v != 0, np.maximum(v - flow_t0, 0), sc.FLOW_NOT_YET)
+            else:
+                wire = v
+            blob, ends = otlp.int_array_elements(wire.view(np.uint64))
             kf = _kf(key)
             same = sc.FLOW_SAME_AS.get(key)
             if key in _FLOW_ALWAYS:
@@ -455,8 +477,8 @@ class SpanBuilder:
             trace = traces[i]
             tb = trace.to_bytes(16, "big")
             p = peer_l[i]
-            parts = [c_seq[i], _FUNC_ATTR[fn], _KIND_ATTR[k], completed, c_nseq[i], c_count[i],
-                     c_bytes[i], _DT_ATTR[dl[i]]]
+            parts = [c_seq[i], _FUNC_ATTR[fn], _KIND_ATTR[k], completed, c_nseq[i] if nseq_new_l[i] else b"",
+                     c_count[i], c_bytes[i], _DT_ATTR[dl[i]]]
             if k == KIND_COLL and fn in ROOTED_FUNCS:
                 parts.append(_attr(sc.COLL_ROOT, p))
             parts += [_ALGO_ATTR[al[i]], _PROTO_ATTR[pl[i]], c_nch[i]]

@@ -120,7 +120,8 @@ def flow_table(refs: Sequence[SpanRef], columns: tuple[str, ...] = FLOW_COLUMNS)
     dec = _flow_decoders.get(columns)
     if dec is None:  # (an array the agent left out as equal to another reads as that one: it must be a column too)
         same_as = {k: v for k, v in sc.FLOW_SAME_AS.items() if k in columns}
-        dec = _flow_decoders[columns] = _native.FlowDecoder(columns, _FLOW_NAMES, same_as)
+        dec = _flow_decoders[columns] = _native.FlowDecoder(
+            columns, _FLOW_NAMES, same_as, sc.FLOW_OFFSETS, {k: v for k, v in sc.FLOW_ABSOLUTE.items() if k in columns})
     data, counts = dec.table(refs)
     return np.frombuffer(data, dtype=np.int64).reshape(-1, len(columns)), np.frombuffer(counts, dtype=np.int64)
 
@@ -168,7 +169,7 @@ def flows_of(ref: SpanRef) -> list[Flow]:
 # What the analysis reads besides the flows (status details, the arrival of a rank without flows, whether its
 # GPU started the collective's kernel).
 _EVIDENCE_KEYS = frozenset({sc.STATUS_LAST_STATE, sc.STATUS_LAST_SEQ, sc.TIME_API, sc.TIME_ENQUEUE, sc.TIME_LAUNCH,
-                            sc.KERNEL_CHANNELS})
+                            sc.KERNEL_CHANNELS, sc.COLL_NCHANNELS})
 
 _decoders: dict[frozenset[str], Any] = {}
 

@@ -79,6 +79,8 @@ class RankView:
         """Whether the rank's GPU started the collective's kernel on any channel (a KernelCh event: NCCL starts
         it when the GPU's own work counter says the channel began)."""
         kc = self.attrs.get(sc.KERNEL_CHANNELS)
+        if kc is None:  # left out as the whole: every channel NCCL used started and stopped
+            return int(self.attrs.get(sc.COLL_NCHANNELS) or 0) > 0
         return bool(kc) and int(kc[0]) > 0
 
     @staticmethod

@@ -60,8 +60,13 @@ def flows_of(span: Span) -> list[Flow]:
 
     def col(key, default):
         v = a.get(key)
+        if v is not None and key in sc.FLOW_OFFSETS:
+            v = [sc.flow_time(x, span.start_ns) if type(x) is int else default for x in v] if isinstance(v, list) \
+                else None
+        if v is None and key in sc.FLOW_ABSOLUTE:  # an older agent's times
+            v = a.get(sc.FLOW_ABSOLUTE[key])
         if v is None and key in sc.FLOW_SAME_AS:  # left out as equal to that array
-            v = a.get(sc.FLOW_SAME_AS[key])
+            return col(sc.FLOW_SAME_AS[key], default)
         return [v[i] if isinstance(v, list) and i < len(v) else default for i in range(n)]
     cols = [col(sc.FLOW_DIRECTION, "?"), col(sc.FLOW_PEER, -1), col(sc.FLOW_STEPS, 0), col(sc.FLOW_POSTED, 0),
             col(sc.FLOW_READY, 0), col(sc.FLOW_TRANSMITTED, 0), col(sc.FLOW_DONE, 0), col(sc.FLOW_WAIT_STATE, ""),

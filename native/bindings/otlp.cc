@@ -560,27 +560,49 @@ class AttrDecoder {
 // kMaxArray); a shorter column reads 0 past its end, a longer one is cut. A non-int element reads
 // 0. String columns (`names`: key -> tuple of strings) read the position of the element in
 // their tuple, len(tuple) for any other string; a non-string element reads as "".
+// Time columns (`offsets`) travel as ns after the span's start, negative for not yet: they read
+// as the span's start plus the offset, 0 for not yet (semconv.flow_time). `absolute`: key ->
+// the key older agents sent it under, as the time itself, read where the span has no offsets.
 class FlowDecoder {
  public:
-  FlowDecoder(const py::tuple& columns, const py::dict& names, const py::dict& same_as) : keys_(columns) {
-    names_.resize(keys_.size());
-    same_as_.assign(keys_.size(), keys_.size());
-    for (size_t i = 0; i < keys_.size(); ++i) {
+  FlowDecoder(const py::tuple& columns, const py::dict& names, const py::dict& same_as, const py::tuple& offsets,
+              const py::dict& absolute)
+      : width_(columns.size()) {
+    py::list keys(columns);  // the columns, then the older keys of those that have one
+    names_.resize(width_);
+    same_as_.assign(width_, width_);
+    offset_.assign(width_, false);
+    for (size_t i = 0; i < width_; ++i) {
       py::object k = columns[i];
-      if (same_as.contains(k)) {
-        same_as_[i] = keys_.Find(same_as[k].cast<std::string>());
-        if (same_as_[i] >= keys_.size()) throw py::value_error("FlowDecoder: a column's same_as is not a column");
+      for (auto o : offsets) offset_[i] = offset_[i] || o.equal(k);
+      if (absolute.contains(k)) {
+        if (!offset_[i]) throw py::value_error("FlowDecoder: an absolute key for a column that is no offset");
+        keys.append(absolute[k]);
+        absolute_of_.push_back(i);
       }
-      if (!names.contains(k)) continue;
-      auto& values = names_[i].emplace();
-      for (auto v : names[k].cast<py::tuple>()) values.push_back(v.cast<std::string>());
+      if (names.contains(k)) {
+        auto& values = names_[i].emplace();
+        for (auto v : names[k].cast<py::tuple>()) values.push_back(v.cast<std::string>());
+      }
     }
-    for (size_t j : same_as_)
-      if (j < keys_.size() && same_as_[j] < keys_.size())
+    keys_ = KeyTable(keys);
+    for (size_t i = 0; i < width_; ++i) {
+      py::object k = columns[i];
+      if (!same_as.contains(k)) continue;
+      size_t j = keys_.Find(same_as[k].cast<std::string>());
+      if (j >= width_) throw py::value_error("FlowDecoder: a column's same_as is not a column");
+      same_as_[i] = j;
+    }
+    for (size_t i = 0; i < width_; ++i) {
+      size_t j = same_as_[i];
+      if (j < width_ && same_as_[j] < width_)
         throw py::value_error("FlowDecoder: a column's same_as has a same_as of its own");
+      if (j < width_ && offset_[i] != offset_[j])
+        throw py::value_error("FlowDecoder: a time column's same_as is not one (or the other way)");
+    }
   }
 
-  size_t width() const { return keys_.size(); }
+  size_t width() const { return width_; }
 
   // The rows of the spans -- SpanRefs: their flows lie in the payload range they keep (raw), from
   // their flow_at on -- appended in order; returns (table bytes, rows per span as int64 bytes).
@@ -593,6 +615,8 @@ class FlowDecoder {
         throw py::type_error("FlowDecoder.table: expected SpanRefs");
       PyObject* raw = PyTuple_GET_ITEM(ref, SpanDecoder::kRaw);
       int64_t start = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(ref, SpanDecoder::kFlowAt)).cast<int64_t>();
+      uint64_t span_start =
+          py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(ref, SpanDecoder::kStart)).cast<uint64_t>();
       size_t rows = 0;
       if (start >= 0 && PyTuple_Check(raw) && PyTuple_GET_SIZE(raw) == 3) {
         py::tuple range = py::reinterpret_borrow<py::tuple>(raw);
@@ -600,7 +624,8 @@ class FlowDecoder {
         size_t offset = range[1].cast<size_t>(), length = range[2].cast<size_t>();
         if (offset > buf.size() || length > buf.size() - offset || size_t(start) > length)
           throw py::value_error("span range outside the payload");
-        rows = Decode(reinterpret_cast<const uint8_t*>(buf.data()) + offset, length, size_t(start), &cols, &out);
+        rows = Decode(reinterpret_cast<const uint8_t*>(buf.data()) + offset, length, size_t(start), span_start,
+                      &cols, &out);
       }
       counts.push_back(int64_t(rows));
     }
@@ -611,18 +636,24 @@ class FlowDecoder {
   }
 
  private:
-  size_t Decode(const uint8_t* span, size_t length, size_t start, std::vector<std::vector<int64_t>>* cols,
-                std::vector<int64_t>* out) const {
+  size_t Decode(const uint8_t* span, size_t length, size_t start, uint64_t span_start,
+                std::vector<std::vector<int64_t>>* cols, std::vector<int64_t>* out) const {
     for (auto& c : *cols) c.clear();
     Wire sp{span + start, span + length};
     for (Wire kv; sp.Next(9, &kv);) {
       Wire key{nullptr, nullptr}, value{nullptr, nullptr};
       if (!SplitKeyValue(kv, &key, &value)) continue;
       size_t i = keys_.Find(key.View());
-      if (i < keys_.size()) Column(value, i, &(*cols)[i]);  // the last attribute with the key wins, as in a dict
+      if (i < keys_.size()) Column(value, i < width_ ? i : absolute_of_[i - width_], &(*cols)[i]);
+      // (the last attribute with the key wins, as in a dict)
     }
     size_t rows = (*cols)[0].size();
-    size_t w = keys_.size();
+    size_t w = width_;
+    for (size_t c = 0; c < w; ++c)
+      if (offset_[c])  // (unsigned: a hostile offset wraps instead of overflowing)
+        for (int64_t& v : (*cols)[c]) v = v < 0 ? 0 : int64_t(span_start + uint64_t(v));
+    for (size_t a = 0; a < absolute_of_.size(); ++a)  // an older agent's times, where the span has no offsets
+      if ((*cols)[absolute_of_[a]].empty()) (*cols)[absolute_of_[a]].swap((*cols)[w + a]);
     for (size_t c = 0; c < w; ++c)  // an array left out reads as its same_as array (the agent left it out as equal)
       if ((*cols)[c].empty() && same_as_[c] < w) (*cols)[c] = (*cols)[same_as_[c]];
     for (size_t r = 0; r < rows; ++r)
@@ -630,7 +661,7 @@ class FlowDecoder {
     return rows;
   }
 
-  // One attribute's array (a scalar value is no array: no rows).
+  // One attribute's array (a scalar value is no array: no rows); `i`: the column it fills.
   void Column(Wire v, size_t i, std::vector<int64_t>* col) const {
     col->clear();
     RawValue r = ReadValue(v);
@@ -677,9 +708,12 @@ class FlowDecoder {
     return int64_t(j);
   }
 
-  KeyTable keys_;
+  size_t width_;
+  KeyTable keys_{py::none()};  // the columns (0..width_), then the older keys of absolute_of_
   std::vector<std::optional<std::vector<std::string>>> names_;  // per column: its string values, if it has them
-  std::vector<size_t> same_as_;  // per column: the column it reads as when left out (width(): none)
+  std::vector<size_t> same_as_;  // per column: the column it reads as when left out (width_: none)
+  std::vector<bool> offset_;     // per column: a time sent as an offset from the span's start
+  std::vector<size_t> absolute_of_;  // per older key (keys_ from width_ on): the column it fills
 };
 
 }  // namespace
@@ -702,8 +736,8 @@ void RegisterOtlp(py::module_& m) {
            py::arg("start") = 0);
   py::class_<FlowDecoder>(m, "FlowDecoder",
                           "The flow arrays of spans a SpanDecoder walked, as one int64 table (a row per flow).")
-      .def(py::init<const py::tuple&, const py::dict&, const py::dict&>(), py::arg("columns"), py::arg("names"),
-           py::arg("same_as"))
+      .def(py::init<const py::tuple&, const py::dict&, const py::dict&, const py::tuple&, const py::dict&>(),
+           py::arg("columns"), py::arg("names"), py::arg("same_as"), py::arg("offsets"), py::arg("absolute"))
       .def_property_readonly("width", &FlowDecoder::width)
       .def("table", &FlowDecoder::Table, py::arg("refs"));
 }

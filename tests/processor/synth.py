@@ -159,10 +159,13 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
                 sc.FLOW_PEER: [f.peer for f in fl], sc.FLOW_STEPS: [f.steps for f in fl],
                 sc.FLOW_POSTED: [f.posted for f in fl], sc.FLOW_READY: [f.ready for f in fl],
                 sc.FLOW_TRANSMITTED: [f.transmitted for f in fl], sc.FLOW_DONE: [f.done for f in fl],
-                sc.FLOW_BYTES: [f.done * 65536 for f in fl], sc.FLOW_START: [f.start or r.start for f in fl],
-                sc.FLOW_END: [f.end for f in fl], sc.FLOW_LAST_PROGRESS: [f.last or r.last_progress for f in fl],
+                sc.FLOW_BYTES: [f.done * 65536 for f in fl],
+                sc.FLOW_START: [sc.flow_offset(f.start or r.start, r.start) for f in fl],
+                sc.FLOW_END: [sc.flow_offset(f.end, r.start) for f in fl],
+                sc.FLOW_LAST_PROGRESS: [sc.flow_offset(f.last or r.last_progress, r.start) for f in fl],
                 sc.FLOW_WAIT_STATE: [f.wait for f in fl], sc.FLOW_WAIT_STEP: [f.done for f in fl],
-                sc.FLOW_WAIT_SINCE: [f.since for f in fl], sc.FLOW_GPU_WAIT: [f.gpu_wait for f in fl],
+                sc.FLOW_WAIT_SINCE: [sc.flow_offset(f.since, r.start) for f in fl],
+                sc.FLOW_GPU_WAIT: [f.gpu_wait for f in fl],
                 sc.FLOW_NET_WAIT: [f.net_wait for f in fl], sc.FLOW_PEER_BUSY: [f.peer_wait for f in fl],
             })
             for send, peer in dict.fromkeys((f.send, f.peer) for f in fl):  # one link per peer and direction

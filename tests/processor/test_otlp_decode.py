@@ -218,14 +218,24 @@ def test_a_spans_resource_carries_what_its_spans_share():
 
 def _flow_model(sp: trace_pb2.Span, columns: tuple[str, ...]) -> list[list[int]]:
     """The flow table rows of one span, read through protobuf."""
+    older = {v: k for k, v in sc.FLOW_ABSOLUTE.items() if k in columns}
     cols: dict[str, list] = {}
+    absolute: dict[str, list] = {}
     for kv in sp.attributes:
-        if kv.key in columns:
+        if kv.key in columns or kv.key in older:
             v = kv.value
-            cols[kv.key] = list(v.array_value.values)[:4096] if v.WhichOneof("value") == "array_value" else []
+            arr = list(v.array_value.values)[:4096] if v.WhichOneof("value") == "array_value" else []
+            if kv.key in columns:
+                cols[kv.key] = arr
+            else:
+                absolute[older[kv.key]] = arr
+    offset = {k: bool(cols.get(k)) and k in sc.FLOW_OFFSETS for k in columns}
+    for key, arr in absolute.items():  # an older agent's times, where the span has no offsets
+        if not cols.get(key):
+            cols[key] = arr
     for key, same in sc.FLOW_SAME_AS.items():  # an array left out (or not an array) reads as its same-as one
         if key in columns and not cols.get(key):
-            cols[key] = cols.get(same, [])
+            cols[key], offset[key] = cols.get(same, []), offset.get(same, False)
     names = S._FLOW_NAMES
 
     def cell(key: str, i: int) -> int:
@@ -236,14 +246,18 @@ def _flow_model(sp: trace_pb2.Span, columns: tuple[str, ...]) -> list[list[int]]
         if key in names:
             x = x if type(x) is str else ""
             return names[key].index(x) if x in names[key] else len(names[key])
-        return x if type(x) is int else 0
+        x = x if type(x) is int else 0
+        if offset[key]:  # ns after the span's start (64-bit arithmetic), negative: not yet
+            x = 0 if x < 0 else (sp.start_time_unix_nano + x + (1 << 63)) % (1 << 64) - (1 << 63)
+        return x
 
     return [[cell(k, i) for k in columns] for i in range(len(cols.get(columns[0], [])))]
 
 
 def _random_flows(rng: random.Random, sp: trace_pb2.Span) -> None:
     n = rng.randint(0, 6)
-    for k in rng.sample(S.FLOW_COLUMNS, rng.randint(1, len(S.FLOW_COLUMNS))) + [sc.FLOW_CHANNEL]:
+    keys = list(S.FLOW_COLUMNS) + list(sc.FLOW_ABSOLUTE.values())  # (an older agent's keys too)
+    for k in rng.sample(keys, rng.randint(1, len(keys))) + [sc.FLOW_CHANNEL]:
         kv = sp.attributes.add(key=k)
         if rng.random() < 0.1:
             kv.value.int_value = 4  # not an array
@@ -261,6 +275,32 @@ def _random_flows(rng: random.Random, sp: trace_pb2.Span) -> None:
             # 5: an empty AnyValue
 
 
+def test_flow_times_read_the_same_from_offsets_and_from_an_older_agents_absolute_times():
+    t0 = 1_796_556_194_633_823_414
+    times = {sc.FLOW_START: [t0 + 3775, t0 + 13_520], sc.FLOW_END: [t0 + 9564, 0],
+             sc.FLOW_WAIT_SINCE: [0, t0 + 15_000]}
+    tables = []
+    for keys in ({k: k for k in times}, sc.FLOW_ABSOLUTE):
+        req = trace_service_pb2.ExportTraceServiceRequest()
+        sp = req.resource_spans.add().scope_spans.add().spans.add(
+            trace_id=b"T" * 16, span_id=b"S" * 8, name="nccl.AllReduce", start_time_unix_nano=t0,
+            end_time_unix_nano=t0 + 20_000)
+        sp.attributes.add(key=sc.RANK).value.int_value = 0
+        sp.attributes.add(key=sc.COMM_NRANKS).value.int_value = 2
+        sp.attributes.add(key=sc.FLOW_CHANNEL).value.array_value.values.add().int_value = 0
+        sp.attributes[-1].value.array_value.values.add().int_value = 1
+        for key, vals in times.items():
+            arr = sp.attributes.add(key=keys[key]).value.array_value
+            for t in vals:
+                arr.values.add().int_value = sc.flow_offset(t, t0) if keys is not sc.FLOW_ABSOLUTE else t
+        tables.append(S.flow_table(DECODE(req.SerializeToString())[1])[0].tolist())
+    assert tables[0] == tables[1]
+    col = {k: i for i, k in enumerate(S.FLOW_COLUMNS)}
+    assert [[r[col[k]] for k in times] for r in tables[0]] == [list(v) for v in zip(*times.values())]
+    # a missing last progress reads as the end, in both
+    assert [r[col[sc.FLOW_LAST_PROGRESS]] for r in tables[0]] == times[sc.FLOW_END]
+
+
 def test_flow_decoder_reads_what_protobuf_reads():
     rng = random.Random(5)
     ring = Ring(8, nch=2, comm=0x42, seq=3)
@@ -270,7 +310,9 @@ def test_flow_decoder_reads_what_protobuf_reads():
         req = trace_service_pb2.ExportTraceServiceRequest()
         ss = req.resource_spans.add().scope_spans.add()
         for _ in range(rng.randint(1, 4)):
-            sp = ss.spans.add(trace_id=b"T" * 16, span_id=rng.randbytes(8), name="nccl.AllReduce")
+            t0 = rng.choice([0, 1 << 60, (1 << 64) - 5])  # flow times are offsets from it
+            sp = ss.spans.add(trace_id=b"T" * 16, span_id=rng.randbytes(8), name="nccl.AllReduce",
+                              start_time_unix_nano=t0, end_time_unix_nano=t0)
             sp.attributes.add(key=sc.RANK).value.int_value = 0
             sp.attributes.add(key=sc.COMM_NRANKS).value.int_value = 2
             _random_flows(rng, sp)

@@ -73,8 +73,8 @@ def _tree_hang(n: int = 7, culprit: int = 5) -> tuple[int, list[dict]]:
              sc.FLOW_POSTED: [8] * len(flows), sc.FLOW_READY: [2] * len(flows),
              sc.FLOW_TRANSMITTED: [2] * len(flows), sc.FLOW_DONE: [2 if r == culprit else 1] * len(flows),
              sc.FLOW_WAIT_STATE: [w for _d, _p, w in flows],
-             sc.FLOW_START: [T0 + 1000] * len(flows), sc.FLOW_END: [0] * len(flows),
-             sc.FLOW_LAST_PROGRESS: [T0 + (100 if r == culprit else 300) * 1_000_000] * len(flows)}
+             sc.FLOW_START: [1000] * len(flows), sc.FLOW_END: [sc.FLOW_NOT_YET] * len(flows),
+             sc.FLOW_LAST_PROGRESS: [(100 if r == culprit else 300) * 1_000_000] * len(flows)}  # after T0
         out.append(span(tid, ids.span_id(tid, r, sc.ROLE_INFLIGHT, 0), sc.INFLIGHT_SPAN, T0, T0 + 2_000_000_000, a))
     return tid, out
 
