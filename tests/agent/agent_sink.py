@@ -19,14 +19,23 @@ from mycroft_otel import semconv as sc
 
 
 
-def as_read(own: dict, resource: dict) -> dict:
+def as_read(own: dict, resource: dict, start: int) -> dict:
     """A span's attributes as docs/span-schema.md tells a reader to take them: with those its resource carries
-    for all its spans (sc.with_shared), and a flow array left out as equal to another (sc.FLOW_SAME_AS) read as
-    that one."""
+    for all its spans (sc.with_shared), a flow's times from their offsets after the span's ``start``
+    (sc.flow_time), a flow array left out as equal to another (sc.FLOW_SAME_AS) read as that one, NCCL's
+    seqNumber left out as the collective number and a [started, stopped] pair left out as the whole."""
     a = dict(sc.with_shared(own, resource))
+    for key in sc.FLOW_OFFSETS:
+        if key in a:
+            a[key] = [sc.flow_time(v, start) for v in a[key]]
     for key, same in sc.FLOW_SAME_AS.items():
         if key not in a and same in a:
             a[key] = a[same]
+    if sc.COLL_SEQ in a:
+        a.setdefault(sc.NCCL_SEQ, a[sc.COLL_SEQ])
+    if sc.OP_STATE in a:
+        a.setdefault(sc.PROXY_OPS, [len(a.get(sc.FLOW_CHANNEL, []))] * 2)
+        a.setdefault(sc.KERNEL_CHANNELS, [a.get(sc.COLL_NCHANNELS, 0)] * 2)
     return a
 
 
@@ -71,7 +80,7 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
                     out.append({
                         "trace_id": int.from_bytes(s.trace_id, "big"), "span_id": int.from_bytes(s.span_id, "big"),
                         "name": s.name, "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                        "kind": s.kind, "recv_ns": now, "attrs": as_read(attrs(s.attributes), res),
+                        "kind": s.kind, "recv_ns": now, "attrs": as_read(attrs(s.attributes), res, s.start_time_unix_nano),
                         "span_attrs": attrs(s.attributes), "resource": res,
                         "scope": ss.scope.name,
                         "events": [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events],

@@ -70,6 +70,11 @@ def test_stalled_op_snapshots_and_not_entered(tmp_path, otel_env):
     assert a[sc.ANOMALY] == sc.ANOMALY_STALLED
     assert a[sc.FLOW_WAIT_STATE] == ["SendGpuWait", "SendGpuWait", "RecvGpuWait", "RecvGpuWait"]
     assert a[sc.FLOW_DONE] == [3, 3, 3, 3] and a[sc.TIME_END] == 0
+    # in flight, what a completed op leaves out says where it stands: the step each flow waits on, since when
+    # (after the op's start), and the ProxyOps and kernels not stopped yet
+    own = s0["span_attrs"]
+    assert own[sc.FLOW_WAIT_STEP] == [3, 3, 3, 3] and all(s0["start"] <= t for t in a[sc.FLOW_WAIT_SINCE])
+    assert own[sc.PROXY_OPS] == [4, 0] and own[sc.KERNEL_CHANNELS] == [2, 0] and sc.FLOW_END not in own  # none yet
     roles = [lk["attrs"][sc.LINK_ROLE] for lk in s0["links"]]
     assert roles[0] == sc.LINK_SNAPSHOT_OF and s0["links"][0]["span_id"] == ids.span_id(trace, 0, sc.ROLE_OP)
     assert sorted(roles[1:]) == ["recv_from", "send_to"]  # its one peer, fed and waited on, over both channels

@@ -49,6 +49,14 @@ def test_every_rank_once_links_resolve(tmp_path, otel_env):
             assert a[sc.FLOW_PEER] == [(r + 1) % n] * 2 + [(r - 1) % n] * 2
             assert a[sc.FLOW_DONE] == [8, 8, 8, 8] and sc.FLOW_DONE not in s["span_attrs"]  # left out: = steps
             assert all(len(a[k]) == 4 for k in a if k.startswith("mycroft.flow."))
+            # a flow's times travel as offsets after the span's start, and read back inside the span
+            assert all(0 <= t < s["end"] - s["start"] for t in s["span_attrs"][sc.FLOW_START])
+            assert all(s["start"] <= t <= s["end"] for k in (sc.FLOW_START, sc.FLOW_END) for t in a[k])
+            # what other attributes already say is left out: NCCL's seqNumber equal to the collective number,
+            # the [started, stopped] pairs that are the whole (a ProxyOp per flow, a kernel per channel), the
+            # step a completed flow waited on last
+            assert not {sc.NCCL_SEQ, sc.PROXY_OPS, sc.KERNEL_CHANNELS, sc.FLOW_WAIT_STEP} & set(s["span_attrs"])
+            assert a[sc.NCCL_SEQ] == seq and a[sc.PROXY_OPS] == [4, 4] and a[sc.KERNEL_CHANNELS] == [2, 2]
             # realtime ns, consistent with the span's own times
             assert s["start"] <= a[sc.TIME_ENQUEUE] <= s["end"]
             # the API call is the span's start and the end its end: neither is repeated as an attribute
