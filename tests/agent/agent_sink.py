@@ -80,7 +80,8 @@ class Sink(trace_service_pb2_grpc.TraceServiceServicer):
                     out.append({
                         "trace_id": int.from_bytes(s.trace_id, "big"), "span_id": int.from_bytes(s.span_id, "big"),
                         "name": s.name, "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                        "kind": s.kind, "recv_ns": now, "attrs": as_read(attrs(s.attributes), res, s.start_time_unix_nano),
+                        "kind": s.kind, "recv_ns": now,
+                        "attrs": as_read(attrs(s.attributes), res, s.start_time_unix_nano),
                         "span_attrs": attrs(s.attributes), "resource": res,
                         "scope": ss.scope.name,
                         "events": [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events],
