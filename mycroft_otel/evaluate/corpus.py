@@ -20,14 +20,18 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from mycroft_otel import semconv
 from mycroft_otel.evaluate import virtual
 from mycroft_otel.evaluate.corpus_report import HEALTHY, curve_svg, report, text
 from mycroft_otel.evaluate.harness import culprit_matches
 from mycroft_otel.evaluate.routing import BY_JOB, Routing
 from mycroft_otel.evaluate.scenarios import Scenario
-from mycroft_otel.sim.faults import CATALOGUE, SLOWDOWN_PARAM, FaultError, factor_for_slowdown
+from mycroft_otel.sim.faults import CATALOGUE, RUN_AHEAD_FAULTS, SLOWDOWN_PARAM, FaultError, factor_for_slowdown
 from mycroft_otel.sim.model import NOISE_MODELS, TimingModel, eval_model
+from mycroft_otel.sim.simulation import Simulation
+from mycroft_otel.sim.topology import build_comms, parse_topology
 
 
 @dataclass(frozen=True)
@@ -191,32 +195,79 @@ class Case:
     magnitude: float | None    # x of the collective's time (slowdowns), None for hangs and healthy runs
     param: float | None = None  # the fault parameter that magnitude took (SLOWDOWN_PARAM[fault])
     comm: str = "dp"           # the communicator kind the fault targets (healthy runs: "dp", unused)
+    # a late rank's (rank, op of the step): its delay is set where the case runs (:func:`calibrated`), since
+    # that times the job itself per bisection step; until then its spec has no delay_ms
+    late: tuple[int, int] | None = None
 
     def model(self) -> TimingModel:
         return eval_model().with_nccl(dp_algo=TOPOLOGIES[self.topology].algo).with_noise(self.noise)
 
 
+def calibrated(case: Case, factors: FactorCache) -> Case:
+    """``case`` with its late rank's delay set (a case without one, as it is). A magnitude the fault cannot
+    reach raises FaultError (the other faults' are left out of the corpus when it is built)."""
+    if case.late is None or case.param is not None:
+        return case
+    param = factors.get(case.fault, case.topology, case.magnitude, case.comm, case.noise, *case.late)
+    if param is None:
+        raise FaultError(factors.unreachable[-1])
+    return replace(case, param=param,
+                   scenario=replace(case.scenario, fault=_slow_spec(case.fault, param, case.comm, case.late)))
+
+
 class FactorCache:
     """factor_for_slowdown per (fault, topology, magnitude, communicator): it times the targeted communicator's
     collective without noise, so one value serves every noise model and seed of a shape (the noise then varies
-    around it, as on a real job)."""
+    around it, as on a real job). A late rank (sim.faults.RUN_AHEAD_FAULTS) is set per noise model, pipeline
+    stage and op of the step as well: all three move the CPU's run-ahead its delay must first use up."""
 
     def __init__(self) -> None:
-        self._values: dict[tuple[str, str, float, str], float | None] = {}
+        self._values: dict[tuple[str, str, float, str, str, int, int], float | None] = {}
+        self._ops: dict[tuple[str, str, int], int] = {}
         self.unreachable: list[str] = []  # "fault xM on topology: why", for the report
 
-    def get(self, fault: str, topology: str, magnitude: float, comm: str = "dp") -> float | None:
-        """The parameter, or None where the fault cannot slow that shape's collective so much."""
-        key = (fault, topology, magnitude, comm)
+    def get(self, fault: str, topology: str, magnitude: float, comm: str = "dp", noise: str = "quiet",
+            rank: int = 1, op: int = 0) -> float | None:
+        """The parameter, or None where the fault cannot slow that shape's collective so much. A late call is
+        set for the late ``rank``'s pipeline stage and the ``op`` of the step it is late into (a later stage's
+        first collective of a step sits behind more run-ahead: it waited for the stage before it)."""
+        t = TOPOLOGIES[topology]
+        ahead = fault in RUN_AHEAD_FAULTS
+        per_stage = _stage_size(topology)
+        stage, op = (rank // per_stage, op) if ahead else (0, 0)
+        key = (fault, topology, magnitude, comm, noise if ahead else "quiet", stage, op)
         if key not in self._values:
-            t = TOPOLOGIES[topology]
             model = eval_model().with_nccl(dp_algo=t.algo)
             try:
-                self._values[key] = factor_for_slowdown(fault, magnitude, t.spec, model=model, comm=comm)
+                self._values[key] = factor_for_slowdown(fault, magnitude, t.spec, model=model, comm=comm,
+                                                        noise=key[4], rank=stage * per_stage + min(1, per_stage - 1),
+                                                        op=op)
             except FaultError as exc:
                 self._values[key] = None
                 self.unreachable.append(f"{fault} x{magnitude:g} on {topology}{_comm_tag(comm)}: {exc}")
         return self._values[key]
+
+    def ops_per_step(self, topology: str, comm: str, rank: int) -> int:
+        """How many collectives of kind ``comm`` ``rank`` takes part in per training step."""
+        stage = rank // _stage_size(topology)
+        key = (topology, comm, stage)
+        if key not in self._ops:
+            sim = Simulation(parse_topology(TOPOLOGIES[topology].spec), eval_model().with_noise("quiet"), [],
+                             steps=2, predict=False)
+            ops: list = []
+
+            def count(i, _res) -> None:
+                if i.step == 1 and i.comm.kind == comm and not i.is_p2p and rank in i.comm.ranks:
+                    ops.append(i.seq)
+            sim.run(count)
+            self._ops[key] = len(ops)
+        return self._ops[key]
+
+
+def _stage_size(topology: str) -> int:
+    """Ranks per pipeline stage of a corpus shape (a stage is a contiguous block of global ranks)."""
+    t = parse_topology(TOPOLOGIES[topology].spec)
+    return t.tp * t.dp
 
 
 def _comm_tag(comm: str) -> str:
@@ -224,10 +275,24 @@ def _comm_tag(comm: str) -> str:
     return "" if comm == "dp" else f"-{comm}"
 
 
-def _slow_spec(fault: str, param: float, comm: str = "dp") -> str:
+def _late_call(job_seed: int, world: int, ops_of) -> tuple[int, int]:
+    """The rank a late-call case delays and the op of the step it is late into, pinned in its spec so that
+    its calibration times that op of that rank's pipeline stage: the rank is the simulator's own draw for a
+    fault without ``rank`` (its fault generator's first number), the op drawn among the rank's ``ops_of(rank)``
+    collectives of a step, so that late ranks into every op of a step are judged."""
+    rank = int(np.random.default_rng([job_seed, 1]).integers(world))
+    return rank, int(np.random.default_rng([job_seed, 2]).integers(max(1, ops_of(rank))))
+
+
+def _slow_spec(fault: str, param: float | None, comm: str = "dp", late: tuple[int, int] | None = None) -> str:
     extra = ",p=1" if fault == "slow_proxy" else ""  # every collective after the onset: a sustained fault
+    # a late call is late into one op of the step, and the run-ahead before each op differs (a TP group's
+    # first all-reduce of a step sits behind ~70 ms of it, its last behind ~160 ms): the rank and op
+    # factor_for_slowdown timed, not whichever op the onset falls on
+    extra += f",rank={late[0]},op={late[1]}" if late else ""
     extra += "" if comm == "dp" else f",comm={comm}"
-    return f"{fault}:at={SLOW_AT_S:g},{SLOWDOWN_PARAM[fault]}={param:.6g}{extra}"
+    value = "" if param is None else f",{SLOWDOWN_PARAM[fault]}={param:.6g}"
+    return f"{fault}:at={SLOW_AT_S:g}{value}{extra}"
 
 
 def _job_seed(seed: int, fault_index: int, magnitude_index: int, comm: str = "dp") -> int:
@@ -239,8 +304,6 @@ def _job_seed(seed: int, fault_index: int, magnitude_index: int, comm: str = "dp
 
 def skipped(fault: str, topology: str, comm: str) -> str | None:
     """Why ``fault`` on ``topology``'s ``comm`` communicators gives no case (None: it gives one)."""
-    from mycroft_otel.sim.topology import build_comms, parse_topology
-
     if not build_comms(parse_topology(TOPOLOGIES[topology].spec))[comm]:
         return f"{topology} has no {comm.upper()} communicator"
     if comm == "tp" and fault in NETWORK_ONLY:
@@ -262,12 +325,16 @@ def _fault_cases(spec: CorpusSpec, topo: str, comm: str, factors: FactorCache) -
         for seed in spec.seeds:
             for fi, fault in enumerate(spec.slowdowns):
                 for mi, m in enumerate(spec.magnitudes if kept(fault) else ()):
-                    param = factors.get(fault, topo, m, comm)
-                    if param is None:
+                    job_seed = _job_seed(seed, fi, mi, comm)
+                    late, param = None, None
+                    if fault in RUN_AHEAD_FAULTS:  # set where it runs (calibrated)
+                        late = _late_call(job_seed, _world(spec_t), lambda g: factors.ops_per_step(topo, comm, g))
+                    elif (param := factors.get(fault, topo, m, comm)) is None:
                         continue
-                    sc = Scenario(f"{fault}-x{m:g}-{topo}{tag}-{noise}-s{seed}", _slow_spec(fault, param, comm),
-                                  topology=spec_t, seed=_job_seed(seed, fi, mi, comm), duration_s=SLOW_DURATION_S)
-                    out.append(Case(sc, fault, topo, noise, m, param, comm))
+                    sc = Scenario(f"{fault}-x{m:g}-{topo}{tag}-{noise}-s{seed}",
+                                  _slow_spec(fault, param, comm, late), topology=spec_t, seed=job_seed,
+                                  duration_s=SLOW_DURATION_S)
+                    out.append(Case(sc, fault, topo, noise, m, param, comm, late))
             for di, ms in enumerate(spec.late_once_ms if kept("late_once") else ()):
                 sc = Scenario(f"late_once-{ms:g}ms-{topo}{tag}-{noise}-s{seed}",
                               f"late_once:at={SLOW_AT_S:g},delay_ms={ms:g}" + ("" if comm == "dp" else f",comm={comm}"),
@@ -311,11 +378,16 @@ def _excused(v, noise_events: list[dict]) -> bool:
     return bool(g) and int(g[0]) in {int(e["rank"]) for e in noise_events}
 
 
+#: this process's calibrations (a worker of run_corpus keeps its own)
+_FACTORS = FactorCache()
+
+
 def run_case(case: Case, stall_ms: int, plugin: str | None = None, processors: int = 1,
              routing: Routing = BY_JOB, keep_dir: str | None = None) -> dict:
     """Run one case on virtual time and score it: a compact row (JSON-able). ``processors``, ``routing``:
     behind a gateway (virtual.run_scenario). ``keep_dir``: the processor's input is kept there as
     ``<scenario>.otlp.rec`` (the row's ``recording``), for ``mycroft-otel report --replay``."""
+    case = calibrated(case, _FACTORS)
     sc = case.scenario
     if case.fault in HANGS:
         sc = replace(sc, duration_s=HANG_AT_S + stall_ms / 1000 + 5.0)
@@ -434,15 +506,11 @@ def estimate(spec: CorpusSpec, measured: list[dict], stall_ms: int = 3000) -> di
 
 
 def _world(spec: str) -> int:
-    from mycroft_otel.sim.topology import parse_topology
-
     return parse_topology(spec).world
 
 
 def _n_comms(topology: str) -> int:
     """Communicators of a corpus shape (TP, DP and PP groups): each issues its own collectives."""
-    from mycroft_otel.sim.topology import build_comms, parse_topology
-
     return sum(len(v) for v in build_comms(parse_topology(TOPOLOGIES[topology].spec)).values())
 
 

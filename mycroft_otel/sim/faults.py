@@ -2,8 +2,8 @@
 
 A fault is named (``--fault NAME[:k=v,...]``) and targets one collective instance:
 the first instance of communicator kind ``comm`` (tp | dp | pp) that global rank
-``rank`` takes part in at training step >= ``step``, ordinal ``op`` within that step
-(default: the first), and issued at or after ``at`` seconds of simulated time. Every
+``rank`` takes part in at training step >= ``step`` (its ``op``-th of that kind in the step, counted from 0,
+where given), and issued at or after ``at`` seconds of simulated time. Every
 parameter has a seeded random default, so ``--seed`` picks a different victim.
 
 From that instance on the fault acts physically through the timing model (engine.py):
@@ -128,6 +128,7 @@ class Fault:
     _armed: bool = False
     _onset: float = INF
     _n_hits: int = 0
+    _step_ops: tuple[int, int] = (-1, -1)  # (step, the rank's last ordinal in it) of the targeted kind
 
     @property
     def category(self) -> str:
@@ -176,9 +177,13 @@ class Fault:
                 self._persist(sim, inst, mods)
             return
         r = inst.comm.comm_rank(x)
+        # the rank's own ordinal among its collectives of this kind in the step (a pipeline stage runs only
+        # its own share of the step's TP collectives, so the schedule's ordinal would skip its first)
+        n = self._step_ops[1] + 1 if self._step_ops[0] == inst.step else 0
+        self._step_ops = (inst.step, n)
         if not self._armed:
             t_issue = float(inst.issue[list(inst.members).index(r)])
-            if (inst.step < p["step"] or t_issue < p["at"] * 1e9 or ("op" in p and inst.ordinal != p["op"])
+            if (inst.step < p["step"] or t_issue < p["at"] * 1e9 or ("op" in p and n != p["op"])
                     or ("seq" in p and inst.seq != p["seq"]) or not np.isfinite(t_issue)):
                 return
             self._armed = True
@@ -304,14 +309,29 @@ def _instance_time(sim, inst: Instance, x: int, name: str, value: float) -> floa
     return float(np.max(res.end) - np.min(res.kstart))
 
 
+#: Faults whose parameter is a host's late call. A rank enqueues its collectives while its GPU still computes
+#: the work before them, so a late call first uses up that run-ahead; and a call late every step is absorbed
+#: altogether while the host's step (its work plus the delay) stays shorter than the GPU's, the slack being
+#: rebuilt every step. Timing one collective alone, without noise, gave delays that slowed nothing under
+#: NCCL's noise (a "3x" TP late rank measured 1.0x). These are set by running the job with the fault, under
+#: the run's own noise, and timing the targeted collective of CALIBRATION_STEPS steps after a transient.
+#: (``late_once`` is one call: timed alone, without noise, like the factors; the corpus sets it in seconds.)
+RUN_AHEAD_FAULTS = ("late_rank",)
+CALIBRATION_STEPS = 8
+_TRANSIENT_STEPS = 2
+
+
 def factor_for_slowdown(name: str, target: float, topology: str = "nodes=8,gpus=1,tp=1,dp=8",
-                        model=None, rank: int = 1, seed: int = 0, tol: float = 0.01, comm: str = "dp") -> float:
+                        model=None, rank: int = 1, seed: int = 0, tol: float = 0.01, comm: str = "dp",
+                        noise: str = "quiet", op: int = 0) -> float:
     """The parameter (``SLOWDOWN_PARAM[name]``) that makes the first collective of communicator kind ``comm``
     (tp | dp) that ``rank`` takes part in at training step 1
     ``target`` x slower (first kernel start to last end) than without the fault, on ``topology`` with
     ``model`` (default TimingModel) and no noise (``seed``: the job's compute jitter, hence the ranks'
-    arrival skew and the CPU's run-ahead a late call must exceed). Found by bisection to ``tol`` relative
-    (in log space for factors; delays and sleeps in ms start from (target - 1) x the collective's span).
+    arrival skew). A late call (RUN_AHEAD_FAULTS) is set under ``noise`` instead, in the job it delays: the
+    rank's ``op``-th collective of that kind in each of CALIBRATION_STEPS steps, together ``target`` x their
+    time without the fault. Found by bisection to ``tol`` relative (in log space for factors; delays and sleeps
+    in ms start from (target - 1) x the collective's span).
 
     A fault that cannot act on that communicator raises FaultError: a TP group inside a node moves its data
     over NVLink without network ProxyOps, so no NIC, proxy thread or network flow of it can slow it."""
@@ -327,34 +347,60 @@ def factor_for_slowdown(name: str, target: float, topology: str = "nodes=8,gpus=
     # for its sender's compute, so "x of its time" would measure the pipeline's schedule, not the transfer
     if comm not in ("tp", "dp"):
         raise FaultError(f"comm must be tp or dp (got {comm!r})")
-    model = (model or TimingModel()).with_noise("quiet")
-    sim = Simulation(parse_topology(topology), model, [], seed=seed, steps=2, predict=False)
-    found: list = []
+    topo = parse_topology(topology)
+    model = model or TimingModel()
 
-    def keep(i: Instance, _res) -> None:  # the collective as the job calls it: its real arrival skew
-        if not found and i.step == 1 and i.comm.kind == comm and not i.is_p2p and rank in i.comm.ranks:
-            found.append(i)
+    def targeted(i: Instance) -> bool:  # the collective as the job calls it: its real arrival skew
+        return i.comm.kind == comm and not i.is_p2p and rank in i.comm.ranks
 
-    sim.run(keep)
-    if not found:
-        raise FaultError(f"no {comm.upper()} collective with rank {rank} on {topology}")
-    inst = found[0]
-    base = _instance_time(sim, inst, rank, name, 1.0 if SLOWDOWN_PARAM[name] == "factor" else 0.0)
+    if name in RUN_AHEAD_FAULTS:
+        model = model.with_noise(noise)
+        first = _TRANSIENT_STEPS + 1
+
+        def span(value: float) -> float:
+            faults = [parse_fault(f"{name}:rank={rank},comm={comm},step=1,op={op},at=0,"
+                                  f"{SLOWDOWN_PARAM[name]}={value!r}")]
+            job = Simulation(topo, model, faults if value > 0 else [], seed=seed,
+                             steps=first + CALIBRATION_STEPS, predict=False)
+            spans: dict[int, float] = {}
+            seen: dict[int, int] = {}  # step -> the rank's collectives of that kind so far
+
+            def keep(i: Instance, res) -> None:  # the step's op-th such collective: the one the fault delays
+                if targeted(i):
+                    n = seen[i.step] = seen.get(i.step, -1) + 1
+                    if i.step >= first and n == op:
+                        spans[i.step] = float(np.max(res.end) - np.min(res.kstart))
+
+            job.run(keep)
+            if not spans:
+                raise FaultError(f"no {comm.upper()} collective #{op} of a step with rank {rank} on {topology}")
+            return sum(spans.values()) / len(spans)
+    else:
+        sim = Simulation(topo, model.with_noise("quiet"), [], seed=seed, steps=2, predict=False)
+        found: list = []
+        sim.run(lambda i, _res: found.append(i) if not found and i.step == 1 and targeted(i) else None)
+        if not found:
+            raise FaultError(f"no {comm.upper()} collective with rank {rank} on {topology}")
+
+        def span(value: float) -> float:
+            return _instance_time(sim, found[0], rank, name, value)
+
+    base = span(1.0 if SLOWDOWN_PARAM[name] == "factor" else 0.0)
     want = target * base
     factor = SLOWDOWN_PARAM[name] == "factor"
     # a delay first has to use up the CPU's run-ahead (the call is made long before the stream reaches it)
     lo, hi = (1.0, 2.0) if factor else (0.0, max(1e-3, (target - 1) * base / 1e6))
-    while _instance_time(sim, inst, rank, name, hi) < want:
+    while span(hi) < want:
         lo, hi = hi, hi * 2
         if hi > 1e6:
             raise FaultError(f"{name} cannot make this collective {target}x slower")
     # A delay is mostly run-ahead: a TP all-reduce of ~0.3 ms sits behind ~70 ms of it, so tol x the delay
     # would be wider than the slowdown wanted (x1.25 and x1.5 got the same delay). Delays are also bisected
-    # to a tenth of the extra time wanted, which leaves every calibration already that fine as it was.
+    # to a tenth of the extra time wanted.
     extra_ms = 0.1 * (target - 1) * base / 1e6
     while hi - lo > (tol * hi if factor else min(tol * hi, extra_ms)):
         mid = (lo * hi) ** 0.5 if factor else (lo + hi) / 2
-        if _instance_time(sim, inst, rank, name, mid) < want:
+        if span(mid) < want:
             lo = mid
         else:
             hi = mid

@@ -359,6 +359,47 @@ def test_factor_for_slowdown_calibrates_on_the_tp_collective():
         factor_for_slowdown("slow_gpu", 1.5, spec, comm="pp")
 
 
+def test_a_late_rank_case_is_as_late_as_its_magnitude_under_the_runs_noise():
+    """A late call first uses up the CPU's run-ahead, which differs op by op of the step and stage by stage of
+    a pipeline (~53 ms before a first stage's first TP all-reduce, ~180 ms before the second stage's) and moves
+    with the noise. The case pins the rank and the op of the step its calibration timed, and the delay is set
+    under the run's noise: that op really runs about its magnitude slower (TP late ranks ran 0.9-1.05x before,
+    their delay absorbed)."""
+    import numpy as np
+
+    from mycroft_otel.sim.faults import parse_fault
+    from mycroft_otel.sim.simulation import Simulation
+    from mycroft_otel.sim.topology import parse_topology
+
+    spec = corpus.CorpusSpec("late", slowdowns=("late_rank",), magnitudes=(3.0,), hangs=(),
+                             topologies=("tp4pp2dp2",), noises=("nccl",), seeds=(1,), healthy_seeds=(),
+                             fault_comms=("tp",))
+    (pending,) = [c for c in corpus.cases(spec) if c.fault == "late_rank"]
+    assert "delay_ms" not in pending.scenario.fault  # set where the case runs: it times the job
+    case = corpus.calibrated(pending, corpus.FactorCache())
+    fault = parse_fault(case.scenario.fault)
+    g, op = fault.params["rank"], fault.params["op"]
+
+    def victims_op(faults: list) -> float:
+        """The victim's op-th TP all-reduce of each step issued from 5 s on (the onset is at 4 s): summed time."""
+        sim = Simulation(parse_topology(case.scenario.topology), case.model(), faults, seed=case.scenario.seed,
+                         duration_s=9.0, predict=False)
+        seen: dict[int, int] = {}
+        spans: list[float] = []
+
+        def keep(i, res) -> None:
+            if i.comm.kind == "tp" and g in i.comm.ranks:
+                seen[i.step] = seen.get(i.step, -1) + 1
+                if seen[i.step] == op and min(i.issue) >= 5e9:
+                    spans.append(float(np.max(res.end) - np.min(res.kstart)))
+        sim.run(keep)
+        assert len(spans) >= 5
+        return sum(spans)
+
+    ratio = victims_op([fault]) / victims_op([])
+    assert 2.0 <= ratio <= 4.5, (case.scenario.fault, ratio)
+
+
 def test_llm_final_keeps_its_seeds_apart_from_development():
     dev, final = corpus.SIZES["llm"], corpus.SIZES["llm-final"]
     assert not set(dev.seeds) & set(final.seeds) and not set(dev.healthy_seeds) & set(final.healthy_seeds)
