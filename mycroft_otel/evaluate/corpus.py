@@ -275,7 +275,7 @@ def _comm_tag(comm: str) -> str:
     return "" if comm == "dp" else f"-{comm}"
 
 
-def _late_call(job_seed: int, world: int, ops_of) -> tuple[int, int]:
+def _late_call(job_seed: int, world: int, ops_of: Callable[[int], int]) -> tuple[int, int]:
     """The rank a late-call case delays and the op of the step it is late into, pinned in its spec so that
     its calibration times that op of that rank's pipeline stage: the rank is the simulator's own draw for a
     fault without ``rank`` (its fault generator's first number), the op drawn among the rank's ``ops_of(rank)``
