@@ -140,6 +140,9 @@ class Instance:
     root: int = -1           # Broadcast root (comm rank)
     step: int = 0            # training step
     ordinal: int = 0         # index among this comm kind's instances in the step
+    comm_ordinal: int = 0    # index among its communicator's instances in the step: a member's k-th collective of
+                             # that kind (a rank is in one communicator of each kind; a pipeline stage runs
+                             # only its share of the step's TP collectives, so ``ordinal`` would skip its first)
     algo: str = "Ring"
     nccl_seq: int = -1       # NCCL's coll.seqNumber: per communicator and function (-1: p2p, none)
 

@@ -2,8 +2,8 @@
 
 A fault is named (``--fault NAME[:k=v,...]``) and targets one collective instance:
 the first instance of communicator kind ``comm`` (tp | dp | pp) that global rank
-``rank`` takes part in at training step >= ``step`` (its ``op``-th of that kind in the step, counted from 0,
-where given), and issued at or after ``at`` seconds of simulated time. Every
+``rank`` takes part in at training step >= ``step`` (the ``op``-th collective of its communicator in the
+step, from 0, where given), and issued at or after ``at`` seconds of simulated time. Every
 parameter has a seeded random default, so ``--seed`` picks a different victim.
 
 From that instance on the fault acts physically through the timing model (engine.py):
@@ -128,7 +128,6 @@ class Fault:
     _armed: bool = False
     _onset: float = INF
     _n_hits: int = 0
-    _step_ops: tuple[int, int] = (-1, -1)  # (step, the rank's last ordinal in it) of the targeted kind
 
     @property
     def category(self) -> str:
@@ -177,13 +176,9 @@ class Fault:
                 self._persist(sim, inst, mods)
             return
         r = inst.comm.comm_rank(x)
-        # the rank's own ordinal among its collectives of this kind in the step (a pipeline stage runs only
-        # its own share of the step's TP collectives, so the schedule's ordinal would skip its first)
-        n = self._step_ops[1] + 1 if self._step_ops[0] == inst.step else 0
-        self._step_ops = (inst.step, n)
         if not self._armed:
             t_issue = float(inst.issue[list(inst.members).index(r)])
-            if (inst.step < p["step"] or t_issue < p["at"] * 1e9 or ("op" in p and n != p["op"])
+            if (inst.step < p["step"] or t_issue < p["at"] * 1e9 or ("op" in p and inst.comm_ordinal != p["op"])
                     or ("seq" in p and inst.seq != p["seq"]) or not np.isfinite(t_issue)):
                 return
             self._armed = True
@@ -362,19 +357,16 @@ def factor_for_slowdown(name: str, target: float, topology: str = "nodes=8,gpus=
                                   f"{SLOWDOWN_PARAM[name]}={value!r}")]
             job = Simulation(topo, model, faults if value > 0 else [], seed=seed,
                              steps=first + CALIBRATION_STEPS, predict=False)
-            spans: dict[int, float] = {}
-            seen: dict[int, int] = {}  # step -> the rank's collectives of that kind so far
+            spans: list[float] = []
 
             def keep(i: Instance, res) -> None:  # the step's op-th such collective: the one the fault delays
-                if targeted(i):
-                    n = seen[i.step] = seen.get(i.step, -1) + 1
-                    if i.step >= first and n == op:
-                        spans[i.step] = float(np.max(res.end) - np.min(res.kstart))
+                if i.step >= first and i.comm_ordinal == op and targeted(i):
+                    spans.append(float(np.max(res.end) - np.min(res.kstart)))
 
             job.run(keep)
             if not spans:
                 raise FaultError(f"no {comm.upper()} collective #{op} of a step with rank {rank} on {topology}")
-            return sum(spans.values()) / len(spans)
+            return sum(spans) / len(spans)
     else:
         sim = Simulation(topo, model.with_noise("quiet"), [], seed=seed, steps=2, predict=False)
         found: list = []

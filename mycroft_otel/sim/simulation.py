@@ -230,6 +230,8 @@ class Simulation:
                 nseq = self.seq.get((comm.kind, comm.index, entry.func), 0)
                 self.seq[(comm.kind, comm.index, entry.func)] = nseq + 1
                 count = max(1, entry.nbytes // dsz)
+            kc = ordinal.get((entry.kind, comm.index), 0)
+            ordinal[(entry.kind, comm.index)] = kc + 1
             g = comm.ranks[members]
             c = self._compute(g, entry.compute_ns)
             # The CPU issues the call after launching the compute before it, but never more than
@@ -242,7 +244,7 @@ class Simulation:
             kready = self.gpu[g] + c
             out.append(Instance(comm, members, seq, entry.func, int(count), issue, kready=kready,
                                 root=0 if entry.func ==
-                                "Broadcast" else -1, step=step, ordinal=k,
+                                "Broadcast" else -1, step=step, ordinal=k, comm_ordinal=kc,
                                 algo=self.model.nccl.dp_algo if (entry.kind == "dp" and entry.func == "AllReduce")
                                 else "Ring",
                                 nccl_seq=-1 if entry.kind == "pp" else nseq))
