@@ -59,6 +59,9 @@ LOCAL_RANK = "mycroft.local_rank"
 OP_KIND = "mycroft.op.kind"          # "coll" | "send" | "recv"
 OP_STATE = "mycroft.op.state"        # "completed" | "in_flight"
 COLL_SEQ = "mycroft.coll.seq"        # per-communicator collective number (p2p: transfer n)
+# int: the collective's place in its communicator's training step, seq modulo the step's length in collectives as
+# the rank learnt it from its call times (agent/sampling.py StepPattern); absent while unknown or without pattern
+COLL_STEP_INDEX = "mycroft.coll.step_index"
 COLL_FUNC = "mycroft.coll.func"      # "AllReduce", "Send", ...
 NCCL_SEQ = "mycroft.nccl.seq"        # NCCL's own seqNumber; absent: equal to COLL_SEQ
 COLL_COUNT = "mycroft.coll.count"

@@ -36,7 +36,7 @@ from mycroft_otel.agent.exporter import ExportQueue, OtlpTransport, Transport
 from mycroft_otel.agent.health import Health, RateLimitedLog
 from mycroft_otel.agent.metrics import CollectiveMetrics
 from mycroft_otel.agent.plugin_counters import PluginCounters
-from mycroft_otel.agent.sampling import Baselines, Cadence, FlowRule, Summary, sample_bound, sampled
+from mycroft_otel.agent.sampling import Baselines, Cadence, FlowRule, StepPattern, Summary, sample_bound, sampled
 from mycroft_otel.agent.settings import AgentSettings
 from mycroft_otel.agent.source import PROC_EXITED, PROC_STOPPED, RingSource, default_reader_factory
 from mycroft_otel.agent.state import CursorStore
@@ -80,6 +80,7 @@ class _Ctx:
     exit_emits: int = 0
     flow_rule: FlowRule = field(default_factory=FlowRule)  # slow by the flows' own waits (skew-proof)
     cadence: Cadence = field(default_factory=Cadence)  # a steady few complete traces for the cross-rank test
+    step: StepPattern = field(default_factory=StepPattern)  # each collective's place in the training step
     exit_next: int = 0
     done: bool = False            # process exited and reported: nothing more to read
     remove: bool = False          # done, and the file is to be deleted once its last hand-over is exported
@@ -360,16 +361,17 @@ class Agent:
         op_ids = ops["op_id"].tolist()
         n_flows = ops["n_flows"].tolist()
         flow_rows = recs["flows"]
-        keep, anomalies = [], []
+        keep, anomalies, step_indices = [], [], []
         kept = None  # the batch's op records and flows, copied for the history of records not exported
         for i in range(len(recs)):
             arrive = api[i] or start[i]
+            coll = kinds[i] == sp.KIND_COLL
+            step_index = ctx.step.index(seqs[i], arrive) if coll else -1
             an = ctx.baselines.classify(funcs[i], nbytes[i], arrive, end[i])
             stalled = ctx.had_inflight.pop(op_ids[i], None)
             ctx.inflight.pop(op_ids[i], None)
             if stalled and an is None:
                 an = (stalled, None, None)
-            coll = kinds[i] == sp.KIND_COLL
             nf = n_flows[i]
             if nf and ctx.flow_rule.classify(funcs[i], nbytes[i], flow_rows[i, :nf]) and an is None:
                 an = (sc.ANOMALY_SLOW, None, None)
@@ -383,11 +385,12 @@ class Agent:
             if an is not None and self.s.peer_export:
                 self._flag((ctx.src.comm_hash, traces[i]))
             exported = (an is not None or sampled(traces[i], self.bound)
-                        or ctx.cadence.keep(seqs[i], end[i])
+                        or ctx.cadence.keep(traces[i], end[i])
                         or (ctx.src.comm_hash, traces[i]) in self.flagged)
             if exported:
                 keep.append(i)
                 anomalies.append(an)
+                step_indices.append(step_index)
             elif self.s.peer_export:  # compact copy: the op and its valid flows (~1 KB instead of 10 KB)
                 if kept is None:  # one copy per batch, the first time one of its records is kept back
                     kept = (ring_ops(recs), flow_rows[:, :max(n_flows)].copy())
@@ -403,10 +406,10 @@ class Agent:
             self.metrics.exemplars(ctx.src, recs[np.asarray(keep, dtype=np.int64)], [traces[i] for i in keep])
         if len(keep) >= VECTOR_MIN:
             sel = recs[np.asarray(keep, dtype=np.int64)]
-            out.extend(b.op_spans(sel, [traces[i] for i in keep], anomalies))
+            out.extend(b.op_spans(sel, [traces[i] for i in keep], anomalies, step_indices))
         else:  # a few spans: the generic writer is cheaper than the vectorised setup (same bytes)
-            for i, an in zip(keep, anomalies):
-                out.append(b.op_span_generic(recs[i], *(an or (None, None, None, None))))
+            for i, an, step_index in zip(keep, anomalies, step_indices):
+                out.append(b.op_span_generic(recs[i], *(an or (None, None, None, None)), step_index=step_index))
 
     def _flag(self, key: tuple[int, int]) -> None:
         if key not in self.flagged:

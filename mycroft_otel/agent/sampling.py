@@ -7,9 +7,11 @@
   collective is short, only its late arrival marks it).
 * :func:`sampled`: consistent trace-id ratio sampling, like OpenTelemetry's
   ``TraceIdRatioBased``: every rank keeps the same collectives.
-* :class:`Cadence`: consistent stride sampling per communicator, so that the processor's sequential
-  slowdown test sees a steady few collectives per second with every rank's span in them (a mild fault that
-  no local rule flags is visible only across ranks).
+* :class:`Cadence`: consistent hashed sampling per communicator at an adaptive rate, so that the processor's
+  sequential slowdown test sees a steady few collectives per second, every place of a training step in turn,
+  with every rank's span in them (a mild fault that no local rule flags is visible only across ranks).
+* :class:`StepPattern`: a collective's place in its communicator's training step (sequence number modulo the
+  step's length in collectives, learnt from the rank's call times).
 * :class:`Summary`: per-window aggregate of everything completed, exported as
   ``mycroft.summary``.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+import numpy as np
 
 from mycroft_otel import semconv as sc
 
@@ -141,14 +145,21 @@ class Baselines:
 
 
 class Cadence:
-    """Keep collective ``seq`` of a communicator when ``seq % stride == 0``, with ``stride`` the power of two that
-    keeps about ``per_s`` collectives per second at the communicator's measured completion rate.
+    """Keep a communicator's collective when the high half of its trace id is a multiple of ``stride``, the power
+    of two that keeps about ``per_s`` collectives per second at the communicator's measured completion rate.
 
-    Every rank of a communicator completes its collectives at the same rate, so all pick the same stride and
-    keep the same collectives: the processor gets complete traces to compare ranks and flows in, without
-    any coordination. Near a boundary two ranks may briefly pick neighbouring strides; being powers of two,
-    the larger stride's collectives are kept by both. Cost: ``per_s`` op spans per rank and communicator per
-    second on top of the ratio sampling and the flags (docs/span-schema.md states it in bytes).
+    Every rank of a communicator derives the same trace id for a collective (ids.py) and completes collectives at
+    the same rate, so all pick the same stride and keep the same collectives: the processor gets complete traces
+    to compare ranks and flows in, without any coordination. Near a boundary two ranks may briefly pick
+    neighbouring strides; being powers of two, the larger stride's collectives are kept by both.
+
+    The trace id is a hash of the sequence number, not the number itself: a training step calls the same
+    collectives on a communicator every iteration (:class:`StepPattern`), and ``seq % stride`` with a stride that
+    is a multiple of the step's length would keep the same place of every step for ever, so that a rank late
+    into any other place would never be judged. Hashed, every place of the step is kept in turn, at the same
+    rate; the processor keeps what depends on the place apart by :class:`StepPattern`'s index. Cost: ``per_s`` op
+    spans per rank and communicator per second on top of the ratio sampling and the flags (docs/span-schema.md
+    states it in bytes).
     """
 
     __slots__ = ("per_s", "window_ns", "stride", "_count", "_since")
@@ -162,7 +173,7 @@ class Cadence:
         self._count = 0
         self._since = 0
 
-    def keep(self, seq: int, end_ns: int) -> bool:
+    def keep(self, trace_id: int, end_ns: int) -> bool:
         if self._since == 0:
             self._since = end_ns
         self._count += 1
@@ -173,7 +184,71 @@ class Cadence:
             if self.stride == 0 or abs(math.log2(max(want, 1.0)) - math.log2(self.stride)) > 0.75:
                 self.stride = 1 << max(0, min(20, round(math.log2(max(want, 1.0)))))
             self._count, self._since = 0, end_ns
-        return self.stride > 0 and seq >= 0 and seq % self.stride == 0
+        # the high half: the low one decides the ratio sampling (sampled), whose kept set this must not follow
+        return self.stride > 0 and (trace_id >> 64) % self.stride == 0
+
+
+class StepPattern:
+    """The length of a communicator's training step in collectives, learnt from the rank's own call times, and so
+    each collective's place in the step (its sequence number modulo that length; -1 while none is known).
+
+    A training loop calls the same collectives on a communicator in the same order every iteration -- a TP
+    group's all-reduces layer by layer, forward then backward, a DP ring's gradient buckets, a pipeline stage's
+    transfers per micro-batch -- with the same compute between them, so the intervals between a rank's calls
+    repeat with the step's length K. Each place of the step has its own run-ahead and arrival skew: the first
+    call after the optimizer and the data loader is not the third inside the backward pass, and a rank late into
+    one place only (a hook, a host-side copy) moves that place's collectives alone. The processor keeps the
+    lateness of each place apart.
+
+    K is the shortest lag at which the log-intervals match as well as at any lag up to ``max_period``
+    (the mean absolute difference between each and the one K before), and only where that is clearly better than
+    lag 1: evenly spaced calls have no places worth telling apart. The ranks of a communicator run the same
+    program: they find the same K; where two disagree the processor keeps the first span's index. Learnt on the
+    last ``window`` intervals every ``window / 2`` calls, and every ``window / 4`` while the first window fills
+    (lags up to a quarter of the intervals seen); a new K only when the current one matches clearly worse, so a
+    noisy window does not relabel the places.
+    """
+
+    __slots__ = ("window", "max_period", "period", "_log", "_n", "_prev")
+
+    def __init__(self, window: int = 64, max_period: int = 16):
+        if not 1 <= max_period <= window // 4:
+            raise ValueError(f"StepPattern needs 1 <= max_period <= window / 4 (got {max_period}, {window})")
+        self.window = window
+        self.max_period = max_period
+        self.period = 0  # not known yet
+        self._log = np.zeros(window)
+        self._n = 0      # intervals seen
+        self._prev = 0   # the previous call (monotonic ns)
+
+    def index(self, seq: int, arrive_ns: int) -> int:
+        """One collective called at ``arrive_ns``: its place in the step, -1 while the step's length is unknown
+        or when the calls show no repeating pattern."""
+        if self._prev and arrive_ns > self._prev:
+            self._log[self._n % self.window] = math.log(arrive_ns - self._prev)
+            self._n += 1
+            # every quarter window while the first fills (a step of a few calls is learnt within a few steps),
+            # then every half window
+            if self._n % (self.window // (4 if self._n <= self.window else 2)) == 0:
+                w = min(self._n, self.window)
+                self._learn(np.roll(self._log, -(self._n % self.window))[-w:])
+        if arrive_ns > self._prev:
+            self._prev = arrive_ns
+        return seq % self.period if self.period > 1 and seq >= 0 else -1
+
+    def _learn(self, x: np.ndarray) -> None:
+        """``x``: the last ``window`` log-intervals, oldest first."""
+        lags = np.arange(1, min(self.max_period, len(x) // 4) + 1)
+        # the mean, clipped: a step of 16 calls with one long gap differs in 2 pairs of 16 at the wrong lag (a
+        # median would not see it), and one descheduled call adds at most 2 / window
+        miss = np.array([np.minimum(np.abs(x[k:] - x[:-k]), 1.0).mean() for k in lags])
+        best = miss.min()
+        # the shortest lag within the noise of the best (a multiple of the step matches as well as the step)
+        k = int(lags[np.flatnonzero(miss <= 1.25 * best + 0.02)[0]])
+        if miss[0] <= 2 * miss[k - 1] + 0.02:
+            k = 1  # calls evenly spaced, or no pattern this short: one place
+        if self.period == 0 or self.period > len(miss) or miss[self.period - 1] > 1.5 * miss[k - 1] + 0.02:
+            self.period = k
 
 
 class Summary:

@@ -244,15 +244,17 @@ class SpanBuilder:
     def op_attributes(self, op: Any, flows: np.ndarray, state: str, span_end: int, *, anomaly: str | None = None,
                       baseline: int | None = None, gap: int | None = None, snapshot: int | None = None,
                       stopped: bool | None = None, recent: int | None = None,
-                      kch: np.ndarray | None = None) -> list[tuple[str, Any]]:
+                      kch: np.ndarray | None = None, step_index: int = -1) -> list[tuple[str, Any]]:
         s = self.src
         r = s.to_real
         span_start = self.start_end(op)[0]
         kind, func = int(op["kind"]), int(op["func"])
         peer = int(op["root_or_peer"])
         seq, nseq = int(op["seq"]), int(op["nccl_seq"])
-        a: list[tuple[str, Any]] = [(sc.COLL_SEQ, seq), (sc.COLL_FUNC, func_name(func)),
-              (sc.OP_KIND, _name(KIND_NAMES, kind)), (sc.OP_STATE, state)]
+        a: list[tuple[str, Any]] = [(sc.COLL_SEQ, seq)]
+        if step_index >= 0:
+            a.append((sc.COLL_STEP_INDEX, step_index))
+        a += [(sc.COLL_FUNC, func_name(func)), (sc.OP_KIND, _name(KIND_NAMES, kind)), (sc.OP_STATE, state)]
         if nseq != seq:  # a missing one reads as the collective number
             a.append((sc.NCCL_SEQ, nseq))
         a += [(sc.COLL_COUNT, int(op["count"])), (sc.COLL_BYTES, int(op["bytes"])),
@@ -346,7 +348,7 @@ class SpanBuilder:
         return self.src.to_real(api or start), self.src.to_real(int(op["end_ns"]))
 
     def op_span_generic(self, rec: Any, anomaly: str | None = None, baseline: int | None = None,
-                        gap: int | None = None, recent: int | None = None) -> bytes:
+                        gap: int | None = None, recent: int | None = None, *, step_index: int = -1) -> bytes:
         """A completed op span, slow and readable (reference for :meth:`op_spans`)."""
         op, flows = rec["op"], rec["flows"]
         kind, peer = int(op["kind"]), int(op["root_or_peer"])
@@ -356,16 +358,18 @@ class SpanBuilder:
         f = flows[:n]
         links = self.links(trace, kind, peer, f["channel"].tolist(), f["dir"].tolist(), f["peer"].tolist())
         attrs = self.op_attributes(op, flows, sc.OP_STATE_COMPLETED, end, anomaly=anomaly, baseline=baseline,
-                                   gap=gap, recent=recent, kch=_kch_of(rec))
+                                   gap=gap, recent=recent, kch=_kch_of(rec), step_index=step_index)
         events = self.flow_events(op, flows) if self.detail_chunk else []
         return otlp.span(trace.to_bytes(16, "big"), ids.span_id(trace, self.src.rank, sc.ROLE_OP).to_bytes(8, "big"),
                          sc.op_span_name(func_name(int(op["func"]))), start, end, attrs, links, events)
 
     # --- the hot path: a batch of completed records -------------------------------------
-    def op_spans(self, recs: np.ndarray, traces: Sequence[int], anomalies: Sequence[tuple | None]) -> list[bytes]:
+    def op_spans(self, recs: np.ndarray, traces: Sequence[int], anomalies: Sequence[tuple | None],
+                 step_indices: Sequence[int] | None = None) -> list[bytes]:
         """Completed op spans of ``recs`` (RING_RECORD_DTYPE), vectorised; byte-identical to the generic path.
 
-        ``traces``: trace id per record; ``anomalies``: (kind, baseline, gap[, recent]) or None per record.
+        ``traces``: trace id per record; ``anomalies``: (kind, baseline, gap[, recent]) or None per record;
+        ``step_indices``: each collective's place in its training step (StepPattern; -1 or None: not known).
         """
         R = len(recs)
         if R == 0:
@@ -477,8 +481,11 @@ class SpanBuilder:
             trace = traces[i]
             tb = trace.to_bytes(16, "big")
             p = peer_l[i]
-            parts = [c_seq[i], _FUNC_ATTR[fn], _KIND_ATTR[k], completed, c_nseq[i] if nseq_new_l[i] else b"",
-                     c_count[i], c_bytes[i], _DT_ATTR[dl[i]]]
+            parts = [c_seq[i]]
+            if step_indices is not None and step_indices[i] >= 0:
+                parts.append(_attr(sc.COLL_STEP_INDEX, step_indices[i]))
+            parts += [_FUNC_ATTR[fn], _KIND_ATTR[k], completed, c_nseq[i] if nseq_new_l[i] else b"",
+                      c_count[i], c_bytes[i], _DT_ATTR[dl[i]]]
             if k == KIND_COLL and fn in ROOTED_FUNCS:
                 parts.append(_attr(sc.COLL_ROOT, p))
             parts += [_ALGO_ATTR[al[i]], _PROTO_ATTR[pl[i]], c_nch[i]]

@@ -22,7 +22,8 @@ from operator import is_not
 import numpy as np
 
 from mycroft_otel.processor import slowdown
-from mycroft_otel.processor.memory import JobMemory, NullKey, bounded_put, get_or_put, kind_of
+from mycroft_otel.processor.keys import NullKey, kind_of, step_of
+from mycroft_otel.processor.memory import JobMemory, bounded_put, get_or_put
 from mycroft_otel.processor.recovered import stall_window
 from mycroft_otel.processor.views import Finding
 from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull, median
@@ -89,9 +90,13 @@ class CandidateTest:
             own, sizes = NullKey(job, comm, func, bucket, name), NullKey(job, comm, func, "*", name)
             if name == slowdown.LATE:
                 # lateness is a share of the makespan, which is short on NVLink: only its own communicator
-                # says what is healthy, at its size once it has seen 8 collectives of it (until then, at all
-                # its sizes: a job alternating two message sizes would judge the rarer one late)
-                levels, nulls = (own,), (own, sizes)
+                # says what is healthy, at its place in the training step (each place has its own arrival
+                # skew: the first call after the optimizer is not one inside the backward pass) once it has
+                # seen 8 collectives there, until then at its size, then at all its sizes (a job alternating
+                # two message sizes would judge the rarer one late)
+                step = step_of(st)
+                levels = (own,)
+                nulls = (own, sizes) if step < 0 else (NullKey(job, comm, func, (bucket, step), name), own, sizes)
             else:
                 # Until a communicator has a history of its own at this size, it borrows: its null from its
                 # other sizes (a score is a log-ratio, which the size scales away; a job alternating two
@@ -107,7 +112,7 @@ class CandidateTest:
                     self.mem.null(self.mem.levels, key).add(np.log(values + self.s.step_floor_ns))
                 tested = False
                 continue
-            found, judged = self._test(levels, nulls, name, units, values, got, when, at, comm, job, ev)
+            found, judged = self._test(levels, nulls, name, units, values, got, when, at, st, ev)
             alarms += found
             tested &= judged
         return alarms, tested
@@ -134,8 +139,8 @@ class CandidateTest:
         return lv - ref, mode
 
     def _test(self, levels: tuple[NullKey, ...], nulls: tuple[NullKey, ...], name: str, units: list,
-              values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, comm: str,
-              job: str, ev: slowdown.Evidence) -> tuple[list[Alarm], bool]:
+              values: np.ndarray, got: tuple[np.ndarray, str], when: int, at: float, st: TraceState,
+              ev: slowdown.Evidence) -> tuple[list[Alarm], bool]:
         """One group of candidates through the test: their CUSUMs updated, the null and level taught with
         the healthy ones; the candidates that alarm, and whether there was a null to judge them by."""
         x, mode = got
@@ -172,7 +177,7 @@ class CandidateTest:
                 # have taught before their evidence gathered half way (self.taught)
                 z = np.minimum(z, ready.normal_scores(x if role is None else x - role, self.taught))
             ev.z[name] = z
-            alarms = self._accumulate(job, comm, name, units, x, z, when, at, healthy, ev)
+            alarms = self._accumulate(st, name, units, x, z, when, at, healthy, ev)
         if not healthy.all():  # (most collectives teach with every candidate)
             rows, x, values = rows[healthy], x[healthy], values[healthy]
             role = None if role is None else role[healthy]
@@ -186,14 +191,14 @@ class CandidateTest:
                 self.mem.null(self.mem.levels, key).add(level)
         return alarms, ready is not None or prior is not None
 
-    def _accumulate(self, job: str, comm: str, name: str, units: list, x: np.ndarray, z: np.ndarray, when: int,
+    def _accumulate(self, st: TraceState, name: str, units: list, x: np.ndarray, z: np.ndarray, when: int,
                     at: float, healthy: np.ndarray, ev: slowdown.Evidence) -> list[Alarm]:
         """The candidates' CUSUMs updated with this collective's scores; ``healthy`` cleared where a candidate
         gathers evidence (it does not teach the null what healthy looks like), and their evidence left in
         ``ev.held``; the ones that alarm."""
         d = self.s.cusum
         alarms: list[Alarm] = []
-        keys = self.mem.keys(job, comm, name, units)
+        keys = self.mem.keys(st.job, st.comm, name, units, step_of(st))
         held = list(map(self.mem.cusums.get, keys))
         # a candidate with no evidence for either test and none held costs nothing
         moved = np.flatnonzero(z > (d.mild.k if name in MILD else d.k)).tolist()
@@ -228,7 +233,7 @@ class CandidateTest:
         unit = (f.ranks[0], f.peer, f.channel) if name == slowdown.FLOW and f.peer is not None else f.ranks[0]
         if name == slowdown.FLOW and not isinstance(unit, tuple):
             name = slowdown.NIC_SEND
-        c = get_or_put(self.mem.cusums, self.mem.candidate(st.job, st.comm, name, unit), Cusum)
+        c = get_or_put(self.mem.cusums, self.mem.candidate(st.job, st.comm, name, unit, step_of(st)), Cusum)
         start, end = stall_window(st)
         if start < c.last_stall_end_ns:
             return None  # the same descheduling, seen in another collective in flight with this one

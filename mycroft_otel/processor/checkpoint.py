@@ -52,8 +52,8 @@ log = logging.getLogger("mycroft_otel.processor")
 
 FILE = "detector-history"
 MAGIC = b"mycroft-history\n"
-VERSION = 4  # 2: a communicator's kernel times keep the wait and the transfer (slower.py); 3: as KernelTime;
-# 4: the hung communicators (incidents.Incidents._hung_comms)
+VERSION = 5  # 2: a communicator's kernel times keep the wait and the transfer (slower.py); 3: as KernelTime;
+# 4: the hung communicators (incidents.Incidents._hung_comms); 5: a lateness kept per place of the step (CandidateKey)
 _HEADER = struct.Struct("<16sIQ32s")  # magic, version, payload bytes, SHA-256 of the payload
 SAVE_EVERY_S = 1.0  # evidence lost in a crash: at most this much (a slowdown gathers over ~1-3 s of collectives)
 MAX_SHARE = 0.05    # of the timer's time spent writing checkpoints (a large history is written less often)
@@ -76,8 +76,8 @@ _TYPES = frozenset({
     *((m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
                        "numpy._core.numeric") for n in ("_reconstruct", "scalar", "_frombuffer")),
     ("mycroft_otel.processor.sequential", "RobustNull"), ("mycroft_otel.processor.sequential", "Cusum"),
-    ("mycroft_otel.processor.sequential", "OwnSpreads"), ("mycroft_otel.processor.memory", "NullKey"),
-    ("mycroft_otel.processor.memory", "CandidateKey"), ("mycroft_otel.processor.memory", "Durations"),
+    ("mycroft_otel.processor.sequential", "OwnSpreads"), ("mycroft_otel.processor.keys", "NullKey"),
+    ("mycroft_otel.processor.keys", "CandidateKey"), ("mycroft_otel.processor.memory", "Durations"),
     ("mycroft_otel.processor.memory", "KernelTime"),
     ("mycroft_otel.processor.open_incidents", "OpenIncident"), ("mycroft_otel.processor.open_incidents", "Member"),
 })

@@ -23,9 +23,10 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from mycroft_otel.processor import slowdown
+from mycroft_otel.processor.keys import CandidateKey, NullKey, step_of
 from mycroft_otel.processor.sequential import Cusum, OwnSpreads, RobustNull
 from mycroft_otel.processor.settings import Settings
-from mycroft_otel.processor.state import P2P, TraceState
+from mycroft_otel.processor.state import TraceState
 
 WAITS_KEPT = 4  # long waits remembered per process (a straggler's consequences follow it within seconds)
 NAMED_KEPT = 8  # slowdowns named per job whose persistence explains later alarms (joined communicators)
@@ -51,42 +52,14 @@ def get_or_put(d: dict, key, make: Callable[[], object]):
     return v
 
 
-def kind_of(st: TraceState) -> tuple[str, int]:
-    """(function, size bucket) a collective's nulls and durations are kept under: p2p transfers as one
-    function, sizes by their power of two."""
-    return ("p2p" if st.func in P2P else st.func), (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
-
-
-class NullKey(NamedTuple):
-    """Where a measure's null and healthy level are kept: per job, communicator, function, size bucket and
-    measure; ``comm`` ("*", ranks) for the siblings' (the job's communicators of that size moving the same
-    function), ``bucket`` "*" for all the communicator's sizes; ``mode`` how its scores were taken (candidates.py:
-    "x" against the collective's median, "h" against the healthy level; "" for a level)."""
-
-    job: str
-    comm: object
-    func: str
-    bucket: object
-    measure: str
-    mode: str = ""
-
-
 # Measures whose evidence is kept per communicator. A flow is one communicator's connection. A rank's start
 # is judged against its peers of one communicator: a rank late into its DP ring (a slow gradient hook, a
 # data loader) is on time into its TP group, whose collectives, as many or more, would cancel the
-# evidence of its DP ones in a CUSUM kept per process.
+# evidence of its DP ones in a CUSUM kept per process. For the same reason it is kept per place of the
+# training step (step_of): a rank late into one of its TP group's all-reduces of a step (a host-side copy
+# before it) is on time into the others, which would cancel its evidence.
 _PER_COMMUNICATOR = frozenset({slowdown.FLOW, slowdown.LATE})
-
-
-class CandidateKey(NamedTuple):
-    """Where a candidate's evidence is kept. ``place``: a flow's or a lateness's communicator (``unit`` the
-    flow: sender, receiver, channel; or the rank); a GPU's, NIC's or proxy's process when it is known by its global rank (the same GPU
-    in every communicator), else (communicator, rank)."""
-
-    job: str
-    measure: str
-    place: object
-    unit: object = None
+_PER_STEP = frozenset({slowdown.LATE})
 
 
 class KernelTime(NamedTuple):
@@ -193,21 +166,24 @@ class JobMemory:
                 return null
         return None
 
-    def keys(self, job: str, comm: str, name: str, units: list) -> list[CandidateKey]:
-        """The candidates' keys (_candidate) for one measure of a collective; remembered per communicator
-        and measure while its candidates stay the same and every one's process is known (a process, once
-        learnt, stays the same: the key cannot change)."""
-        memo = self._key_memo.get((job, comm, name))
+    def keys(self, job: str, comm: str, name: str, units: list, step: int = -1) -> list[CandidateKey]:
+        """The candidates' keys (candidate) for one measure of a collective; remembered per communicator,
+        measure and place in the step while its candidates stay the same and every one's process is known (a
+        process, once learnt, stays the same: the key cannot change)."""
+        step = step if name in _PER_STEP else -1
+        memo = self._key_memo.get((job, comm, name, step))
         if memo is not None and memo[0] == units:
             return memo[1]
-        keys = [self.candidate(job, comm, name, u) for u in units]
+        keys = [self.candidate(job, comm, name, u, step) for u in units]
         if name in _PER_COMMUNICATOR or all(self.process_of(comm, u) is not None for u in units):
-            bounded_put(self._key_memo, (job, comm, name), (units, keys))
+            bounded_put(self._key_memo, (job, comm, name, step), (units, keys))
         return keys
 
-    def candidate(self, job: str, comm: str, name: str, unit) -> CandidateKey:
+    def candidate(self, job: str, comm: str, name: str, unit, step: int = -1) -> CandidateKey:
+        """Where ``unit``'s evidence for measure ``name`` in ``comm`` is kept; ``step`` its collective's place in
+        the training step (read for the measures kept per place only)."""
         if name in _PER_COMMUNICATOR:
-            return CandidateKey(job, name, comm, unit)
+            return CandidateKey(job, name, comm, unit, step if name in _PER_STEP else -1)
         proc = self.process_of(comm, unit)
         # a GPU is one rank: known by its global rank it is the same in every communicator; a process known
         # only by its pid may drive several GPUs, so its ranks stay apart (per communicator)
@@ -220,13 +196,13 @@ class JobMemory:
         for name, (units, _) in ev.values.items():
             cs = known.get(name) if known is not None else None
             if cs is None:
-                cs = map(self.cusums.get, self.keys(st.job, st.comm, name, units))
+                cs = map(self.cusums.get, self.keys(st.job, st.comm, name, units, step_of(st)))
             for u, c in zip(units, cs):
                 if c is not None:
                     yield name, u, c
 
     def cusum(self, st: TraceState, measure: str, unit) -> Cusum | None:
-        return self.cusums.get(self.candidate(st.job, st.comm, measure, unit))
+        return self.cusums.get(self.candidate(st.job, st.comm, measure, unit, step_of(st)))
 
     def evidence(self, st: TraceState, measure: str, unit) -> float:
         """The candidate's evidence S (0 when it never read slow)."""

@@ -18,7 +18,8 @@ import numpy as np
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
-from mycroft_otel.processor.memory import Durations, JobMemory, KernelTime, get_or_put, kind_of
+from mycroft_otel.processor.keys import kind_of
+from mycroft_otel.processor.memory import Durations, JobMemory, KernelTime, get_or_put
 from mycroft_otel.processor.sequential import MAD_TO_SD, median
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import span_attributes
@@ -194,5 +195,5 @@ class SlowerCheck:
             peers.setdefault(dst, set()).add(src)
         half = self.s.cusum.h / 2
         gathering = [_reach(u, peers) for u in ev.units(name)
-                     if (c := self.mem.cusums.get(self.mem.candidate(st.job, st.comm, name, u))) is not None and c.s >= half]
+                     if (c := self.mem.cusum(st, name, u)) is not None and c.s >= half]
         return any(a.isdisjoint(b) for i, a in enumerate(gathering) for b in gathering[i + 1:])

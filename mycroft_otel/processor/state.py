@@ -95,8 +95,7 @@ class TraceState:
     indexed: bool = False          # filed in TraceStore.trace_at (or a p2p transfer, which is not)
     nbytes: int = 0                # accounted bytes of the spans kept (span_bytes)
     kept: int = 0                  # spans kept (a newer snapshot replaces an older one)
-
-    # -- views -----------------------------------------------------------------------------
+    step: int | None = None        # its place in the communicator's training step (keys.step_of; None: not read)
 
     @property
     def job(self) -> str:

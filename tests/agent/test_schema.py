@@ -122,12 +122,16 @@ def test_fast_path_equals_generic(tmp_path, otel_env, detail):
     b = ctx.builder
     traces = b.trace_ids(got["op"])
     anomalies = [None, ("slow", 123, None), ("late", 5, 77), None, None, None, None, None]
-    fast = b.op_spans(got, traces, anomalies)
+    steps = [0, 3, -1, 1, 2, 0, -1, 5]  # places in the training step (StepPattern), -1 where none is known
+    fast = b.op_spans(got, traces, anomalies, steps)
     for i in range(len(got)):
         an = anomalies[i] or (None, None, None)
-        ref = b.op_span_generic(got[i], *an)
+        ref = b.op_span_generic(got[i], *an, step_index=steps[i])
         assert fast[i] == ref, i
-        Span().ParseFromString(fast[i])  # valid protobuf
+        span = Span()
+        span.ParseFromString(fast[i])  # valid protobuf
+        place = [a.value.int_value for a in span.attributes if a.key == sc.COLL_STEP_INDEX]
+        assert place == ([steps[i]] if steps[i] >= 0 else []), i
     agent.close()
 
 

@@ -122,6 +122,7 @@ class R:
     pid: int = 1000
     job: str = JOB
     kernel_channels: tuple[int, int] | None = None  # KernelCh (started, stopped); None: not reported
+    step_index: object = None  # mycroft.coll.step_index (any value: hostile ones too); None: not sent
 
 
 def default_host(rank: int) -> str:
@@ -141,6 +142,8 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
     }
     if r.global_rank >= 0:
         a[sc.GLOBAL_RANK] = r.global_rank
+    if r.step_index is not None:
+        a[sc.COLL_STEP_INDEX] = r.step_index
     links = []
     flow_attrs: dict = {}  # the agent writes the flow arrays last
     if r.kind in ("op", "inflight"):

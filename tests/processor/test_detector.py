@@ -11,8 +11,11 @@ from synth import Ring, jitter, scaled
 
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.candidates import judged_by
+from mycroft_otel.processor.keys import step_of
 from mycroft_otel.processor.sequential import CusumDesign, OwnSpreads, RobustNull, SequentialDesign, arl
 from mycroft_otel.processor.settings import Settings
+from mycroft_otel.processor.spans import decode
+from mycroft_otel.processor.state import TraceState
 
 CAPTURE, LOADED = 0.15, 0.6  # healthy spread of per-step waits, log units (synth.jitter)
 
@@ -311,3 +314,36 @@ def test_a_late_rank_is_judged_before_its_communicators_null_is_learnt():
             scaled(ring, "late_rank", 3, 2.0)
     out = _collectives((20, 30) + tuple(range(40, 48)), inject, CAPTURE, seed=4)
     assert [v[:2] for v in out] == [("late_rank", [3])] and out[0][3] >= 45, out
+
+
+@pytest.mark.parametrize("places", [True, False])
+def test_a_rank_late_into_one_place_of_the_step_is_judged_there(places):
+    """A training step of 4 collectives on the communicator; from collective 40 rank 3 starts the third of each
+    step late. Kept per place of the step (the agents' mycroft.coll.step_index) its evidence gathers once a
+    step and it is named; kept over all places, the three collectives it is on time into drain what each late
+    one adds, and it never is."""
+    def inject(ring, seq, rng):
+        for rv in ring.ranks.values():
+            rv.step_index = seq % 4 if places else None
+        if seq >= 40 and seq % 4 == 2:
+            scaled(ring, "late_rank", 3, 3.0)
+    out = _collectives(range(1, 121), inject, CAPTURE, seed=5)
+    if places:
+        assert [v[:2] for v in out[:1]] == [("late_rank", [3])] and out[0][3] <= 40 + 4 * 8, out
+    else:
+        assert out == []
+
+
+@pytest.mark.parametrize("value, place", [(2, 2), (0, 0), (63, 63), (64, -1), (-3, -1), (1 << 62, -1),
+                                          ("2", -1), (True, -1), (2.0, -1)])
+def test_a_place_in_the_step_is_read_from_the_span_and_hostile_ones_are_refused(value, place):
+    """The first completed span's mycroft.coll.step_index is the collective's place; a value no agent writes
+    (beyond the places told apart, negative, another type) reads as no place: a client cannot multiply the
+    processor's keys."""
+    ring = Ring(4, seq=7)
+    for rv in ring.ranks.values():
+        rv.step_index = value
+    st = TraceState(b"t" * 16)
+    for ref in decode(ring.request().SerializeToString()).refs:
+        st.add(ref, 0.0)
+    assert step_of(st) == place

@@ -1,0 +1,64 @@
+"""The typed keys the slowdown detector files its memory under (memory.py), and what of a collective they read:
+its kind (function and size bucket) and its place in the communicator's training step."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor.spans import span_attributes
+from mycroft_otel.processor.state import P2P, TraceState
+
+MAX_STEP_INDEX = 64  # places of a training step told apart (the agent learns steps up to 16 collectives long)
+
+
+def kind_of(st: TraceState) -> tuple[str, int]:
+    """(function, size bucket) a collective's nulls and durations are kept under: p2p transfers as one
+    function, sizes by their power of two."""
+    return ("p2p" if st.func in P2P else st.func), (next(iter(st.op.values())).nbytes.bit_length() if st.op else 0)
+
+
+_STEP_KEYS = frozenset({sc.COLL_STEP_INDEX})
+
+
+def step_of(st: TraceState) -> int:
+    """The collective's place in its communicator's training step, as the first of its completed spans to say
+    gives it (agent/sampling.py StepPattern: the ranks of a communicator find the same one); -1 when none says,
+    or says a place beyond MAX_STEP_INDEX (hostile input must not multiply the keys)."""
+    if st.step is None:
+        v = -1
+        for ref in st.op.values():
+            got = span_attributes(ref, _STEP_KEYS).get(sc.COLL_STEP_INDEX)
+            if isinstance(got, int) and not isinstance(got, bool):
+                v = got if 0 <= got < MAX_STEP_INDEX else -1
+                break
+        st.step = v
+    return st.step
+
+
+class NullKey(NamedTuple):
+    """Where a measure's null and healthy level are kept: per job, communicator, function, size bucket and
+    measure; ``comm`` ("*", ranks) for the siblings' (the job's communicators of that size moving the same
+    function), ``bucket`` "*" for all the communicator's sizes, (size bucket, step_of) for a lateness at one place
+    of the training step; ``mode`` how its scores were taken (candidates.py:
+    "x" against the collective's median, "h" against the healthy level; "" for a level)."""
+
+    job: str
+    comm: object
+    func: str
+    bucket: object
+    measure: str
+    mode: str = ""
+
+
+class CandidateKey(NamedTuple):
+    """Where a candidate's evidence is kept. ``place``: a flow's or a lateness's communicator (``unit`` the
+    flow: sender, receiver, channel; or the rank); a GPU's, NIC's or proxy's process when it is known by its global rank (the same GPU
+    in every communicator), else (communicator, rank). ``step``: a lateness's place in the training step
+    (step_of; -1 for the other measures, or when not known)."""
+
+    job: str
+    measure: str
+    place: object
+    unit: object = None
+    step: int = -1
