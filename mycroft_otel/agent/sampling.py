@@ -224,20 +224,20 @@ class StepPattern:
     def index(self, seq: int, arrive_ns: int) -> int:
         """One collective called at ``arrive_ns``: its place in the step, -1 while the step's length is unknown
         or when the calls show no repeating pattern."""
-        if self._prev and arrive_ns > self._prev:
-            self._log[self._n % self.window] = math.log(arrive_ns - self._prev)
-            self._n += 1
-            # every quarter window while the first fills (a step of a few calls is learnt within a few steps),
-            # then every half window
-            if self._n % (self.window // (4 if self._n <= self.window else 2)) == 0:
-                w = min(self._n, self.window)
-                self._learn(np.roll(self._log, -(self._n % self.window))[-w:])
         if arrive_ns > self._prev:
+            if self._prev:
+                self._log[self._n % self.window] = math.log(arrive_ns - self._prev)
+                self._n += 1
+                # every quarter window while the first fills (a step of a few calls is learnt within a few
+                # steps), then every half window
+                if self._n % (self.window // (4 if self._n <= self.window else 2)) == 0:
+                    w = min(self._n, self.window)
+                    self._learn(np.roll(self._log, -(self._n % self.window))[-w:])
             self._prev = arrive_ns
         return seq % self.period if self.period > 1 and seq >= 0 else -1
 
     def _learn(self, x: np.ndarray) -> None:
-        """``x``: the last ``window`` log-intervals, oldest first."""
+        """``x``: the last log-intervals, oldest first (a window's, or all seen while the first fills)."""
         lags = np.arange(1, min(self.max_period, len(x) // 4) + 1)
         # the mean, clipped: a step of 16 calls with one long gap differs in 2 pairs of 16 at the wrong lag (a
         # median would not see it), and one descheduled call adds at most 2 / window
