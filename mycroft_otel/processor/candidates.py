@@ -49,6 +49,7 @@ class Alarm:
     cusum: Cusum
     z: float          # this collective's standardized score
     via: tuple[Cusum, ...] = ()  # the symptoms whose alarm led here (a held-back GPU): the same incident
+    step: int = -1    # the place of the training step its evidence is kept at (CandidateKey.step; -1: all)
 
     def led_to(self, measure: str, unit, cusum: Cusum, z: float | None = None) -> "Alarm":
         """The candidate this alarm's evidence points at, carrying this one as its symptom."""
@@ -220,7 +221,7 @@ class CandidateTest:
             c.x = float(x[i])
             healthy[i] = s < d.h / 2
             if s >= d.h:
-                alarms.append(Alarm(name, units[i], c, float(z[i])))
+                alarms.append(Alarm(name, units[i], c, float(z[i]), step=keys[i].step))
         ev.held[name] = held
         return alarms
 
@@ -233,10 +234,11 @@ class CandidateTest:
         unit = (f.ranks[0], f.peer, f.channel) if name == slowdown.FLOW and f.peer is not None else f.ranks[0]
         if name == slowdown.FLOW and not isinstance(unit, tuple):
             name = slowdown.NIC_SEND
-        c = get_or_put(self.mem.cusums, self.mem.candidate(st.job, st.comm, name, unit, step_of(st)), Cusum)
+        key = self.mem.candidate(st.job, st.comm, name, unit, step_of(st))
+        c = get_or_put(self.mem.cusums, key, Cusum)
         start, end = stall_window(st)
         if start < c.last_stall_end_ns:
             return None  # the same descheduling, seen in another collective in flight with this one
         c.last_stall_end_ns = end
         s = c.update(self.s.cusum.cap, self.s.cusum, start, at, mild=name in MILD)
-        return Alarm(name, unit, c, self.s.cusum.cap) if s >= self.s.cusum.h else None
+        return Alarm(name, unit, c, self.s.cusum.cap, step=key.step) if s >= self.s.cusum.h else None

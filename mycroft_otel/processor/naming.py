@@ -119,9 +119,9 @@ def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
 
 
 def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
-    """A proxy thread that posts ready steps late, at an end of the slow path, whose process's other flows
-    read slow too. A proxy thread moves every flow of its process, in every communicator, and a starved one
-    notices arrivals and completions late on all of them; a slow link, though, holds its sender's ready
+    """A proxy thread that posts ready steps late, at an end of the slow path, whose other flows read slow
+    too. A communicator's proxy thread at a rank moves every flow of the rank in that communicator, and a
+    starved one notices arrivals and completions late on all of them; a slow link, though, holds its sender's ready
     steps waiting for credit too (the receiver's buffers wait for data in flight), so the proxy measure
     rises with the link, and only the flows beside it can tell the two apart (with none, the proxy). A sending
     NIC whose flows all go to one receiver (a ring's) is the path into that receiver too, and a receiver's
@@ -337,12 +337,17 @@ class Naming:
         on_path = alarmed_path(a)
         nic = a.measure in (slowdown.NIC_SEND, slowdown.NIC_RECV)
 
+        # a NIC slow both ways explains its flows in and out and its other side; a proxy that posts late, its
+        # rank's flows and NIC sides, whose arrivals and completions it notices late (EXPLAINED_BY's
+        # _proxy_at_end), and its receivers' GPUs, which it holds up (_proxy)
+        at_rank = nic or a.measure == slowdown.PROXY
+
         def explained(name: str, u) -> bool:
-            if name == slowdown.FLOW:  # a NIC slow both ways explains its flows in and out
-                return on_path(*u[:2]) or (nic and a.unit in u[:2])
-            if name == slowdown.GPU:  # a proxy that posts late holds up its receivers' GPUs (EXPLAINED_BY's _proxy)
+            if name == slowdown.FLOW:
+                return on_path(*u[:2]) or (at_rank and a.unit in u[:2])
+            if name == slowdown.GPU:
                 return a.measure == slowdown.PROXY
-            return nic and name in (slowdown.NIC_SEND, slowdown.NIC_RECV) and u == a.unit
+            return at_rank and name in (slowdown.NIC_SEND, slowdown.NIC_RECV) and u == a.unit
 
         others = [(c.s, label(name, u)) for name, u, c in self.mem.held(st, ev)
                   if c.s > 0 and not any(c is m for m in mine) and not explained(name, u)]

@@ -18,7 +18,7 @@ import numpy as np
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import slowdown
 from mycroft_otel.processor.candidates import Alarm
-from mycroft_otel.processor.keys import kind_of
+from mycroft_otel.processor.keys import kind_of, step_of
 from mycroft_otel.processor.memory import Durations, JobMemory, KernelTime, get_or_put
 from mycroft_otel.processor.sequential import MAD_TO_SD, median
 from mycroft_otel.processor.settings import Settings
@@ -51,14 +51,18 @@ def _siblings(st: TraceState) -> tuple:
     return st.job, st.nranks, kind_of(st)[0], len(hosts) > 1
 
 
-def _levels(times: list[tuple[int, float]]) -> dict[int, float]:
-    """Per size bucket, the median of its (bucket, log kernel time) pairs; a size with fewer than 3 says
-    nothing. A job moving several message sizes: each time is read against its own size's level, so that
-    the sizes pool."""
+def _levels(times: list[KernelTime], read: KernelRead) -> dict[int, float]:
+    """Per size bucket, the median of ``times`` read by ``read``; a size with fewer than 3 says nothing. A job
+    moving several message sizes: each time is read against its own size's level, so that the sizes pool."""
     by: dict[int, list[float]] = {}
-    for k, d in times:
-        by.setdefault(k, []).append(d)
+    for e in times:
+        by.setdefault(e.bucket, []).append(read(e))
     return {k: median(np.array(ds)) for k, ds in by.items() if len(ds) >= 3}
+
+
+def _residuals(times: list[KernelTime], read: KernelRead, level: dict[int, float]) -> list[float]:
+    """``times`` read by ``read`` less their size's level (those of a size without one left out)."""
+    return [read(e) - level[e.bucket] for e in times if e.bucket in level]
 
 
 class SlowerCheck:
@@ -86,7 +90,7 @@ class SlowerCheck:
             if ran:  # kept at the collective's start, the time base of the evidence's onset (Cusum.onset_ns)
                 when = min(ref.start_ns for ref in m.refs)
                 times = KernelTime(when, bucket, float(np.log(median(np.array(ran, dtype=np.float64)) + 1.0)),
-                                   float(np.log(min(ran) + 1.0)), healthy, st.comm)
+                                   float(np.log(min(ran) + 1.0)), healthy, st.comm, step_of(st))
                 history.recent.append(times)
                 if tested and history.judged_from < 0:
                     history.judged_from = when
@@ -94,7 +98,8 @@ class SlowerCheck:
                            lambda: deque(maxlen=4 * self.s.duration_history)).append(times)
         return history
 
-    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int, read: KernelRead) -> bool:
+    def _than_siblings(self, st: TraceState, history: Durations, onset_ns: int, read: KernelRead,
+                       at: Callable[[KernelTime], bool]) -> bool:
         """Whether this communicator's kernels since ``onset_ns`` ran longer than its siblings' over the same
         time (the job's other communicators of its size and function, on the network or inside a node alike:
         a TP x DP job's DP rings, or its TP groups), by 3 standard errors of the difference; False when there is
@@ -105,11 +110,12 @@ class SlowerCheck:
         sib = self.mem.sibling_durations.get(_siblings(st))
         if sib is None:
             return False
-        others = [e for e in sib if e.start >= onset_ns and e.comm != st.comm]
-        level = _levels([(e.bucket, read(e)) for e in others])
-        theirs = [read(e) - level[e.bucket] for e in others if e.bucket in level]
-        mine = [read(e) - level[e.bucket] for e in history.recent if e.start >= onset_ns and e.bucket in level]
-        if len({e.comm for e in others if e.bucket in level}) < 2 or len(theirs) < self.s.null_min_collectives or len(mine) < 3:
+        others = [e for e in sib if e.start >= onset_ns and e.comm != st.comm and at(e)]
+        level = _levels(others, read)
+        theirs = _residuals(others, read, level)
+        mine = _residuals([e for e in history.recent if e.start >= onset_ns and at(e)], read, level)
+        if len({e.comm for e in others if e.bucket in level}) < 2 or \
+                len(theirs) < self.s.null_min_collectives or len(mine) < 3:
             return False
         return self._longer(mine, theirs)
 
@@ -161,20 +167,28 @@ class SlowerCheck:
         repeats where the algorithm repeats it."""
         onset_ns = max(a.cusum.onset_ns for a in alarms)
         reads = dict.fromkeys(WAIT if a.measure == slowdown.LATE else TRANSFER for a in alarms)
-        healthy = [e for e in history.recent if e.start < onset_ns and e.healthy][-self.s.own_size:]
+        healthy = [e for e in history.recent if e.start < onset_ns and e.healthy]
         recent = [e for e in history.recent if e.start >= onset_ns]
-        # the sizes with a level are the same for either kernel time: so is how many healthy times there are
+        # A lateness kept at one place of the step (the agent's StepPattern) moved that place's waits; each
+        # place has its own (the first all-reduce after the optimizer waits for the ranks' different host work,
+        # one inside the backward pass for the compute jitter only), severalfold apart: read at the alarm's
+        # place, against that place's healthy waits, neither the other places' unmoved waits nor the spread
+        # between the places hide it. The transfer does not depend on the place.
+        places = {a.step for a in alarms if a.measure == slowdown.LATE}
+        at_place = (lambda e: e.step in places) if -1 not in places else (lambda e: True)  # noqa: E731
+        at = {WAIT: at_place, TRANSFER: lambda e: True}
         enough = False
         for read in reads:
-            level = _levels([(e.bucket, read(e)) for e in healthy])
-            before = [read(e) - level[e.bucket] for e in healthy if e.bucket in level]
-            since = [read(e) - level[e.bucket] for e in recent if e.bucket in level]
-            enough = len(before) >= self.s.null_min_collectives
-            if enough and since and self._longer(since, before):
+            there = [e for e in healthy if at[read](e)][-self.s.own_size:]
+            level = _levels(there, read)
+            before = _residuals(there, read, level)
+            since = _residuals([e for e in recent if at[read](e)], read, level)
+            enough = enough or len(before) >= self.s.null_min_collectives
+            if len(before) >= self.s.null_min_collectives and since and self._longer(since, before):
                 return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
-        if not enough and any(self._than_siblings(st, history, onset_ns, read) for read in reads):
+        if not enough and any(self._than_siblings(st, history, onset_ns, read, at[read]) for read in reads):
             # slower than its siblings; not slower than them says nothing: a fault that slows a DP ring slows
             # every TP group waiting on it, and through them every other ring
             return True

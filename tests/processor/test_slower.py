@@ -67,10 +67,10 @@ def _history(rng: np.random.Generator, onset: int, shift: float) -> Durations:
     return h
 
 
-def _alarm(measure: str, onset: int) -> Alarm:
+def _alarm(measure: str, onset: int, step: int = -1) -> Alarm:
     c = Cusum()
     c.onset_ns = onset
-    return Alarm(measure, 1, c, 3.0)
+    return Alarm(measure, 1, c, 3.0, step=step)
 
 
 def test_a_slow_gpu_is_read_in_the_transfer_not_in_the_wait_for_peers():
@@ -91,3 +91,38 @@ def test_healthy_kernel_times_are_seldom_slower():
                                      [_alarm(m, 24)]) for seed in range(300))
               for m in (slowdown.GPU, slowdown.LATE)}
     assert passed[slowdown.GPU] <= 3 and passed[slowdown.LATE] <= 6, passed
+
+
+def _places(rng: np.random.Generator, onset: int, late_place: int, shift: float) -> Durations:
+    """A TP group's four all-reduces per training step, each place with its own wait (the first after the
+    optimizer waits for the ranks' host work, the others for the compute jitter only: levels 1-2 apart in log
+    units, jitter 0.15 within a place); from ``onset`` on, the place ``late_place`` waits ``shift`` longer."""
+    h = Durations(deque())
+    levels = (14.0, 12.0, 13.0, 12.5)
+    for t in range(72):
+        place = t % 4
+        late = shift if t >= onset and place == late_place else 0.0
+        h.recent.append(KernelTime(t, 24, levels[place] + rng.normal(0.0, 0.15) + late, 12.0 + rng.normal(0.0, 0.03),
+                                   t < onset, "tp0", place))
+    h.judged_from = 0
+    return h
+
+
+def test_a_rank_late_into_one_place_of_the_step_is_read_at_that_place():
+    """A rank late into the third all-reduce of each step: that place's waits are 1.4x longer, the others'
+    untouched. Read against each place's own level and at the alarm's place it is slower; pooled, the spread
+    between the places' levels hides it; read at another place nothing moved."""
+    history = _places(np.random.default_rng(5), onset=48, late_place=2, shift=np.log(1.4))
+    check = _check()
+    assert check.is_slower(None, None, history, [_alarm(slowdown.LATE, 48, step=2)])
+    assert not check.is_slower(None, None, history, [_alarm(slowdown.LATE, 48, step=0)])
+    unplaced = Durations(deque(e._replace(step=-1) for e in history.recent), judged_from=0)
+    assert not check.is_slower(None, None, unplaced, [_alarm(slowdown.LATE, 48)])
+
+
+def test_healthy_places_are_seldom_slower():
+    """The read at one place is the same 3-standard-error test: about 1 in 300 healthy histories passes."""
+    check = _check()
+    passed = sum(check.is_slower(None, None, _places(np.random.default_rng(seed), 48, 2, 0.0),
+                                 [_alarm(slowdown.LATE, 48, step=seed % 4)]) for seed in range(300))
+    assert passed <= 6, passed
