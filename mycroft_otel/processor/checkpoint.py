@@ -54,7 +54,7 @@ FILE = "detector-history"
 MAGIC = b"mycroft-history\n"
 VERSION = 6  # 2: a communicator's kernel times keep the wait and the transfer (slower.py); 3: as KernelTime;
 # 4: the hung communicators (incidents.Incidents._hung_comms); 5: a lateness kept per place of the step (CandidateKey);
-# 6: a proxy's evidence kept per communicator, kernel times their place of the step
+# 6: a communicator's kernel times keep their place of the step (KernelTime.step)
 _HEADER = struct.Struct("<16sIQ32s")  # magic, version, payload bytes, SHA-256 of the payload
 SAVE_EVERY_S = 1.0  # evidence lost in a crash: at most this much (a slowdown gathers over ~1-3 s of collectives)
 MAX_SHARE = 0.05    # of the timer's time spent writing checkpoints (a large history is written less often)

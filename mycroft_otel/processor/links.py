@@ -71,17 +71,20 @@ class Links:
         return slowdown.FLOW, u, c
 
     def flows_beside(self, st: TraceState, rank: int, skip: Callable[[int, int], bool]) -> tuple[int, int]:
-        """(how many of this communicator's flows carry data to or from ``rank``, how many of them are half
-        way to an alarm), leaving out the flows ``skip(sender, receiver)`` names: what the communicator's
-        proxy thread at that rank moves besides the link in question (NCCL gives each communicator its own,
-        memory.py)."""
+        """(how many flows of any communicator carry data to or from the process of ``rank``, how many of
+        them are half way to an alarm), leaving out this communicator's flows ``skip(sender, receiver)``
+        names: what a proxy thread of that process moves besides the link in question."""
+        me = self.mem.process_of(st.comm, rank)
         seen = gathering = 0
         half = self.s.cusum.h / 2
         for k, c in self.mem.cusums.items():
-            if k.job != st.job or k.measure != slowdown.FLOW or k.place != st.comm:
+            if k.job != st.job or k.measure != slowdown.FLOW:
                 continue
             s, d, _ = k.unit
-            if rank not in (s, d) or skip(s, d):
+            if k.place == st.comm:
+                if rank not in (s, d) or skip(s, d):
+                    continue
+            elif me is None or me not in (self.mem.process_of(k.place, s), self.mem.process_of(k.place, d)):
                 continue
             seen += 1
             gathering += c.s >= half

@@ -57,11 +57,8 @@ def get_or_put(d: dict, key, make: Callable[[], object]):
 # data loader) is on time into its TP group, whose collectives, as many or more, would cancel the
 # evidence of its DP ones in a CUSUM kept per process. For the same reason it is kept per place of the
 # training step (step_of): a rank late into one of its TP group's all-reduces of a step (a host-side copy
-# before it) is on time into the others, which would cancel its evidence. A proxy thread is one
-# communicator's too: NCCL gives each communicator its own proxy progress thread (shared only by communicators
-# split to share resources), so a thread descheduled or kept busy delays one communicator's network sends,
-# and its rank's other communicators, their threads on time (no credit wait at all), would cancel its evidence.
-_PER_COMMUNICATOR = frozenset({slowdown.FLOW, slowdown.LATE, slowdown.PROXY})
+# before it) is on time into the others, which would cancel its evidence.
+_PER_COMMUNICATOR = frozenset({slowdown.FLOW, slowdown.LATE})
 _PER_STEP = frozenset({slowdown.LATE})
 
 
@@ -303,14 +300,8 @@ class JobMemory:
                 comms |= self._comms_of.get((st.job, peer), set()) - {c}
         for k in self.half_way(st.job, (slowdown.GPU, slowdown.PROXY, slowdown.FLOW, slowdown.NIC_SEND,
                                         slowdown.NIC_RECV)):
-            if k.measure == slowdown.FLOW:
-                if k.place in comms:
-                    return True
-                continue
-            # a proxy thread's (kept per communicator) process: where its rank's GPU is kept
-            where = self.candidate(st.job, k.place, slowdown.GPU, k.unit).place if k.measure == slowdown.PROXY \
-                else k.place
-            if where in near and (own_gpu or where != place or k.measure != slowdown.GPU):
+            if k.place in comms if k.measure == slowdown.FLOW else \
+                    k.place in near and (own_gpu or k.place != place or k.measure != slowdown.GPU):
                 return True
         return False
 

@@ -119,9 +119,9 @@ def _one_flow(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
 
 
 def _proxy_at_end(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
-    """A proxy thread that posts ready steps late, at an end of the slow path, whose other flows read slow
-    too. A communicator's proxy thread at a rank moves every flow of the rank in that communicator, and a
-    starved one notices arrivals and completions late on all of them; a slow link, though, holds its sender's ready
+    """A proxy thread that posts ready steps late, at an end of the slow path, whose process's other flows
+    read slow too. A proxy thread moves every flow of its process, in every communicator, and a starved one
+    notices arrivals and completions late on all of them; a slow link, though, holds its sender's ready
     steps waiting for credit too (the receiver's buffers wait for data in flight), so the proxy measure
     rises with the link, and only the flows beside it can tell the two apart (with none, the proxy). A sending
     NIC whose flows all go to one receiver (a ring's) is the path into that receiver too, and a receiver's

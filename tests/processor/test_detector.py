@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from synth import Ring, jitter, scaled
 
-from mycroft_otel import ids
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.candidates import judged_by
 from mycroft_otel.processor.keys import step_of
@@ -348,22 +347,3 @@ def test_a_place_in_the_step_is_read_from_the_span_and_hostile_ones_are_refused(
     for ref in decode(ring.request().SerializeToString()).refs:
         st.add(ref, 0.0)
     assert step_of(st) == place
-
-
-def test_a_proxy_slow_in_one_communicator_is_judged_there():
-    """Two communicators over the same 8 processes (NCCL gives each its own proxy progress thread), a
-    collective of each in turn; from collective 40 rank 3's proxy thread of the first posts its ready steps
-    late, the second's is on time. Its evidence is kept per communicator: the second's collectives, no credit
-    wait at all at rank 3, do not drain what each slow one adds, and it is named there."""
-    rng = np.random.default_rng(8)
-    proc = Processor(env={}, settle_s=0.0)
-    out = []
-    for seq in range(1, 121):
-        for comm in (0x5F3A9C0E12AB44D1, 0x21C4E07B9D3316A5):
-            ring = Ring(8, nch=2, comm=comm, seq=seq, t0=1_000_000_000_000 + seq * 20_000_000)
-            jitter(ring, rng, CAPTURE)
-            if seq >= 40 and comm == 0x5F3A9C0E12AB44D1:
-                scaled(ring, "slow_proxy", 3, 2.0)
-            proc.ingest_request(ring.request())
-            out += [(v.category, v.finding.ranks, v.comm) for v in proc.tick()]
-    assert out and out[0][:2] == ("slow_proxy", [3]) and out[0][2] == ids.comm_hash_hex(0x5F3A9C0E12AB44D1), out
