@@ -140,7 +140,8 @@ class SlowerCheck:
     def is_slower(self, st: TraceState, ev: slowdown.Evidence, history: Durations, alarms: list[Alarm]) -> bool:
         """Whether the communicator's collectives since the alarms' evidence began take longer than its
         healthy ones before (_note_duration), in the kernel time an alarm's fault lengthens (WAIT for a late
-        rank, TRANSFER for the rest): by their median or their mean (_longer). Since the latest onset among
+        rank, at the place of the step its lateness is kept at; TRANSFER for the rest): by their median or
+        their mean (_longer). Since the latest onset among
         the alarms: a fault's culprit and symptoms start gathering together, while a candidate that has crept
         up since the first collectives must not stretch the window back.
 
@@ -175,16 +176,17 @@ class SlowerCheck:
         # place, against that place's healthy waits, neither the other places' unmoved waits nor the spread
         # between the places hide it. The transfer does not depend on the place.
         places = {a.step for a in alarms if a.measure == slowdown.LATE}
-        at_place = (lambda e: e.step in places) if -1 not in places else (lambda e: True)  # noqa: E731
-        at = {WAIT: at_place, TRANSFER: lambda e: True}
+        anywhere: Callable[[KernelTime], bool] = lambda e: True  # noqa: E731
+        at = {WAIT: (lambda e: e.step in places) if places and -1 not in places else anywhere, TRANSFER: anywhere}
         enough = False
         for read in reads:
             there = [e for e in healthy if at[read](e)][-self.s.own_size:]
             level = _levels(there, read)
             before = _residuals(there, read, level)
             since = _residuals([e for e in recent if at[read](e)], read, level)
-            enough = enough or len(before) >= self.s.null_min_collectives
-            if len(before) >= self.s.null_min_collectives and since and self._longer(since, before):
+            known = len(before) >= self.s.null_min_collectives
+            enough = enough or known
+            if known and since and self._longer(since, before):
                 return True
         if enough and onset_ns > history.judged_from >= 0:
             return False
