@@ -396,7 +396,7 @@ class Agent:
                     kept = (ring_ops(recs), flow_rows[:, :max(n_flows)].copy())
                 ctx.history.append((traces[i], {"op": kept[0][i], "flows": kept[1][i, :nf]}))
             ctx.summary.add(sp.func_name(funcs[i]), seqs[i], nbytes[i], end[i] - arrive, exported)
-            if kinds[i] == sp.KIND_COLL and seqs[i] > ctx.last_seq:
+            if coll and seqs[i] > ctx.last_seq:
                 ctx.last_seq = seqs[i]
             if end[i] > ctx.last_end:
                 ctx.last_end = end[i]
