@@ -97,8 +97,6 @@ class TraceState:
     kept: int = 0                  # spans kept (a newer snapshot replaces an older one)
     step: int | None = None        # its place in the communicator's training step (keys.step_of; None: not read)
 
-    # -- views -----------------------------------------------------------------------------
-
     @property
     def job(self) -> str:
         """The job (resource ``mycroft.job.id``) whose spans this trace holds."""
