@@ -38,7 +38,9 @@ MILD = (slowdown.FLOW, slowdown.NIC_SEND, slowdown.NIC_RECV)
 # measures that are 0 on most healthy collectives: a proxy's ready data waits for its post only when its thread
 # was busy or descheduled at that moment, which on a healthy host happens to some ranks now and then. The MAD
 # of such a null is 0 (the floor's min_scale) and any healthy wait would read as a shift of 100 scales, a full
-# CUSUM step; a wait as common as healthy runs show it must read as healthy (sequential.RobustNull.normal_scores)
+# CUSUM step; a wait as common as healthy runs show it must read as healthy (sequential.RobustNull.normal_scores).
+# A slow proxy thread shows on the collectives where its stall fell on a step its ranks had ready, not on the
+# others, so these are judged by how often they read far out too (sequential.HitDesign) instead of the mild test
 BY_RANK = (slowdown.PROXY,)
 
 
@@ -217,7 +219,7 @@ class CandidateTest:
                 continue
             elif at - c.updated_at > self.s.evidence_ttl_s:
                 c.reset()  # evidence from long ago says nothing about consecutive collectives
-            s = c.update(float(z[i]), d, when, at, mild=name in MILD)
+            s = c.update(float(z[i]), d, when, at, mild=name in MILD, hits=name in BY_RANK)
             c.x = float(x[i])
             healthy[i] = s < d.h / 2
             if s >= d.h:
@@ -240,5 +242,5 @@ class CandidateTest:
         if start < c.last_stall_end_ns:
             return None  # the same descheduling, seen in another collective in flight with this one
         c.last_stall_end_ns = end
-        s = c.update(self.s.cusum.cap, self.s.cusum, start, at, mild=name in MILD)
+        s = c.update(self.s.cusum.cap, self.s.cusum, start, at, mild=name in MILD, hits=name in BY_RANK)
         return Alarm(name, unit, c, self.s.cusum.cap, step=key.step) if s >= self.s.cusum.h else None

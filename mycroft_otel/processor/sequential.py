@@ -13,7 +13,8 @@ every *candidate* (a rank, a flow) a score x, the log-ratio of its value to the 
   Every candidate runs two such tests on the same scores (:class:`SequentialDesign`): a CUSUM is fastest
   for the shift twice its drift, so one tuned for 2 scales (a link at half speed) and one for 1 scale
   (a 1.25x slower collective moves its culprit's score about one scale) with a higher bar; it alarms when
-  either does.
+  either does. A measure read by its place among healthy values (a proxy's wait) runs a Bernoulli CUSUM on
+  how often it reads far out (:class:`HitDesign`) instead of the mild one.
 
 The constants come from a false-alarm budget, not from a test run: :func:`arl` computes the average run
 length of the test (Brook & Evans' Markov chain) for a null distribution and a shift, and
@@ -45,6 +46,36 @@ class CusumDesign:
 
 
 @dataclass(frozen=True, slots=True)
+class HitDesign:
+    """A Bernoulli CUSUM on how often a score reaches ``at`` null scales: each such collective (a hit) adds
+    log(p1 / p0), each other takes log((1 - p0) / (1 - p1)) away. For a measure whose fault shows on some
+    collectives only (a proxy thread descheduled at one moment of a transfer: its ready data waits on the
+    collectives where that moment fell on a step, not on the others), the winsorized tests cannot gather: a
+    hit adds cap - k, a quiet collective takes k again. ``p0`` is the hit rate of healthy scores read by
+    their place among the healthy values (RobustNull.normal_scores: 1 - Phi(at) whatever the null's shape)."""
+
+    at: float = 2.0    # a hit: a score this far out or further
+    p1: float = 0.2    # the hit rate it is tuned for: one collective in five
+    h: float = 14.0    # ARL0 2.2e7 collectives per candidate; a hit every other collective alarms in ~15
+
+    def __post_init__(self) -> None:
+        if not (self.p0 < self.p1 < 1 and self.h > self.up):
+            raise ValueError(f"a hit test needs p0 < p1 < 1 and h above one hit's step (one never alarms): {self}")
+
+    @property
+    def p0(self) -> float:
+        return 1.0 - NormalDist().cdf(self.at)
+
+    @property
+    def up(self) -> float:
+        return math.log(self.p1 / self.p0)
+
+    @property
+    def down(self) -> float:
+        return math.log((1.0 - self.p0) / (1.0 - self.p1))
+
+
+@dataclass(frozen=True, slots=True)
 class SequentialDesign:
     """The tests every candidate runs on its scores: ``strong`` for shifts of >= 2 scales (fast: >= 6
     collectives), ``mild`` for shifts of about one scale (k = 0.5; a higher h for the same false-alarm budget).
@@ -53,6 +84,7 @@ class SequentialDesign:
 
     strong: CusumDesign = CusumDesign()
     mild: CusumDesign = CusumDesign(k=0.5, h=12.0, cap=1.5)  # ARL0 2.2e7 (Laplace); ARL1 39 at 1 scale
+    hits: HitDesign = HitDesign()  # instead of ``mild`` on measures read by their place (candidates.BY_RANK)
 
     @property
     def k(self) -> float:  # a score beyond this reads slow to the strong test
@@ -67,9 +99,11 @@ class SequentialDesign:
         return self.strong.cap
 
     def arl0_bound(self, null: str = "laplace") -> float:
-        """A lower bound on the average run length to a false alarm of the pair: P(either alarms by n) <=
-        P(strong by n) + P(mild by n), so the pair's alarm rate is at most the sum of the two rates."""
-        return 1.0 / (1.0 / arl(self.strong, null=null) + 1.0 / arl(self.mild, null=null))
+        """A lower bound on the average run length to a false alarm of the pair a candidate runs (strong with
+        mild, or strong with hits): P(either alarms by n) <= P(strong by n) + P(the other by n), so the pair's
+        alarm rate is at most the sum of the two rates."""
+        other = min(arl(self.mild, null=null), arl_hits(self.hits, self.hits.p0))
+        return 1.0 / (1.0 / arl(self.strong, null=null) + 1.0 / other)
 
 
 def arl(design: CusumDesign, shift: float = 0.0, null: str = "normal", cells: int = 300) -> float:
@@ -106,6 +140,19 @@ def arl(design: CusumDesign, shift: float = 0.0, null: str = "normal", cells: in
         p[i, 1:] = f[2:] - f[1:-1]  # what is left leaves through h: the alarm
     n = np.linalg.solve(np.eye(cells) - p, np.ones(cells))
     return float(n[0])
+
+
+def arl_hits(design: HitDesign, rate: float, cells: int = 2000) -> float:
+    """Average number of collectives until the hit test alarms, starting from S = 0, when each collective is
+    a hit with probability ``rate`` independently (the Markov chain of S on a grid of ``cells``)."""
+    w = design.h / cells
+    p = np.zeros((cells, cells))
+    for i in range(cells):
+        s = i * w
+        if s + design.up < design.h:
+            p[i, int((s + design.up) / w)] += rate
+        p[i, int(max(0.0, s - design.down) / w)] += 1.0 - rate
+    return float(np.linalg.solve(np.eye(cells) - p, np.ones(cells))[0])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -207,9 +254,10 @@ class RobustNull:
 class Cusum:
     """One candidate's accumulated evidence (both tests of a :class:`SequentialDesign`)."""
 
-    s: float = 0.0            # the evidence in the strong test's units: max(strong, mild x h_strong / h_mild)
+    s: float = 0.0            # the evidence in the strong test's units: the furthest test's S x h_strong / its h
     strong: float = 0.0       # the strong test's S
     mild: float = 0.0         # the mild test's S
+    hits: float = 0.0         # the hit test's S
     updated_at: float = 0.0   # processor monotonic seconds
     onset_ns: int = 0         # when the current run of evidence started (first collective with S > 0)
     collectives: int = 0      # collectives in the current run
@@ -219,16 +267,19 @@ class Cusum:
     x: float = 0.0            # ... and its raw score (log-ratio to the collective's median): candidates of one
                               # collective compare on it, each z having its own scale
 
-    def update(self, z: float, design: SequentialDesign, when_ns: int, at: float, mild: bool = True) -> float:
-        """Both tests on this collective's score (``mild``: False runs the strong one alone)."""
+    def update(self, z: float, design: SequentialDesign, when_ns: int, at: float, mild: bool = True,
+               hits: bool = False) -> float:
+        """The strong test on this collective's score, and the mild one (``mild``) or the hit test (``hits``)."""
         self.z = z
         self.last_when_ns = max(self.last_when_ns, when_ns)
         before = self.s
-        st, mi = design.strong, design.mild
+        st, mi, hi = design.strong, design.mild, design.hits
         self.strong = max(0.0, self.strong + min(max(z, -st.cap), st.cap) - st.k)
         if mild:
             self.mild = max(0.0, self.mild + min(max(z, -mi.cap), mi.cap) - mi.k)
-        self.s = max(self.strong, self.mild * st.h / mi.h)
+        if hits:
+            self.hits = max(0.0, self.hits + (hi.up if z >= hi.at else -hi.down))
+        self.s = max(self.strong, self.mild * st.h / mi.h, self.hits * st.h / hi.h)
         self.updated_at = at
         if self.s == 0.0:
             self.collectives, self.onset_ns = 0, 0
@@ -239,7 +290,7 @@ class Cusum:
         return self.s
 
     def reset(self) -> None:
-        self.s, self.strong, self.mild, self.collectives, self.onset_ns = 0.0, 0.0, 0.0, 0, 0
+        self.s, self.strong, self.mild, self.hits, self.collectives, self.onset_ns = 0.0, 0.0, 0.0, 0.0, 0, 0
 
 
 def _row_medians(v: np.ndarray, held: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from synth import Ring, jitter, scaled
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.candidates import judged_by
 from mycroft_otel.processor.keys import step_of
-from mycroft_otel.processor.sequential import CusumDesign, OwnSpreads, RobustNull, SequentialDesign, arl
+from mycroft_otel.processor.sequential import CusumDesign, HitDesign, OwnSpreads, RobustNull, SequentialDesign, arl, arl_hits
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import decode
 from mycroft_otel.processor.state import TraceState
@@ -34,6 +34,18 @@ def test_the_design_meets_its_false_alarm_budget():
         assert t.cap - t.k < t.h
     with pytest.raises(ValueError):
         CusumDesign(k=1.0, h=0.5, cap=2.0)
+
+
+def test_the_hit_test_meets_the_budget_and_finds_a_wait_on_some_collectives():
+    """The hit test (a Bernoulli CUSUM on scores >= 2 null scales) alarms once in >= 10^7 collectives at the
+    healthy hit rate 1 - Phi(2), whatever the null's tails (scores read by their place among healthy ones);
+    a wait on every other collective alarms in under 20, on every third in under 40; one hit never does."""
+    d = Settings().cusum.hits
+    assert arl_hits(d, d.p0) >= 1e7
+    assert arl_hits(d, 0.5) <= 20 and arl_hits(d, 1 / 3) <= 40
+    assert d.up < d.h
+    with pytest.raises(ValueError):
+        HitDesign(p1=0.01)
 
 
 def _collectives(seqs, inject, sigma: float, seed: int, n: int = 8, settings: Settings | None = None,
@@ -127,6 +139,20 @@ def test_proxies_a_loaded_host_deschedules_now_and_then_are_silent(share):
     assert _collectives(range(1, 400), inject, CAPTURE, seed=11, watch=watch) == []
     most, h = seen[0], Settings().cusum.h
     assert most < h, most
+
+
+def test_a_proxy_late_on_every_other_collective_is_named_by_the_hit_test():
+    """A proxy thread that stalls once a collective posts ready steps late only where its stall fell on one:
+    rank 3's proxy late by a quarter of the collective on every other one (0 on the rest) is named by how
+    often it reads far out; the winsorized tests alone (the hit test's bar out of reach) never gather."""
+    def inject(ring, seq, rng):
+        if seq >= 40 and seq % 2:
+            ring.slow_proxy(3, ring.dur // 4)
+
+    vs = _collectives(range(1, 121), inject, CAPTURE, seed=7)
+    assert vs and vs[0][:2] == ("slow_proxy", [3]) and vs[0][3] - 40 <= 40, vs
+    no_hits = replace(Settings(), cusum=SequentialDesign(hits=HitDesign(h=1e9)))
+    assert _collectives(range(1, 121), inject, CAPTURE, seed=7, settings=no_hits) == []
 
 
 def test_own_spreads_keep_each_candidate_apart_and_wait_for_enough_scores():
