@@ -180,7 +180,9 @@ class CandidateTest:
                 # have taught before their evidence gathered half way (self.taught)
                 z = np.minimum(z, ready.normal_scores(x if role is None else x - role, self.taught))
             ev.z[name] = z
-            alarms = self._accumulate(st, name, units, x, z, when, at, healthy, ev)
+            # the hit test reads a hit as rare as its null's size lets it be (none before a null is ready)
+            p0 = self.s.cusum.hits.p0(len(ready), self.taught) if name in BY_RANK and ready is not None else 0.0
+            alarms = self._accumulate(st, name, units, x, z, when, at, healthy, ev, p0)
         if not healthy.all():  # (most collectives teach with every candidate)
             rows, x, values = rows[healthy], x[healthy], values[healthy]
             role = None if role is None else role[healthy]
@@ -195,8 +197,9 @@ class CandidateTest:
         return alarms, ready is not None or prior is not None
 
     def _accumulate(self, st: TraceState, name: str, units: list, x: np.ndarray, z: np.ndarray, when: int,
-                    at: float, healthy: np.ndarray, ev: slowdown.Evidence) -> list[Alarm]:
-        """The candidates' CUSUMs updated with this collective's scores; ``healthy`` cleared where a candidate
+                    at: float, healthy: np.ndarray, ev: slowdown.Evidence, p0: float) -> list[Alarm]:
+        """The candidates' CUSUMs updated with this collective's scores (``p0``: the hit test's healthy rate,
+        0 where the measure runs none); ``healthy`` cleared where a candidate
         gathers evidence (it does not teach the null what healthy looks like), and their evidence left in
         ``ev.held``; the ones that alarm."""
         d = self.s.cusum
@@ -219,7 +222,7 @@ class CandidateTest:
                 continue
             elif at - c.updated_at > self.s.evidence_ttl_s:
                 c.reset()  # evidence from long ago says nothing about consecutive collectives
-            s = c.update(float(z[i]), d, when, at, mild=name in MILD, hits=name in BY_RANK)
+            s = c.update(float(z[i]), d, when, at, mild=name in MILD, p0=p0)
             c.x = float(x[i])
             healthy[i] = s < d.h / 2
             if s >= d.h:
@@ -242,5 +245,6 @@ class CandidateTest:
         if start < c.last_stall_end_ns:
             return None  # the same descheduling, seen in another collective in flight with this one
         c.last_stall_end_ns = end
-        s = c.update(self.s.cusum.cap, self.s.cusum, start, at, mild=name in MILD, hits=name in BY_RANK)
+        s = c.update(self.s.cusum.cap, self.s.cusum, start, at, mild=name in MILD,
+                     p0=self.s.cusum.hits.floor if name in BY_RANK else 0.0)
         return Alarm(name, unit, c, self.s.cusum.cap, step=key.step) if s >= self.s.cusum.h else None

@@ -51,28 +51,34 @@ class HitDesign:
     log(p1 / p0), each other takes log((1 - p0) / (1 - p1)) away. For a measure whose fault shows on some
     collectives only (a proxy thread descheduled at one moment of a transfer: its ready data waits on the
     collectives where that moment fell on a step, not on the others), the winsorized tests cannot gather: a
-    hit adds cap - k, a quiet collective takes k again. ``p0`` is the hit rate of healthy scores read by
-    their place among the healthy values (RobustNull.normal_scores: 1 - Phi(at) whatever the null's shape)."""
+    hit adds cap - k, a quiet collective takes k again. ``p0`` is the hit rate of a healthy score read by its
+    place among the n healthy values of its null (RobustNull.normal_scores): 1 - Phi(at) where the null is
+    large, but a value above all but its top ``tail`` reads as far out as its size says, which a healthy one
+    is with probability (tail + 1) / (n + 1) (exchangeable values): a small null's hit says less."""
 
     at: float = 2.0    # a hit: a score this far out or further
-    p1: float = 0.2    # the hit rate it is tuned for: one collective in five
-    h: float = 14.0    # ARL0 2.2e7 collectives per candidate; a hit every other collective alarms in ~15
+    p1: float = 0.3    # the hit rate it is tuned for: three collectives in ten
+    h: float = 14.0    # ARL0 1.2e7 collectives per candidate (large null); a hit every other collective alarms in ~13
 
     def __post_init__(self) -> None:
-        if not (self.p0 < self.p1 < 1 and self.h > self.up):
+        if not (self.floor < self.p1 < 1 and self.h > math.log(self.p1 / self.floor)):
             raise ValueError(f"a hit test needs p0 < p1 < 1 and h above one hit's step (one never alarms): {self}")
 
     @property
-    def p0(self) -> float:
+    def floor(self) -> float:
+        """The healthy hit rate on a large null."""
         return 1.0 - NormalDist().cdf(self.at)
 
-    @property
-    def up(self) -> float:
-        return math.log(self.p1 / self.p0)
+    def p0(self, n: int, tail: int) -> float:
+        """The healthy hit rate on a null of ``n`` values whose top ``tail`` read as far out as its size says."""
+        return max(self.floor, (tail + 1) / (n + 1))
 
-    @property
-    def down(self) -> float:
-        return math.log((1.0 - self.p0) / (1.0 - self.p1))
+    def steps(self, p0: float) -> tuple[float, float]:
+        """(what a hit adds, what another collective takes away) at healthy hit rate ``p0``; none at all
+        where p0 is no lower than the rate the test is tuned for (a null too small to tell)."""
+        if p0 >= self.p1:
+            return 0.0, 0.0
+        return math.log(self.p1 / p0), math.log((1.0 - p0) / (1.0 - self.p1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +108,7 @@ class SequentialDesign:
         """A lower bound on the average run length to a false alarm of the pair a candidate runs (strong with
         mild, or strong with hits): P(either alarms by n) <= P(strong by n) + P(the other by n), so the pair's
         alarm rate is at most the sum of the two rates."""
-        other = min(arl(self.mild, null=null), arl_hits(self.hits, self.hits.p0))
+        other = min(arl(self.mild, null=null), arl_hits(self.hits, self.hits.floor))
         return 1.0 / (1.0 / arl(self.strong, null=null) + 1.0 / other)
 
 
@@ -142,16 +148,20 @@ def arl(design: CusumDesign, shift: float = 0.0, null: str = "normal", cells: in
     return float(n[0])
 
 
-def arl_hits(design: HitDesign, rate: float, cells: int = 2000) -> float:
+def arl_hits(design: HitDesign, rate: float, p0: float | None = None, cells: int = 2000) -> float:
     """Average number of collectives until the hit test alarms, starting from S = 0, when each collective is
-    a hit with probability ``rate`` independently (the Markov chain of S on a grid of ``cells``)."""
+    a hit with probability ``rate`` independently and the test reads its hits at healthy rate ``p0`` (the
+    design's floor: a large null), by the Markov chain of S on a grid of ``cells``."""
+    up, down = design.steps(design.floor if p0 is None else p0)
+    if up == 0.0:
+        return math.inf
     w = design.h / cells
     p = np.zeros((cells, cells))
     for i in range(cells):
         s = i * w
-        if s + design.up < design.h:
-            p[i, int((s + design.up) / w)] += rate
-        p[i, int(max(0.0, s - design.down) / w)] += 1.0 - rate
+        if s + up < design.h:
+            p[i, int((s + up) / w)] += rate
+        p[i, int(max(0.0, s - down) / w)] += 1.0 - rate
     return float(np.linalg.solve(np.eye(cells) - p, np.ones(cells))[0])
 
 
@@ -268,8 +278,9 @@ class Cusum:
                               # collective compare on it, each z having its own scale
 
     def update(self, z: float, design: SequentialDesign, when_ns: int, at: float, mild: bool = True,
-               hits: bool = False) -> float:
-        """The strong test on this collective's score, and the mild one (``mild``) or the hit test (``hits``)."""
+               p0: float = 0.0) -> float:
+        """The strong test on this collective's score, and the mild one (``mild``) or, where ``p0`` (the
+        healthy hit rate of this score's null, HitDesign.p0) is given, the hit test."""
         self.z = z
         self.last_when_ns = max(self.last_when_ns, when_ns)
         before = self.s
@@ -277,8 +288,9 @@ class Cusum:
         self.strong = max(0.0, self.strong + min(max(z, -st.cap), st.cap) - st.k)
         if mild:
             self.mild = max(0.0, self.mild + min(max(z, -mi.cap), mi.cap) - mi.k)
-        if hits:
-            self.hits = max(0.0, self.hits + (hi.up if z >= hi.at else -hi.down))
+        if p0:
+            up, down = hi.steps(p0)
+            self.hits = max(0.0, self.hits + (up if z >= hi.at else -down))
         self.s = max(self.strong, self.mild * st.h / mi.h, self.hits * st.h / hi.h)
         self.updated_at = at
         if self.s == 0.0:

@@ -12,7 +12,8 @@ from synth import Ring, jitter, scaled
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.candidates import judged_by
 from mycroft_otel.processor.keys import step_of
-from mycroft_otel.processor.sequential import CusumDesign, HitDesign, OwnSpreads, RobustNull, SequentialDesign, arl, arl_hits
+from mycroft_otel.processor.sequential import (CusumDesign, HitDesign, OwnSpreads, RobustNull, SequentialDesign, arl,
+                                               arl_hits)
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import decode
 from mycroft_otel.processor.state import TraceState
@@ -38,12 +39,16 @@ def test_the_design_meets_its_false_alarm_budget():
 
 def test_the_hit_test_meets_the_budget_and_finds_a_wait_on_some_collectives():
     """The hit test (a Bernoulli CUSUM on scores >= 2 null scales) alarms once in >= 10^7 collectives at the
-    healthy hit rate 1 - Phi(2), whatever the null's tails (scores read by their place among healthy ones);
-    a wait on every other collective alarms in under 20, on every third in under 40; one hit never does."""
+    healthy hit rate 1 - Phi(2), whatever the null's tails (scores read by their place among healthy ones), and
+    still once in >= 10^7 on a small null, whose top values read far out more often (its hits weigh less); a
+    wait on every other collective alarms in under 20, on every third in under 40; one hit never does; a null
+    too small to tell a hit from a healthy one gathers nothing."""
     d = Settings().cusum.hits
-    assert arl_hits(d, d.p0) >= 1e7
+    assert arl_hits(d, d.floor) >= 1e7
+    assert d.p0(512, 3) == d.floor and d.p0(63, 3) > d.floor
+    assert arl_hits(d, d.p0(63, 3), p0=d.p0(63, 3)) >= 1e7
     assert arl_hits(d, 0.5) <= 20 and arl_hits(d, 1 / 3) <= 40
-    assert d.up < d.h
+    assert 0 < d.steps(d.floor)[0] < d.h and d.steps(d.p0(12, 3)) == (0.0, 0.0)
     with pytest.raises(ValueError):
         HitDesign(p1=0.01)
 
