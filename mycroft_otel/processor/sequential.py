@@ -271,6 +271,7 @@ class Cusum:
     updated_at: float = 0.0   # processor monotonic seconds
     onset_ns: int = 0         # when the current run of evidence started (first collective with S > 0)
     collectives: int = 0      # collectives in the current run
+    strong_run: int = 0       # collectives since the strong test's own S last left 0 (the others' may hold S up)
     last_stall_end_ns: int = 0  # the latest recovered stall counted (a stall counts once however many it held)
     last_when_ns: int = 0     # start of the latest collective counted: the test runs in the job's order
     z: float = 0.0            # the latest collective's standardized score (before winsorizing)
@@ -292,6 +293,7 @@ class Cusum:
             up, down = hi.steps(p0)
             self.hits = max(0.0, self.hits + (up if z >= hi.at else -down))
         self.s = max(self.strong, self.mild * st.h / mi.h, self.hits * st.h / hi.h)
+        self.strong_run = self.strong_run + 1 if self.strong > 0.0 else 0
         self.updated_at = at
         if self.s == 0.0:
             self.collectives, self.onset_ns = 0, 0
@@ -303,6 +305,7 @@ class Cusum:
 
     def reset(self) -> None:
         self.s, self.strong, self.mild, self.hits, self.collectives, self.onset_ns = 0.0, 0.0, 0.0, 0.0, 0, 0
+        self.strong_run = 0
 
 
 def _row_medians(v: np.ndarray, held: np.ndarray) -> np.ndarray:

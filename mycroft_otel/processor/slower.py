@@ -194,8 +194,8 @@ class SlowerCheck:
             # slower than its siblings; not slower than them says nothing: a fault that slows a DP ring slows
             # every TP group waiting on it, and through them every other ring
             return True
-        d = self.s.cusum.strong
-        return any(a.cusum.strong >= d.h and a.cusum.collectives <= 2 * d.h / (d.cap - d.k)
+        d = self.s.cusum.strong  # found fast by the strong test: its own run (another test may hold S up longer)
+        return any(a.cusum.strong >= d.h and a.cusum.strong_run <= 2 * d.h / (d.cap - d.k)
                    and not self._twinned(st, ev, a.measure) for a in alarms)
 
     def _twinned(self, st: TraceState, ev: slowdown.Evidence, name: str) -> bool:

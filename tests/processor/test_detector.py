@@ -12,8 +12,8 @@ from synth import Ring, jitter, scaled
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.candidates import judged_by
 from mycroft_otel.processor.keys import step_of
-from mycroft_otel.processor.sequential import (CusumDesign, HitDesign, OwnSpreads, RobustNull, SequentialDesign, arl,
-                                               arl_hits)
+from mycroft_otel.processor.sequential import (Cusum, CusumDesign, HitDesign, OwnSpreads, RobustNull, SequentialDesign,
+                                               arl, arl_hits)
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.spans import decode
 from mycroft_otel.processor.state import TraceState
@@ -144,6 +144,15 @@ def test_proxies_a_loaded_host_deschedules_now_and_then_are_silent(share):
     assert _collectives(range(1, 400), inject, CAPTURE, seed=11, watch=watch) == []
     most, h = seen[0], Settings().cusum.h
     assert most < h, most
+
+
+def test_the_strong_tests_run_is_counted_apart_from_the_evidence_another_test_holds_up():
+    """The Slower check's pace (a strong shift found within 2h / (cap - k) collectives) reads the strong
+    test's own run: a hit test holding S above 0 over quiet collectives does not lengthen it."""
+    d, c = SequentialDesign(), Cusum()
+    for z in (50.0, 0.0, 0.0, 0.0, 50.0, 50.0):  # the strong test drains to 0 between the hits
+        c.update(z, d, 0, 0.0, mild=False, p0=d.hits.floor)
+    assert c.collectives == 6 and c.strong_run == 2 and c.strong == 2.0
 
 
 def test_a_proxy_late_on_every_other_collective_is_named_by_the_hit_test():
