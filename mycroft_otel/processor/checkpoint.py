@@ -54,7 +54,8 @@ FILE = "detector-history"
 MAGIC = b"mycroft-history\n"
 VERSION = 7  # 2: a communicator's kernel times keep the wait and the transfer (slower.py); 3: as KernelTime;
 # 4: the hung communicators (incidents.Incidents._hung_comms); 5: a lateness kept per place of the step (CandidateKey);
-# 6: a communicator's kernel times keep their place of the step (KernelTime.step); 7: a candidate's hit test (Cusum.hits)
+# 6: a communicator's kernel times keep their place of the step (KernelTime.step); 7: a candidate's hit test and
+# its strong test's own run (Cusum.hits, Cusum.strong_run)
 _HEADER = struct.Struct("<16sIQ32s")  # magic, version, payload bytes, SHA-256 of the payload
 SAVE_EVERY_S = 1.0  # evidence lost in a crash: at most this much (a slowdown gathers over ~1-3 s of collectives)
 MAX_SHARE = 0.05    # of the timer's time spent writing checkpoints (a large history is written less often)
