@@ -61,7 +61,7 @@ class HitDesign:
     h: float = 14.0    # ARL0 1.2e7 collectives per candidate (large null); a hit every other collective alarms in ~13
 
     def __post_init__(self) -> None:
-        if not (self.floor < self.p1 < 1 and self.h > math.log(self.p1 / self.floor)):
+        if not (self.floor < self.p1 < 1 and self.h > self.steps(self.floor)[0]):
             raise ValueError(f"a hit test needs p0 < p1 < 1 and h above one hit's step (one never alarms): {self}")
 
     @property
@@ -262,7 +262,7 @@ class RobustNull:
 
 @dataclass(slots=True)
 class Cusum:
-    """One candidate's accumulated evidence (both tests of a :class:`SequentialDesign`)."""
+    """One candidate's accumulated evidence (the tests of a :class:`SequentialDesign` it runs)."""
 
     s: float = 0.0            # the evidence in the strong test's units: the furthest test's S x h_strong / its h
     strong: float = 0.0       # the strong test's S
