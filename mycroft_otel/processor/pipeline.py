@@ -32,8 +32,8 @@ from mycroft_otel.processor.propagation import Propagation
 from mycroft_otel.processor.allocator import Trimmer
 from mycroft_otel.processor.published import PublishedVerdicts
 from mycroft_otel.processor.settings import Settings
-from mycroft_otel.processor.spans import OP, SUMMARY, decode
-from mycroft_otel.processor.state import TraceStore, detach
+from mycroft_otel.processor.spans import OP, SUMMARY, decode, detach
+from mycroft_otel.processor.state import TraceStore
 from mycroft_otel.processor.views import Finding
 
 __all__ = ["Processor", "Verdict"]
@@ -107,8 +107,9 @@ class Processor:
             now = self.mono()
             bases: dict = {}  # (comm, func, bytes) -> (baseline, its samples) this payload's op spans are judged by
             refs = detach(d.refs, len(data))
+            add = self._add
             for ref in refs:
-                self._add(ref, now, bases)
+                add(ref, now, bases)
             if self.open_incidents:
                 self.open_incidents.heard(refs)
             self.counts["spans"] += d.seen
@@ -123,34 +124,34 @@ class Processor:
         return self.ingest_payload(req.SerializeToString())
 
     def _add(self, ref, now: float, bases: dict) -> None:
-        if ref.kind == SUMMARY:
+        kind = ref.kind
+        if kind == SUMMARY:
             self.baselines.add_summary(ref)
             return
         st = self.store.add(ref, now)
-        if ref.kind != OP:
+        if kind != OP:
             if st.verdict is None and st.explained_by is None:
                 self._hang_cand[st.trace_id] = None
-        else:
-            if len(st.op) == 1:  # one duration per collective: its first completed rank's
-                self.stall_thresholds.completed(detect.baseline_key(ref.comm, ref.func, ref.nbytes),
-                                                ref.end_ns - ref.start_ns)
-            if not ref.anomaly:
-                what = (ref.comm, ref.func, ref.nbytes)
-                judged = bases.get(what)
-                if judged is None:
-                    key = detect.baseline_key(*what)
-                    judged = bases[what] = (self.baselines.get(key), self.baselines.window(key))
-                base, window = judged
-                duration = ref.end_ns - ref.start_ns
-                if base is not None and duration >= self.slow_factor * base:
-                    st.anomalous = True
-                elif duration > 0:  # (detect.add_sample, inline: this runs once per span)
-                    window.append(float(duration))
-            # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
-            # cannot see a slowdown that hides in the job's skew)
-            if (st.anomalous or len(st.op) >= min(3, max(st.nranks, 2))) and st.verdict is None \
-                    and not st.analysed_slow:
-                self._slow_cand.setdefault(st.trace_id, now)
+            return
+        heard = len(st.op)
+        duration = ref.end_ns - ref.start_ns
+        if heard == 1:  # one duration per collective: its first completed rank's
+            self.stall_thresholds.completed(detect.baseline_key(ref.comm, ref.func, ref.nbytes), duration)
+        if not ref.anomaly:
+            what = (ref.comm, ref.func, ref.nbytes)
+            judged = bases.get(what)
+            if judged is None:
+                key = detect.baseline_key(*what)
+                judged = bases[what] = (self.baselines.get(key), self.baselines.window(key))
+            base, window = judged
+            if base is not None and duration >= self.slow_factor * base:
+                st.anomalous = True
+            elif duration > 0:  # (detect.add_sample, inline: this runs once per span)
+                window.append(float(duration))
+        # anomalous collectives, and every sampled one we hear from most ranks of (the agent's local rule
+        # cannot see a slowdown that hides in the job's skew): min(3, max(nranks, 2)) of them
+        if (st.anomalous or heard >= (3 if st.nranks >= 3 else 2)) and st.verdict is None and not st.analysed_slow:
+            self._slow_cand.setdefault(st.trace_id, now)
 
     # -- detection ------------------------------------------------------------------------------
     def start(self) -> "Processor":

@@ -101,6 +101,22 @@ def decode(data: bytes) -> Decoded:
     return Decoded(*_DECODER(data))
 
 
+def detach(refs: list[SpanRef], payload_bytes: int) -> list[SpanRef]:
+    """The spans of one request, copied out of its buffer when they are less than half of it (so keeping
+    them does not keep the request)."""
+    kept = sum(r.raw[2] for r in refs if r.raw is not None)
+    if 2 * kept >= payload_bytes:
+        return refs
+    out = []
+    for r in refs:
+        if r.raw is not None:
+            data, off, n = r.raw
+            r = r._replace(raw=(data[off:off + n], 0, n))
+        out.append(r)
+    return out
+
+
+
 # --- flows and evidence, decoded when a trace is analysed ---------------------------------
 
 # The flow table's columns (FlowDecoder), all of them: direction reads 1 for "send"; wait_state reads its

@@ -7,7 +7,7 @@ span (MYCROFT_TRACE_TTL_S), a count cap (MYCROFT_MAX_TRACES) and a byte budget
 (MYCROFT_MAX_TRACE_BYTES); evictions, and the spans they drop, are counted.
 
 Bytes: a kept span holds its wire bytes for the analysis (``SpanRef.raw``). A span
-shares its request's buffer only while the request's kept spans are at least half
+shares its request's buffer (spans.detach) only while the request's kept spans are at least half
 of it; otherwise (one small span in a large request) the span's bytes are copied
 out, so a kept span never pins more than twice its own size. Each kept span is
 accounted at its wire size plus :data:`SPAN_OVERHEAD_BYTES`; over the budget the
@@ -44,21 +44,6 @@ DROP_REASONS = (DROP_EVICTED_BYTES, DROP_EVICTED_COUNT, DROP_RANK_CAP, DROP_OVER
 def span_bytes(ref: SpanRef) -> int:
     """What one kept span is accounted at."""
     return SPAN_OVERHEAD_BYTES + (ref.raw[2] if ref.raw is not None else 0)
-
-
-def detach(refs: list[SpanRef], payload_bytes: int) -> list[SpanRef]:
-    """The spans of one request, copied out of its buffer when they are less than half of it (so keeping
-    them does not keep the request)."""
-    kept = sum(r.raw[2] for r in refs if r.raw is not None)
-    if 2 * kept >= payload_bytes:
-        return refs
-    out = []
-    for r in refs:
-        if r.raw is not None:
-            data, off, n = r.raw
-            r = r._replace(raw=(data[off:off + n], 0, n))
-        out.append(r)
-    return out
 
 
 def proc_key(ref: SpanRef) -> ProcKey | None:
@@ -137,12 +122,16 @@ class TraceState:
         need = 2 if self.func in P2P else self.nranks
         return need > 0 and len(self.op) >= need
 
-    def add(self, ref: SpanRef, now: float) -> int:
-        """File one span; returns the change of accounted bytes (a replaced span gives its bytes back)."""
+    def add(self, ref: SpanRef, now: float, size: int = -1) -> int:
+        """File one span; returns the change of accounted bytes (a replaced span gives its bytes back).
+        ``size``: its span_bytes, when the caller has them already (this runs once per span received)."""
         rank, kind = ref.rank, ref.kind
+        if size < 0:
+            size = span_bytes(ref)
         self.spans += 1
         self.updated_mono = now
-        if rank not in self.op and rank not in self.inflight and rank not in self.status:
+        op = self.op
+        if rank not in op and rank not in self.inflight and rank not in self.status:
             self.ranks_changed_mono = now
         if not self.comm and ref.comm:
             self.comm = ref.comm
@@ -155,19 +144,24 @@ class TraceState:
         start = ref.start_ns
         if start and (not self.first_evidence_ns or start < self.first_evidence_ns):
             self.first_evidence_ns = start
-        before = self.nbytes
-        if kind == OP:
-            self._keep(self.op, rank, ref)
+        if kind == OP:  # (the common span: _keep written out)
+            old = op.get(rank)
+            op[rank] = ref
+            change = size if old is None else size - span_bytes(old)
+            self.kept += old is None
+            self.nbytes += change
             if ref.end_ns > self.last_progress_ns:
                 self.last_progress_ns = ref.end_ns
             if ref.anomaly:
                 self.anomalous = True
                 if not self.slow_since_mono:
                     self.slow_since_mono = now
-        elif kind == INFLIGHT:
+            return change
+        before = self.nbytes
+        if kind == INFLIGHT:
             old = self.inflight.get(rank)
             if old is None or (ref.snapshot, ref.end_ns) >= (old.snapshot, old.end_ns):
-                self._keep(self.inflight, rank, ref)
+                self._keep(self.inflight, rank, ref, size)
             progress = ref.last_progress_ns or ref.start_ns
             if progress > self.last_progress_ns:
                 self.last_progress_ns = progress
@@ -175,16 +169,16 @@ class TraceState:
             old = self.status.get(rank)
             # process_exited outranks not_entered; otherwise the newest wins
             if old is None or old.status != sc.STATUS_PROCESS_EXITED or ref.status == sc.STATUS_PROCESS_EXITED:
-                self._keep(self.status, rank, ref)
+                self._keep(self.status, rank, ref, size)
         return self.nbytes - before
 
-    def _keep(self, slot: dict[int, SpanRef], rank: int, ref: SpanRef) -> None:
+    def _keep(self, slot: dict[int, SpanRef], rank: int, ref: SpanRef, size: int) -> None:
         old = slot.get(rank)
         if old is not None:
             self.nbytes -= span_bytes(old)
             self.kept -= 1
         slot[rank] = ref
-        self.nbytes += span_bytes(ref)
+        self.nbytes += size
         self.kept += 1
 
 
@@ -228,26 +222,31 @@ class TraceStore:
     def add(self, ref: SpanRef, now: float) -> TraceState:
         """File the span under its trace (``now``: the store's clock, read once per payload)."""
         tid = ref.trace_id
-        st = self.traces.get(tid)
+        traces = self.traces
+        st = traces.get(tid)
         if st is None:
             st = TraceState(trace_id=tid, created_mono=now)
-            self.traces[tid] = st
-            if len(self.traces) > self.max_traces:
-                self._count_drop(DROP_EVICTED_COUNT, self._drop(next(iter(self.traces))))
+            traces[tid] = st
+            if len(traces) > self.max_traces:
+                self._count_drop(DROP_EVICTED_COUNT, self._drop(next(iter(traces))))
                 self.evicted_size += 1
         else:
-            self.traces.move_to_end(tid)
+            traces.move_to_end(tid)
         rank = ref.rank
-        if (len(st.op) >= self.max_ranks or len(st.inflight) >= self.max_ranks or len(st.status) >= self.max_ranks) \
+        # (kept counts the spans of the three slots together: below the cap, none of them is full)
+        if st.kept >= self.max_ranks and (len(st.op) >= self.max_ranks or len(st.inflight) >= self.max_ranks
+                                          or len(st.status) >= self.max_ranks) \
                 and rank not in st.op and rank not in st.inflight and rank not in st.status:
             self._count_drop(DROP_RANK_CAP, 1)
             return st
-        if st.nbytes + span_bytes(ref) > self.max_bytes:  # one trace alone may not take the whole budget
+        raw = ref.raw
+        size = SPAN_OVERHEAD_BYTES + raw[2] if raw is not None else SPAN_OVERHEAD_BYTES  # (span_bytes)
+        if st.nbytes + size > self.max_bytes:  # one trace alone may not take the whole budget
             self._count_drop(DROP_OVER_BUDGET, 1)
             return st
-        self.bytes += st.add(ref, now)
-        while self.bytes > self.max_bytes and len(self.traces) > 1:
-            oldest = next(iter(self.traces))
+        self.bytes += st.add(ref, now, size)
+        while self.bytes > self.max_bytes and len(traces) > 1:
+            oldest = next(iter(traces))
             if oldest == tid:  # (the trace being filed is the most recent: never first while others exist)
                 break
             self._count_drop(DROP_EVICTED_BYTES, self._drop(oldest))
@@ -258,30 +257,31 @@ class TraceStore:
     def _index(self, st: TraceState, ref: SpanRef, tid: bytes) -> None:
         """The store's indexes that a filed span moves: which collectives a rank is in flight in, its latest
         sequence number, a collective's trace, a rank's process, and the traces a process is in flight in."""
-        kind, rank = ref.kind, ref.rank
-        ck = (ref.comm, rank)
-        if kind != STATUS and ref.seq >= 0 and ref.comm:
+        kind, rank, comm, seq = ref.kind, ref.rank, ref.comm, ref.seq
+        ck = (comm, rank)
+        if kind != STATUS and seq >= 0 and comm:
             if kind == INFLIGHT and rank not in st.op:
                 seqs = self.inflight_seqs.get(ck)
                 if seqs is None:
                     if len(self.inflight_seqs) > 4 * self.max_traces + 65536:
                         self.inflight_seqs.clear()
                     seqs = self.inflight_seqs[ck] = set()
-                seqs.add(ref.seq)
+                seqs.add(seq)
             elif rank in st.inflight:  # (its seq is in that index only if it was in flight here)
                 seqs = self.inflight_seqs.get(ck)
                 if seqs is not None:
-                    seqs.discard(ref.seq)
+                    seqs.discard(seq)
                     if not seqs:
                         del self.inflight_seqs[ck]
-            if self.seq_of.get(ck, -1) < ref.seq:
-                if len(self.seq_of) > 4 * self.max_traces + 65536:
-                    self.seq_of.clear()
-                self.seq_of[ck] = ref.seq
+            seq_of = self.seq_of
+            if seq_of.get(ck, -1) < seq:
+                if len(seq_of) > 4 * self.max_traces + 65536:
+                    seq_of.clear()
+                seq_of[ck] = seq
             if not st.indexed:  # once per trace (p2p transfers share their group's number: not indexed)
                 st.indexed = True
                 if ref.func not in P2P:
-                    self.trace_at[(ref.comm, ref.seq)] = tid
+                    self.trace_at[(comm, seq)] = tid
         if ck not in self.proc_of:
             key = proc_key(ref)
             if key is not None:
