@@ -6,10 +6,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from mycroft_otel import semconv as sc
-from mycroft_otel.processor.spans import span_attributes
+from mycroft_otel.processor.spans import MAX_STEP_INDEX, STEP_BEYOND, STEP_NONE, STEP_UNREAD, SpanRef, span_attributes
 from mycroft_otel.processor.state import P2P, TraceState
-
-MAX_STEP_INDEX = 64  # places of a training step told apart (the agent learns steps up to 16 collectives long)
 
 
 def kind_of(st: TraceState) -> tuple[str, int]:
@@ -24,16 +22,28 @@ _STEP_KEYS = frozenset({sc.COLL_STEP_INDEX})
 def step_of(st: TraceState) -> int:
     """The collective's place in its communicator's training step, as the first of its completed spans to say
     gives it (agent/sampling.py StepPattern: the ranks of a communicator find the same one); -1 when none says,
-    or says a place beyond MAX_STEP_INDEX (hostile input must not multiply the keys)."""
+    or says a place beyond MAX_STEP_INDEX (hostile input must not multiply the keys). The decoder read each
+    span's place at ingest (SpanRef.step); a span it could not vouch for is read here."""
     if st.step is None:
         v = -1
         for ref in st.op.values():
-            got = span_attributes(ref, _STEP_KEYS).get(sc.COLL_STEP_INDEX)
-            if isinstance(got, int) and not isinstance(got, bool):
-                v = got if 0 <= got < MAX_STEP_INDEX else -1
+            got = ref.step
+            if got == STEP_UNREAD:
+                got = _step_attribute(ref)
+            if got != STEP_NONE:
+                v = got if got >= 0 else -1
                 break
         st.step = v
     return st.step
+
+
+def _step_attribute(ref: SpanRef) -> int:
+    """A span's place decoded from its kept bytes (raises ValueError on malformed ones), as SpanRef.step
+    reads it."""
+    got = span_attributes(ref, _STEP_KEYS).get(sc.COLL_STEP_INDEX)
+    if isinstance(got, int) and not isinstance(got, bool):
+        return got if 0 <= got < MAX_STEP_INDEX else STEP_BEYOND
+    return STEP_NONE
 
 
 class NullKey(NamedTuple):

@@ -24,6 +24,12 @@ from mycroft_otel import semconv as sc
 # Span kinds as the processor sees them.
 OP, INFLIGHT, STATUS, SUMMARY = "op", "inflight", "status", "summary"
 
+MAX_STEP_INDEX = 64  # places of a training step told apart (the agent learns steps up to 16 collectives long)
+# SpanRef.step besides a place 0 <= step < MAX_STEP_INDEX, as the native decoder writes them: no int value
+# (absent, or another type: bool is not int); an int outside the places (hostile: it must not multiply the
+# detector's keys); not read at ingest (a value only a full decode can judge: keys.step_of reads the span).
+STEP_NONE, STEP_BEYOND, STEP_UNREAD = -1, -2, -3
+
 
 @dataclass(slots=True, frozen=True)
 class Resource:
@@ -62,6 +68,7 @@ class SpanRef(NamedTuple):
     count: int = -1
     datatype: str = ""
     recent: int = 0         # ANOMALY_RECENT: of the rank's last 8 collectives here, how many its rules flagged slow
+    step: int = STEP_NONE   # COLL_STEP_INDEX of the span itself: its place in the training step, or STEP_*
     raw: tuple[bytes, int, int] | None = None  # (payload, offset, length) of the span
 
     @property
@@ -83,7 +90,7 @@ _DECODER = _native.SpanDecoder(
     SpanRef, Resource, _ATTR_KEYS, _RES_KEYS, kinds=(OP, INFLIGHT, STATUS, SUMMARY),
     names=(sc.OP_SPAN_PREFIX, sc.INFLIGHT_SPAN, sc.STATUS_SPAN, sc.SUMMARY_SPAN, sc.ROOT_CAUSE_SPAN),
     status_kinds=sc.STATUS_KINDS, in_flight=sc.OP_STATE_IN_FLIGHT, flow_prefix="mycroft.flow.",
-    recent_max=sc.RECENT_WINDOW)
+    recent_max=sc.RECENT_WINDOW, step_key=sc.COLL_STEP_INDEX, step_max=MAX_STEP_INDEX)
 
 
 @dataclass(slots=True)

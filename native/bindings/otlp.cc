@@ -292,17 +292,25 @@ class StrCache {
 // but summaries 0 <= rank < nranks <= 2^20; a status span's kind one of status_kinds. Root-cause spans
 // (our own, written back) are counted as ignored. An op span whose op.state says in_flight is an in-flight
 // snapshot. Attribute values of the wrong type read as absent.
+//
+// step: the span's place in its communicator's training step (step_key, an attribute of the span itself, not
+// of its resource), read from all of its attributes -- after the flows too: the last one wins, as in a dict of
+// them (AttrDecoder). Its value refuses nothing: 0 <= v < step_max is the place; kStepNone where no value is
+// an int (bool is not), kStepBeyond for an int outside the range, kStepUnread where the span's attributes hold
+// what only a full decode can judge (a string, array or list value under the key; a malformed attribute
+// after the flows, which ingest does not read otherwise): the analysis reads that span's bytes itself.
 class SpanDecoder {
  public:
   enum Field : int {
     kKind, kTraceId, kSpanId, kName, kStart, kEnd, kRank, kNranks, kComm, kSeq, kFunc, kSnapshot, kStatus,
     kAnomaly, kBaseline, kGlobalRank, kBytes, kLastProgress, kResource, kStopped, kFlowAt, kCount, kDatatype,
-    kRecent, kRaw, kFields
+    kRecent, kStep, kRaw, kFields
   };
+  static constexpr int64_t kStepNone = -1, kStepBeyond = -2, kStepUnread = -3;
   static constexpr const char* kFieldNames[kFields] = {
       "kind", "trace_id", "span_id", "name", "start_ns", "end_ns", "rank", "nranks", "comm", "seq", "func",
       "snapshot", "status", "anomaly", "baseline_ns", "global_rank", "nbytes", "last_progress_ns", "resource",
-      "stopped", "flow_at", "count", "datatype", "recent", "raw"};
+      "stopped", "flow_at", "count", "datatype", "recent", "step", "raw"};
   // The span attributes read here, in the order of the `attr_keys` tuple.
   enum Attr : int {
     aRank, aNranks, aComm, aSeq, aFunc, aState, aSnapshot, aStatus, aAnomaly, aBaseline, aGlobalRank, aBytes,
@@ -314,10 +322,11 @@ class SpanDecoder {
 
   SpanDecoder(py::object span_ref, py::object resource, const py::tuple& attr_keys, const py::tuple& resource_keys,
               const py::tuple& kinds, const py::tuple& names, const py::tuple& status_kinds, py::str in_flight,
-              std::string flow_prefix, int64_t recent_max)
+              std::string flow_prefix, int64_t recent_max, std::string step_key, int64_t step_max)
       : span_ref_(std::move(span_ref)), resource_(std::move(resource)), attr_keys_(attr_keys),
         resource_keys_(resource_keys), in_flight_(in_flight.cast<std::string>()),
-        flow_prefix_(std::move(flow_prefix)), recent_max_(recent_max) {
+        flow_prefix_(std::move(flow_prefix)), step_key_(std::move(step_key)), recent_max_(recent_max),
+        step_max_(step_max) {
     if (attr_keys_.size() != kAttrs || resource_keys_.size() != 3 || kinds.size() != kRootCause ||
         names.size() != kUnknown)
       throw py::value_error("SpanDecoder: wrong number of attribute keys, resource keys, kinds or names");
@@ -390,6 +399,41 @@ class SpanDecoder {
 
   py::object Str(const RawValue& v) const { return v.type == RawValue::kStr ? strings_.Get(v.w) : py::object(empty_); }
 
+  // The step attribute's values met so far in a span (see the class comment).
+  struct Step {
+    RawValue last;
+    bool unread = false;
+
+    // One KeyValue's value under the step key. A malformed value is the analysis's to refuse, as before
+    // ingest read it: the span is marked unread instead.
+    void Read(Wire value) {
+      try {
+        last = ReadValue(value);
+        unread = unread || last.type == RawValue::kStr || last.type == RawValue::kArray ||
+                 last.type == RawValue::kKvList;
+      } catch (const py::value_error&) {
+        unread = true;
+      }
+    }
+    int64_t Place(int64_t max) const {
+      if (unread) return kStepUnread;
+      if (last.type != RawValue::kInt) return kStepNone;
+      return last.i >= 0 && last.i < max ? last.i : kStepBeyond;
+    }
+  };
+
+  // An attribute after the flows: only the step key is looked for (a malformed one marks the step unread;
+  // the flows' own reader refuses it when the trace is analysed, as before).
+  void StepAfterFlows(Wire kv, Step* step) const {
+    if (step->unread) return;
+    try {
+      Wire key{nullptr, nullptr}, value{nullptr, nullptr};
+      if (SplitKeyValue(kv, &key, &value) && key.View() == step_key_) step->Read(value);
+    } catch (const py::value_error&) {
+      step->unread = true;
+    }
+  }
+
   Kind Classify(std::string_view name) const {
     if (name.substr(0, names_[kOp].size()) == names_[kOp]) return kOp;
     for (int k = kInflight; k <= kRootCause; ++k)
@@ -408,6 +452,7 @@ class SpanDecoder {
     RawValue vals[kAttrs];
     std::copy(std::begin(shared), std::end(shared), std::begin(vals));
     int64_t flows_at = -1;
+    Step step;
     while (sp.More()) {
       const uint8_t* field_start = sp.p;
       uint32_t f, wt;
@@ -429,7 +474,10 @@ class SpanDecoder {
         if (!SplitKeyValue(sp.Sub(), &key, &value)) continue;
         size_t i = attr_keys_.Find(key.View());
         if (i < kAttrs) vals[i] = ReadValue(value);
+        if (key.View() == step_key_) step.Read(value);
         if (key.View().substr(0, flow_prefix_.size()) == flow_prefix_) flows_at = field_start - span_start;
+      } else if (f == 9 && wt == kLen) {
+        StepAfterFlows(sp.Sub(), &step);
       } else {
         sp.Skip(wt);
       }
@@ -496,6 +544,7 @@ class SpanDecoder {
     set(kCount, int_or(aCount, -1));
     set(kDatatype, strs[aDatatype]);
     set(kRecent, py::int_(recent));
+    set(kStep, py::int_(step.Place(step_max_)));
     set(kRaw, py::make_tuple(data, py::int_(span_start - base), py::int_(span_len)));
     // A SpanRef holds strings, numbers, bytes and its Resource: it can be in no reference cycle, so
     // the cyclic GC need not walk the store's hundreds of thousands of them on every full collection.
@@ -513,8 +562,8 @@ class SpanDecoder {
   py::str empty_{""};
   std::vector<py::object> kinds_;
   std::vector<std::string> names_, status_kinds_;
-  std::string in_flight_, flow_prefix_;
-  int64_t recent_max_;
+  std::string in_flight_, flow_prefix_, step_key_;
+  int64_t recent_max_, step_max_;
 };
 
 // Decodes chosen attributes of spans that a SpanDecoder walked, on demand. Built once per key set:
@@ -723,10 +772,10 @@ void RegisterOtlp(py::module_& m) {
                           "An ExportTraceServiceRequest's wire bytes -> (spans seen, SpanRefs, ignored, rejected). "
                           "Raises ValueError on a malformed payload.")
       .def(py::init<py::object, py::object, const py::tuple&, const py::tuple&, const py::tuple&, const py::tuple&,
-                    const py::tuple&, py::str, std::string, int64_t>(),
+                    const py::tuple&, py::str, std::string, int64_t, std::string, int64_t>(),
            py::arg("span_ref"), py::arg("resource"), py::arg("attr_keys"), py::arg("resource_keys"),
            py::arg("kinds"), py::arg("names"), py::arg("status_kinds"), py::arg("in_flight"), py::arg("flow_prefix"),
-           py::arg("recent_max"))
+           py::arg("recent_max"), py::arg("step_key"), py::arg("step_max"))
       .def_property_readonly_static("fields", [](py::object) { return SpanDecoder::Fields(); })
       .def("__call__", &SpanDecoder::Decode, py::arg("data"));
   py::class_<AttrDecoder>(m, "AttrDecoder",

@@ -17,7 +17,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from mycroft_otel import _native
 from mycroft_otel import semconv as sc
+from mycroft_otel.processor import keys as K
 from mycroft_otel.processor import spans as S
+from mycroft_otel.processor.state import TraceState
 
 from synth import Ring
 
@@ -75,7 +77,23 @@ def _model_span(sp: trace_pb2.Span, resource: S.Resource, shared: dict):
         a.get(sc.PROCESS_STOPPED) is True,
         next((i for i, kv in enumerate(sp.attributes) if kv.key.startswith(FLOW_PREFIX)), None),
         _int(a.get(sc.COLL_COUNT), -1), _str(a.get(sc.COLL_DATATYPE)),
-        max(0, min(_int(a.get(sc.ANOMALY_RECENT), 0), sc.RECENT_WINDOW)))
+        max(0, min(_int(a.get(sc.ANOMALY_RECENT), 0), sc.RECENT_WINDOW)), _model_step(sp))
+
+
+def _model_step(sp: trace_pb2.Span) -> int:
+    """SpanRef.step: the span's own step attribute, the last of all (after the flows too); one under which a
+    value only a full decode can judge (a string, array or list) stands leaves it unread."""
+    unread, last = False, None
+    for kv in sp.attributes:
+        if kv.key == sc.COLL_STEP_INDEX:
+            which = kv.value.WhichOneof("value")
+            unread = unread or which in ("string_value", "array_value", "kvlist_value")
+            last = kv.value.int_value if which == "int_value" else None
+    if unread:
+        return S.STEP_UNREAD
+    if last is None:
+        return S.STEP_NONE
+    return last if 0 <= last < S.MAX_STEP_INDEX else S.STEP_BEYOND
 
 
 def _model(req: trace_service_pb2.ExportTraceServiceRequest):
@@ -108,7 +126,7 @@ def _random_value(rng: random.Random, key: str, kv) -> None:
     if which <= 1:
         kv.value.int_value = rng.randint(-2, 9)
     elif which == 2:
-        kv.value.int_value = rng.randint(-(1 << 63), (1 << 63) - 1)
+        kv.value.int_value = rng.choice([rng.randint(-(1 << 63), (1 << 63) - 1), rng.randint(60, 70)])
     elif which == 3:
         kv.value.string_value = rng.choice(_VALUES.get(key, ["x", "in_flight", "ü"]))
     elif which == 4:
@@ -147,6 +165,8 @@ def _random_request(rng: random.Random) -> trace_service_pb2.ExportTraceServiceR
                     sp.attributes.add(key=sc.STATUS_KIND).value.string_value = rng.choice(sc.STATUS_KINDS)
                 keys = rng.sample(ATTR_KEYS, rng.randint(0, len(ATTR_KEYS) // 2))
                 keys[rng.randint(0, len(keys)):rng.randint(0, len(keys))] = [FLOW_PREFIX + "channel"]
+                for _ in range(rng.choice([0, 0, 1, 2])):  # the step, before or after the flows, or twice
+                    keys.insert(rng.randint(0, len(keys)), sc.COLL_STEP_INDEX)
                 for k in keys + [sc.RANK]:  # a rank after the flows is not read
                     _random_value(rng, k, sp.attributes.add(key=k))
                 sp.events.add(name="ignored")
@@ -169,7 +189,9 @@ def test_span_decoder_reads_what_protobuf_reads():
             assert isinstance(ref, S.SpanRef)
             kinds.add(ref.kind)
             flow_index = want[20]
-            assert tuple(ref[:20]) + tuple(ref[21:24]) == want[:20] + want[21:]
+            assert tuple(ref[:20]) + tuple(ref[21:25]) == want[:20] + want[21:]
+            if ref.step != S.STEP_UNREAD:  # the step as the analysis would read it from the bytes
+                assert K._step_attribute(ref) == ref.step
             payload, off, length = ref.raw  # the kept byte range is exactly the span
             assert payload is data
             assert trace_pb2.Span.FromString(data[off:off + length]) == pb_spans[ref.span_id]
@@ -406,6 +428,44 @@ def test_wire_edge_cases():
     assert got["mycroft.flow.channel"] == list(range(4096))
     table, counts = S.flow_table([ref])
     assert counts.tolist() == [4096] and table[:, 0].tolist() == list(range(4096))
+
+
+def _step_kv(value: bytes) -> bytes:
+    return _ld(9, _ld(1, sc.COLL_STEP_INDEX.encode()) + _ld(2, value))
+
+
+def _int_kv(key: str, v: int) -> bytes:
+    return _ld(9, _ld(1, key.encode()) + _ld(2, bytes([3 << 3]) + _varint(v)))
+
+
+_FLOW = _ld(9, _ld(1, b"mycroft.flow.channel") + _ld(2, _ld(5, _ld(1, bytes([3 << 3]) + _varint(0)))))
+
+
+@pytest.mark.parametrize("attrs, step, malformed", [
+    (_step_kv(bytes([3 << 3]) + _varint(5)), 5, False),
+    (_step_kv(bytes([3 << 3]) + _varint(64)), S.STEP_BEYOND, False),
+    (_step_kv(bytes([2 << 3]) + _varint(1)), S.STEP_NONE, False),  # a bool is no place
+    (_step_kv(_ld(1, b"5")), S.STEP_UNREAD, False),  # a string: the analysis reads it (as no place)
+    (_step_kv(bytes([3 << 3]) + _varint(5)) + _step_kv(bytes([3 << 3]) + _varint(7)), 7, False),  # the last wins
+    (_step_kv(bytes([3 << 3]) + _varint(5)) + _FLOW + _step_kv(bytes([3 << 3]) + _varint(6)), 6, False),
+    (_FLOW + _step_kv(bytes([3 << 3])), S.STEP_UNREAD, True),  # a truncated value after the flows
+    (_step_kv(bytes([3 << 3]) + _varint(5)) + _FLOW + _ld(9, b"\x00"), S.STEP_UNREAD, True),  # field number 0
+])
+def test_the_step_is_read_at_ingest_or_left_to_the_analysis(attrs, step, malformed):
+    """SpanRef.step is what keys.step_of would read from the span's bytes; where ingest cannot vouch for it
+    (a malformed attribute after the flows, which ingest does not read otherwise) the payload is still taken
+    and step_of reads the bytes, refusing them as before."""
+    span = (_ld(1, b"t" * 16) + _ld(2, b"s" * 8) + _ld(5, b"nccl.AllReduce") + _int_kv(sc.RANK, 1)
+            + _int_kv(sc.COMM_NRANKS, 4) + attrs)
+    (ref,) = DECODE(_ld(1, _ld(2, _ld(2, span))))[1]
+    assert ref.step == step
+    st = TraceState(b"t" * 16)
+    st.add(ref, 0.0)
+    if malformed:
+        with pytest.raises(ValueError):
+            K.step_of(st)
+    else:
+        assert K.step_of(st) == max(step, -1)
 
 
 def test_mutated_payloads_never_crash():
