@@ -196,9 +196,16 @@ class OpenIncidents:
                 open_hangs = hangs_of[inc.job] = _OpenHangs.of(inc)
             if not open_hangs.members:
                 continue
-            proc = proc_key(ref)
-            if ref.comm not in open_hangs.comms and proc not in open_hangs.procs:
-                continue  # (no hang's communicator, no culprit's process: _moves is False for each)
+            # (no hang's communicator, no culprit's process: _moves is False for each; a process on another
+            # host than the culprits' is none of them, and most spans of a job come from other hosts)
+            if ref.comm in open_hangs.comms:
+                proc = proc_key(ref)
+            elif ref.resource.host in open_hangs.hosts:
+                proc = proc_key(ref)
+                if proc not in open_hangs.procs:
+                    continue
+            else:
+                continue
             changed = False
             for m in open_hangs.members:
                 if not m.closed and _moves(m, ref, proc):
@@ -257,11 +264,14 @@ class _OpenHangs:
     members: list[Member]
     comms: frozenset
     procs: frozenset
+    hosts: frozenset = frozenset()  # the culprit processes' hosts (a ProcKey's first item)
 
     @classmethod
     def of(cls, inc: OpenIncident) -> "_OpenHangs":
         hangs = [m for m in inc.members if not m.closed and m.kind == sc.KIND_HANG]
-        return cls(hangs, frozenset(m.comm for m in hangs), frozenset().union(*(m.procs for m in hangs)))
+        procs = frozenset().union(*(m.procs for m in hangs))
+        return cls(hangs, frozenset(m.comm for m in hangs), procs,
+                   frozenset(p[0] for p in procs if isinstance(p, tuple) and p))
 
 
 def _moves(m: Member, ref: SpanRef, proc: ProcKey | None) -> bool:
