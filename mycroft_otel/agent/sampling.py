@@ -5,6 +5,7 @@
   operation on the communicator; after a warm-up an operation is ``slow`` (duration
   ≥ factor × baseline) or ``late`` (gap ≥ factor × baseline gap: a straggler's own
   collective is short, only its late arrival marks it).
+* :data:`FlowRule`: the local rule on an op's own flow counters (a slow flow, GPU or NIC; native).
 * :func:`sampled`: consistent trace-id ratio sampling, like OpenTelemetry's
   ``TraceIdRatioBased``: every rank keeps the same collectives.
 * :class:`Cadence`: consistent hashed sampling per communicator at an adaptive rate, so that the processor's
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mycroft_otel import _native
 from mycroft_otel import semconv as sc
 
 _MASK64 = (1 << 64) - 1
@@ -297,79 +299,22 @@ class Summary:
         ]
 
 
-class FlowRule:
-    """The local rule on a collective's own flow counters, which arrival skew does not dominate.
-
-    The duration rule (:class:`Baselines`) measures arrival → end, mostly the wait for the last rank
-    to arrive, so a rank whose GPU, NIC or one flow got slower is seldom flagged. Each flow carries the
-    time its steps waited on the GPU and on the network; per step:
-
-    * one send flow's network wait ≥ ``factor`` × its own history (per channel and peer, after the
-      warm-up) and ≥ ``sib_factor`` / 2 × the median of the rank's other send flows → slow flow;
-    * the rank's receive-side GPU wait per step ≥ ``factor`` × its own history → slow GPU;
-    * the network wait per step of the rank's least-waiting send flow ≥ ``factor`` × its own history
-      (every flow slower: its NIC, or congestion) → slow NIC.
-
-    A flag only makes the agent export the span (and its local peers'); the processor decides.
-    """
-
-    def __init__(self, factor: float = 3.0, sib_factor: float = 8.0, warmup: int = 8,
-                 min_step_ns: int = 20_000, alpha: float = 0.1, max_keys: int = 4096):
-        self.factor = factor
-        self.sib_factor = sib_factor
-        self.warmup = warmup
-        self.min_step_ns = min_step_ns
-        self.alpha = alpha
-        self.max_keys = max_keys
-        self._gpu: dict[tuple, _Ewma] = {}
-        self._net: dict[tuple, _Ewma] = {}
-        self._flow: dict[tuple, _Ewma] = {}
-
-    def _get(self, d: dict, key: tuple) -> _Ewma:
-        return _baseline(d, key, self.warmup, self.max_keys)
-
-    def _check(self, d: dict, key: tuple, x: float) -> bool:
-        e = self._get(d, key)
-        hit = (e.n >= self.warmup and x >= self.factor * e.value
-               and x - e.value >= max(self.min_step_ns, 4 * e.dev))
-        # clipped and slow while above: a sustained slowdown stays flagged for dozens of collectives (the
-        # processor names it only once it recurs; at alpha/4 a slow GPU's flags stopped after ~15, before one
-        # processor of two behind trace-ID routing had seen enough), a new regime is still absorbed in the end
-        e.add(min(x, 2 * self.factor * e.value) if e.n >= self.warmup else x, self.alpha / 16 if hit else self.alpha)
-        return hit
-
-    def classify(self, func: int, nbytes: int, flows: Any) -> bool:
-        """``flows``: the op's valid flow records (FLOW_DTYPE). True when the op looks slow by its flows.
-
-        A collective has a few flows: its columns are read into Python lists once, and the arithmetic done on
-        them (a numpy call per value costs more than the work, and this runs for every completed op)."""
-        if len(flows) == 0:
-            return False
-        key = (func, int(nbytes).bit_length())
-        steps = [max(1, n) for n in flows["n_steps"].tolist()]
-        send = [(d & 1) == 0 for d in flows["dir"].tolist()]
-        # busy times (the union of the steps' waits), the processor's measures: the summed waits count the
-        # queue of up to NCCL_STEPS steps on one link again per step, by construction larger on a tree's leaf
-        net = [b / n for b, n in zip(flows["net_busy_ns"].tolist(), steps)]
-        hit = False
-        # one send flow far above its own history and above the rank's other send flows (the flow's own
-        # history is the skew-free reference: in a ring the channels may lead to different peers)
-        idx = [i for i, out in enumerate(send) if out]
-        if len(idx) >= 2:
-            channels, peers = flows["channel"].tolist(), flows["peer"].tolist()
-            vals = [net[i] for i in idx]
-            for j, i in enumerate(idx):
-                others = sorted(vals[:j] + vals[j + 1:])
-                med = others[len(others) // 2]
-                above = self._check(self._flow, (key, channels[i], peers[i]), vals[j])
-                if above and vals[j] >= self.sib_factor / 2 * max(med, 1.0):
-                    hit = True
-        # the rank's GPU (receive side) against its own history
-        if not all(send):
-            busy = flows["gpu_busy_ns"].tolist()
-            g = sum(b for b, out in zip(busy, send) if not out) / sum(n for n, out in zip(steps, send) if not out)
-            hit = self._check(self._gpu, key, g) or hit
-        # every send flow slower than before: the least-waiting one against its history
-        if idx:
-            hit = self._check(self._net, key, min(net[i] for i in idx)) or hit
-        return hit
+# The local rule on a collective's own flow counters, which arrival skew does not dominate. The duration rule
+# (Baselines) measures arrival -> end, mostly the wait for the last rank to arrive, so a rank whose GPU, NIC or
+# one flow got slower is seldom flagged. Each flow carries the time its steps waited on the GPU and on the
+# network (their union over the steps: the processor's measures); per step:
+#
+# * one send flow's network wait >= ``factor`` x its own history (per channel and peer, after the warm-up) and
+#   >= ``sib_factor`` / 2 x the median of the rank's other send flows -> slow flow;
+# * the rank's receive-side GPU wait per step >= ``factor`` x its own history -> slow GPU;
+# * the network wait per step of the rank's least-waiting send flow >= ``factor`` x its own history (every flow
+#   slower: its NIC, or congestion) -> slow NIC.
+#
+# Each history is a running mean and deviation like Baselines' (_Ewma), clipped and 16 times slower while above,
+# so a sustained slowdown stays flagged for dozens of collectives (the processor names it only once it recurs)
+# and a new regime is still absorbed in the end. A flag only makes the agent export the span (and its local
+# peers'); the processor decides. It runs for every completed op with flows, in the poll loop, so natively
+# (native/bindings/rules.cc; in Python it was a point of a core at 8 ranks x 100 collectives/s):
+# ``FlowRule(factor=3.0, sib_factor=8.0, warmup=8, min_step_ns=20_000, alpha=0.1, max_keys=4096)``,
+# ``classify(func, nbytes, flows)`` -> whether the op looks slow by its valid FLOW_DTYPE records.
+FlowRule = _native.FlowRule

@@ -4,6 +4,7 @@
 //   reader.cc  RingReader: read-only view of one plugin context's shared-memory file
 //   driver.cc  Driver: loads a profiler plugin .so and calls its ABI exactly as NCCL does
 //   otlp.cc    ExportDecoder / AttrDecoder: OTLP trace payloads read straight from the wire (processor ingest)
+//   rules.cc   FlowRule: the agent's local rule on a completed op's flow counters (its poll loop)
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -19,6 +20,7 @@ namespace py = pybind11;
 void RegisterReader(py::module_& m);
 void RegisterDriver(py::module_& m);
 void RegisterOtlp(py::module_& m);
+void RegisterRules(py::module_& m);
 
 inline uint64_t MonotonicNs() {
   timespec ts;

@@ -153,4 +153,5 @@ PYBIND11_MODULE(_native, m) {
   mycroft::bindings::RegisterReader(m);
   mycroft::bindings::RegisterDriver(m);
   mycroft::bindings::RegisterOtlp(m);
+  mycroft::bindings::RegisterRules(m);
 }

@@ -7,6 +7,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from mycroft_otel import ids
@@ -60,6 +61,56 @@ def test_flow_rule_keeps_a_sustained_slowdown_flagged_then_absorbs_it():
     assert all(slow[:40]), slow.index(False)
     # ... yet a lasting new regime is not flagged forever
     assert not any(slow[-50:])
+
+
+def _send_flows(net_per_step_ns: list[float]) -> np.ndarray:
+    """A rank's send flows of 8 steps, one per channel to peer 1, with these network waits per step, and a
+    healthy receive flow; as the agent reads them: a row of a ring batch's (records x MAX_FLOWS) flows."""
+    rows = np.zeros((3, 8), dtype=FLOW_DTYPE)
+    n = len(net_per_step_ns) + 1
+    f = rows[1, :n]
+    f["n_steps"] = 8
+    f["dir"] = [0] * (n - 1) + [1]
+    f["channel"] = list(range(n - 1)) + [0]
+    f["peer"] = [1] * (n - 1) + [3]
+    f["net_busy_ns"][:n - 1] = [int(8 * x) for x in net_per_step_ns]
+    f["gpu_busy_ns"][n - 1] = 8 * 15_000
+    return f
+
+
+def test_flow_rule_names_what_moved_by_its_own_history_and_siblings():
+    rng = np.random.default_rng(5)
+
+    def healthy(k: int = 4) -> list[float]:
+        return list(100e3 * rng.uniform(0.95, 1.05, k))
+
+    rule = FlowRule()
+    assert not any(rule.classify(4, 1 << 22, _send_flows(healthy())) for _ in range(30))
+    # one channel 10x slower than its own history and its siblings: a slow flow
+    assert rule.classify(4, 1 << 22, _send_flows([1e6] + healthy(3)))
+    # every channel 10x slower: no flow stands out from its siblings, the least-waiting one is the NIC's
+    nic = FlowRule()
+    for _ in range(30):
+        nic.classify(4, 1 << 22, _send_flows(healthy()))
+    assert nic.classify(4, 1 << 22, _send_flows([1e6] * 4))
+    # a size bucket has its own history: a 10x larger message's first ops are its warm-up, not slow
+    assert not any(nic.classify(4, 1 << 26, _send_flows([1e6] * 4)) for _ in range(8))
+
+
+def test_flow_rule_reads_ring_rows_refuses_other_records_and_stays_bounded():
+    rule = FlowRule(warmup=2, max_keys=4)
+    contiguous = np.ascontiguousarray(_send_flows([100e3, 100e3]))
+    assert rule.classify(4, 1 << 20, contiguous) is False
+    assert rule.classify(4, 1 << 20, contiguous[:0]) is False  # no flows: nothing learnt
+    for peer in range(50):  # a rank whose flows lead to ever new peers (hostile or buggy input)
+        f = _send_flows([100e3, 100e3])
+        f["peer"][:2] = peer
+        rule.classify(4, 1 << 20, f)
+    assert rule.keys <= 3 * 4
+    with pytest.raises(TypeError, match="FLOW_DTYPE"):
+        rule.classify(4, 1 << 20, np.zeros(4, dtype=np.int64))
+    with pytest.raises(TypeError, match="FLOW_DTYPE"):
+        rule.classify(4, 1 << 20, np.zeros((2, 2), dtype=FLOW_DTYPE))
 
 
 def test_sampling_is_consistent_across_ranks(tmp_path, otel_env):

@@ -1,0 +1,173 @@
+// FlowRule: the agent's local rule on a completed op's own flow counters (mycroft_otel/agent/sampling.py
+// documents the rule; this is where it runs). It runs for every completed op with flows, in the agent's poll
+// loop, which reads each rank's ring a few times a second: at 8 ranks x 100 collectives/s the Python version
+// cost the agent more than a point of a core, its dictionaries and per-value arithmetic, not the numbers.
+//
+// Each baseline is a running mean and mean absolute deviation (alpha), seeded by the median and median absolute
+// deviation of its first `warmup` values so that a slow first iteration does not inflate it, plus a fast mean
+// (alpha 0.3). Per (function, size bucket): the rank's GPU (receive side) wait per step and its least-waiting
+// send flow's network wait per step (its NIC); per (function, size bucket, channel, peer): each send flow's.
+// The arithmetic is Python's, in the same order, on doubles: the results are the same bits.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "bindings.h"
+#include "mycroft/shm_layout.h"
+
+namespace mycroft::bindings {
+namespace {
+
+using shm::Flow;
+
+struct Ewma {
+  int64_t n = 0;
+  double value = 0.0, dev = 0.0, fast = 0.0;
+  std::vector<double> first;  // the seed values while seeding (reserved once: `warmup` doubles)
+  bool seeding = true;
+
+  void Add(double x, double alpha, size_t seed) {
+    ++n;
+    if (seeding) {
+      first.push_back(x);
+      std::vector<double> v(first);
+      std::sort(v.begin(), v.end());
+      value = fast = v[v.size() / 2];
+      for (double& y : v) y = std::fabs(y - value);
+      std::sort(v.begin(), v.end());
+      dev = v[v.size() / 2];
+      if (v.size() >= seed) {
+        seeding = false;
+        first = std::vector<double>();
+      }
+      return;
+    }
+    dev += alpha * (std::fabs(x - value) - dev);
+    value += alpha * (x - value);
+    fast += 0.3 * (x - fast);
+  }
+};
+
+struct Key {
+  int64_t func, bits, channel, peer;  // channel, peer: -1 for the per-rank baselines
+  bool operator==(const Key& o) const {
+    return func == o.func && bits == o.bits && channel == o.channel && peer == o.peer;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = uint64_t(k.func) * 0x9E3779B97F4A7C15ull ^ uint64_t(k.bits) * 0xC2B2AE3D27D4EB4Full;
+    h ^= uint64_t(k.channel + 1) * 0x165667B19E3779F9ull ^ uint64_t(k.peer + 1) * 0x27D4EB2F165667C5ull;
+    return size_t(h ^ (h >> 29));
+  }
+};
+
+using Table = std::unordered_map<Key, Ewma, KeyHash>;
+
+class FlowRule {
+ public:
+  FlowRule(double factor, double sib_factor, int64_t warmup, int64_t min_step_ns, double alpha, int64_t max_keys)
+      : factor_(factor), sib_factor_(sib_factor), warmup_(warmup), min_step_ns_(double(min_step_ns)),
+        alpha_(alpha), seed_(size_t(std::max<int64_t>(1, warmup))), max_keys_(size_t(std::max<int64_t>(1, max_keys))) {}
+
+  bool Classify(int64_t func, uint64_t nbytes, const py::array& flows) {
+    if (!py::array_t<Flow, 0>::check_(flows) || flows.ndim() != 1)
+      throw py::type_error("FlowRule.classify: flows must be a 1-d array of FLOW_DTYPE records");
+    const ssize_t n = flows.shape(0);
+    if (n == 0) return false;
+    const int64_t bits = nbytes ? 64 - __builtin_clzll(nbytes) : 0;  // Python's int.bit_length()
+    const char* base = static_cast<const char*>(flows.data());
+    const ssize_t stride = flows.strides(0);
+    sends_.clear();
+    uint64_t gpu_busy = 0, gpu_steps = 0;
+    bool any_recv = false;
+    for (ssize_t i = 0; i < n; ++i) {
+      const Flow& f = *reinterpret_cast<const Flow*>(base + i * stride);
+      const uint64_t steps = f.n_steps > 1 ? f.n_steps : 1;
+      if (f.dir & 1) {
+        any_recv = true;
+        gpu_busy += f.gpu_busy_ns;
+        gpu_steps += steps;
+      } else {
+        // a send flow's busy time per step (the union of its steps' waits: the processor's measure)
+        sends_.push_back({double(f.net_busy_ns) / double(steps), f.channel, f.peer});
+      }
+    }
+    bool hit = false;
+    // one send flow far above its own history and above the median of the rank's other send flows
+    if (sends_.size() >= 2) {
+      for (size_t j = 0; j < sends_.size(); ++j) {
+        others_.clear();
+        for (size_t k = 0; k < sends_.size(); ++k)
+          if (k != j) others_.push_back(sends_[k].x);
+        std::sort(others_.begin(), others_.end());
+        const double med = others_[others_.size() / 2];
+        const bool above = Check(flow_, {func, bits, sends_[j].channel, sends_[j].peer}, sends_[j].x);
+        if (above && sends_[j].x >= sib_factor_ / 2 * std::max(med, 1.0)) hit = true;
+      }
+    }
+    // the rank's GPU (receive side) against its own history
+    if (any_recv) hit = Check(gpu_, {func, bits, -1, -1}, double(gpu_busy) / double(gpu_steps)) || hit;
+    // every send flow slower than before: the least-waiting one against its history
+    if (!sends_.empty()) {
+      double least = sends_[0].x;
+      for (const Send& s : sends_) least = std::min(least, s.x);
+      hit = Check(net_, {func, bits, -1, -1}, least) || hit;
+    }
+    return hit;
+  }
+
+  size_t keys() const { return gpu_.size() + net_.size() + flow_.size(); }
+
+ private:
+  struct Send {
+    double x;
+    int64_t channel, peer;
+  };
+
+  bool Check(Table& table, const Key& key, double x) {
+    auto it = table.find(key);
+    if (it == table.end()) {
+      if (table.size() >= max_keys_) table.clear();  // a full table starts over: bounded memory
+      it = table.emplace(key, Ewma()).first;
+      it->second.first.reserve(seed_);
+    }
+    Ewma& e = it->second;
+    if (e.n < warmup_) {
+      e.Add(x, alpha_, seed_);
+      return false;
+    }
+    const double v = e.value;
+    const bool hit = x >= factor_ * v && x - v >= std::max(min_step_ns_, 4 * e.dev);
+    // clipped, and slow while above: a sustained slowdown stays flagged for dozens of collectives (the processor
+    // names it only once it recurs), a new regime is still absorbed in the end
+    e.Add(std::min(x, 2 * factor_ * v), hit ? alpha_ / 16 : alpha_, seed_);
+    return hit;
+  }
+
+  const double factor_, sib_factor_;
+  const int64_t warmup_;
+  const double min_step_ns_, alpha_;
+  const size_t seed_, max_keys_;
+  Table gpu_, net_, flow_;
+  std::vector<Send> sends_;    // scratch, reused per op (no allocation once warm)
+  std::vector<double> others_;
+};
+
+}  // namespace
+
+void RegisterRules(py::module_& m) {
+  py::class_<FlowRule>(m, "FlowRule",
+                       "The agent's local rule on a completed op's own flow counters (agent/sampling.py).")
+      .def(py::init<double, double, int64_t, int64_t, double, int64_t>(), py::arg("factor") = 3.0,
+           py::arg("sib_factor") = 8.0, py::arg("warmup") = 8, py::arg("min_step_ns") = 20000,
+           py::arg("alpha") = 0.1, py::arg("max_keys") = 4096)
+      .def("classify", &FlowRule::Classify, py::arg("func"), py::arg("nbytes"), py::arg("flows"),
+           "True when the op looks slow by its flows (``flows``: its valid FLOW_DTYPE records).")
+      .def_property_readonly("keys", &FlowRule::keys, "Baselines held (bounded by max_keys per table).");
+}
+
+}  // namespace mycroft::bindings
