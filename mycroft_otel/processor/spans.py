@@ -123,7 +123,6 @@ def detach(refs: list[SpanRef], payload_bytes: int) -> list[SpanRef]:
     return out
 
 
-
 # --- flows and evidence, decoded when a trace is analysed ---------------------------------
 
 # The flow table's columns (FlowDecoder), all of them: direction reads 1 for "send"; wait_state reads its

@@ -144,21 +144,16 @@ class TraceState:
         start = ref.start_ns
         if start and (not self.first_evidence_ns or start < self.first_evidence_ns):
             self.first_evidence_ns = start
-        if kind == OP:  # (the common span: _keep written out)
-            old = op.get(rank)
-            op[rank] = ref
-            change = size if old is None else size - span_bytes(old)
-            self.kept += old is None
-            self.nbytes += change
+        before = self.nbytes
+        if kind == OP:
+            self._keep(op, rank, ref, size)
             if ref.end_ns > self.last_progress_ns:
                 self.last_progress_ns = ref.end_ns
             if ref.anomaly:
                 self.anomalous = True
                 if not self.slow_since_mono:
                     self.slow_since_mono = now
-            return change
-        before = self.nbytes
-        if kind == INFLIGHT:
+        elif kind == INFLIGHT:
             old = self.inflight.get(rank)
             if old is None or (ref.snapshot, ref.end_ns) >= (old.snapshot, old.end_ns):
                 self._keep(self.inflight, rank, ref, size)
@@ -239,8 +234,7 @@ class TraceStore:
                 and rank not in st.op and rank not in st.inflight and rank not in st.status:
             self._count_drop(DROP_RANK_CAP, 1)
             return st
-        raw = ref.raw
-        size = SPAN_OVERHEAD_BYTES + raw[2] if raw is not None else SPAN_OVERHEAD_BYTES  # (span_bytes)
+        size = span_bytes(ref)
         if st.nbytes + size > self.max_bytes:  # one trace alone may not take the whole budget
             self._count_drop(DROP_OVER_BUDGET, 1)
             return st
