@@ -196,15 +196,14 @@ class OpenIncidents:
                 open_hangs = hangs_of[inc.job] = _OpenHangs.of(inc)
             if not open_hangs.members:
                 continue
-            # (no hang's communicator, no culprit's process: _moves is False for each; a process on another
-            # host than the culprits' is none of them, and most spans of a job come from other hosts)
-            if ref.comm in open_hangs.comms:
-                proc = proc_key(ref)
-            elif ref.resource.host in open_hangs.hosts:
-                proc = proc_key(ref)
-                if proc not in open_hangs.procs:
-                    continue
-            else:
+            # no hang's communicator and no culprit's process: _moves is False for each (a span from another
+            # host than the culprits' is from none of their processes: most of a job's spans, let go before
+            # their process key is built)
+            in_comm = ref.comm in open_hangs.comms
+            if not in_comm and ref.resource.host not in open_hangs.hosts:
+                continue
+            proc = proc_key(ref)
+            if not in_comm and proc not in open_hangs.procs:
                 continue
             changed = False
             for m in open_hangs.members:
