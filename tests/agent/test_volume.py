@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
-from mycroft_otel.agent.sampling import Baselines, FlowRule, sample_bound, sampled
+from mycroft_otel.agent.sampling import Baselines, FlowRule, _Ewma, sample_bound, sampled
 from mycroft_otel.native import FLOW_DTYPE
 from agent_helpers import make_agent
 from agent_shm import KIND_RECV, KIND_SEND, RECV, SEND, FakeReader, FakeRing
@@ -95,6 +95,33 @@ def test_flow_rule_names_what_moved_by_its_own_history_and_siblings():
     assert nic.classify(4, 1 << 22, _send_flows([1e6] * 4))
     # a size bucket has its own history: a 10x larger message's first ops are its warm-up, not slow
     assert not any(nic.classify(4, 1 << 26, _send_flows([1e6] * 4)) for _ in range(8))
+
+
+def test_flow_rule_histories_are_the_baselines_running_means():
+    """The native rule keeps its histories as sampling._Ewma does (seeded by a median, then alpha, and alpha / 16
+    clipped while above): the same flags as those histories give, op by op, through warm-up, a slowdown and
+    its absorption."""
+    rng = np.random.default_rng(11)
+    rule, gpu, nic = FlowRule(), _Ewma(8), _Ewma(8)
+
+    def check(e: _Ewma, x: float) -> bool:  # FlowRule's test on one history (factor 3, 20 us floor, alpha 0.1)
+        if e.n < 8:
+            e.add(x, 0.1)
+            return False
+        hit = x >= 3 * e.value and x - e.value >= max(20_000, 4 * e.dev)
+        e.add(min(x, 6 * e.value), 0.1 / 16 if hit else 0.1)
+        return hit
+
+    flags = []
+    for i in range(600):
+        wait = 15e3 * rng.lognormal(0, 0.3) * (25 if 100 <= i < 400 else 1)
+        f = _gpu_flows(wait)
+        ref_gpu = check(gpu, int(f["gpu_busy_ns"][0]) / 8)
+        ref_nic = check(nic, int(f["net_busy_ns"][1]) / 8)
+        got = rule.classify(4, 1 << 22, f)
+        assert got == (ref_gpu or ref_nic), i
+        flags.append(got)
+    assert any(flags[100:140]) and not any(flags[500:])
 
 
 def test_flow_rule_reads_ring_rows_refuses_other_records_and_stays_bounded():
