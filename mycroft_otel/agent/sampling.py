@@ -39,111 +39,25 @@ def sampled(trace_id: int, bound: int) -> bool:
     return (trace_id & _MASK64) < bound
 
 
-class _Ewma:
-    """Running baseline: mean and mean absolute deviation, plus a fast mean that follows the last few
-    operations (a sustained shift shows there first). Seeded by the median (and median absolute
-    deviation) of the first ``seed`` values, so a slow first iteration does not inflate it."""
+class Baselines(_native.Baselines):
+    """The local slow / late rule for one rank context (native: ``native/bindings/rules.cc``).
 
-    __slots__ = ("n", "value", "dev", "fast", "_first", "_seed")
-
-    def __init__(self, seed: int = 8) -> None:
-        self.n = 0
-        self.value = 0.0
-        self.dev = 0.0
-        self.fast = 0.0
-        self._first: list[float] | None = []
-        self._seed = max(1, seed)
-
-    def add(self, x: float, alpha: float, fast_alpha: float = 0.3) -> None:
-        self.n += 1
-        if self._first is not None:
-            self._first.append(x)
-            v = sorted(self._first)
-            self.value = self.fast = v[len(v) // 2]
-            self.dev = sorted(abs(y - self.value) for y in v)[len(v) // 2]
-            if len(v) >= self._seed:
-                self._first = None
-            return
-        self.dev += alpha * (abs(x - self.value) - self.dev)
-        self.value += alpha * (x - self.value)
-        self.fast += fast_alpha * (x - self.fast)
-
-    def exceeds(self, x: float, factor: float, min_excess: float, k_dev: float) -> bool:
-        """An outlier: x ≥ factor × mean and above it by at least max(min_excess, k_dev × deviation)."""
-        return x >= factor * self.value and x - self.value >= max(min_excess, k_dev * self.dev)
-
-    def shifted(self, factor: float, min_excess: float) -> bool:
-        """A sustained shift: the last few operations average ≥ factor × the baseline."""
-        return self.fast >= factor * self.value and self.fast - self.value >= min_excess
-
-
-def _baseline(d: dict, key: tuple, warmup: int, max_keys: int) -> _Ewma:
-    """The running baseline of ``key`` in ``d``, created on first use; a full table starts over (bounded memory)."""
-    e = d.get(key)
-    if e is None:
-        if len(d) >= max_keys:
-            d.clear()
-        e = d[key] = _Ewma(warmup)
-    return e
-
-
-class Baselines:
-    """The local slow / late rule for one rank context."""
+    Per (function, size bucket), running baselines of the op's duration and of the gap since the communicator's
+    previous op ended: a mean and mean absolute deviation (``alpha``), seeded by the median of the first
+    ``warmup`` values so that a slow first iteration does not inflate them, and a fast mean that follows the last
+    few ops. After the warm-up an op is ``slow`` when its duration is ≥ factor × the mean and above it by
+    max(``min_excess_ns``, ``k_dev`` × the deviation) (jittery baselines, e.g. durations dominated by waiting for
+    peers, need more), or when the fast mean shifted that far with this op as slow; ``late`` when its gap is such
+    an outlier (a straggler's own collective is short, only its late arrival marks it). Anomalies update the
+    baselines too, clipped to 2 × factor × the mean and four times slower while shifted: a new regime is absorbed
+    in the end, a sustained slowdown stays visible for a few dozen ops. ``classify`` returns (anomaly,
+    baseline_ns, gap_ns or None) or None; ``unusual_idle(idle_ns)``: idle longer than factor × the longest usual
+    gap (the rank is not merely between steps). A full table (``max_keys``) starts over: bounded memory.
+    """
 
     def __init__(self, factor: float, warmup: int, min_excess_ns: int = 1_000_000, alpha: float = 0.1,
                  k_dev: float = 4.0, max_keys: int = 4096):
-        self.factor = factor
-        self.warmup = warmup
-        self.alpha = alpha
-        self.min_excess_ns = min_excess_ns
-        self.k_dev = k_dev  # jittery baselines (e.g. durations dominated by waiting for peers) need more
-        self.max_keys = max_keys
-        self._dur: dict[tuple, _Ewma] = {}
-        self._gap: dict[tuple, _Ewma] = {}
-        self.prev_end = 0  # end of the previous op on this communicator (monotonic ns)
-
-    def _update(self, e: _Ewma, x: float) -> None:
-        # Anomalies update the baseline too (a new regime is absorbed in ~1/alpha ops instead of locking
-        # in a baseline learnt from an unusual warm-up), clipped and slower while shifted, so a sustained
-        # slowdown stays visible for a few dozen operations.
-        if e.n >= self.warmup:
-            slow = e.shifted(self.factor, self.min_excess_ns)
-            e.add(min(x, 2 * self.factor * e.value), self.alpha / 4 if slow else self.alpha)
-        else:
-            e.add(x, self.alpha)
-
-    def _get(self, d: dict, key: tuple) -> _Ewma:
-        return _baseline(d, key, self.warmup, self.max_keys)
-
-    def unusual_idle(self, idle_ns: int) -> bool:
-        """An idle time longer than factor x the longest usual gap before an operation (any function and
-        size), once the gaps are learnt: this rank is not merely between steps."""
-        usual = [e.value + self.k_dev * e.dev for e in self._gap.values() if e.n >= self.warmup]
-        return bool(usual) and idle_ns >= self.factor * max(max(usual), self.min_excess_ns)
-
-    def classify(self, func: int, nbytes: int, arrive_ns: int, end_ns: int) -> tuple[str, int, int | None] | None:
-        """Update with one completed op; (anomaly, baseline_ns, gap_ns or None) when anomalous."""
-        key = (func, int(nbytes).bit_length())
-        dur = end_ns - arrive_ns
-        gap = arrive_ns - self.prev_end if self.prev_end and arrive_ns > self.prev_end else None
-        if end_ns > self.prev_end:
-            self.prev_end = end_ns
-        result = None
-        d = self._get(self._dur, key)
-        warm = d.n >= self.warmup
-        if gap is not None:
-            g = self._get(self._gap, key)
-            if g.n >= self.warmup and g.exceeds(gap, self.factor, self.min_excess_ns, self.k_dev):
-                result = (sc.ANOMALY_LATE, int(g.value), int(gap))
-            self._update(g, gap)
-        base = d.value
-        outlier = warm and d.exceeds(dur, self.factor, self.min_excess_ns, self.k_dev)
-        if dur >= 0:
-            self._update(d, dur)  # the fast mean includes this op: a shift is seen at once
-        shift = warm and d.shifted(self.factor, self.min_excess_ns) and dur >= self.factor * d.value
-        if result is None and (outlier or shift):
-            result = (sc.ANOMALY_SLOW, int(base), None)
-        return result
+        super().__init__(factor, warmup, min_excess_ns, alpha, k_dev, max_keys, sc.ANOMALY_SLOW, sc.ANOMALY_LATE)
 
 
 class Cadence:
@@ -315,7 +229,7 @@ class Summary:
 # * the network wait per step of the rank's least-waiting send flow >= ``factor`` x its own history (every flow
 #   slower: its NIC, or congestion) -> slow NIC.
 #
-# Each history is a running mean and deviation like Baselines' (_Ewma), clipped and 16 times slower while above,
+# Each history is a running mean and deviation like Baselines', clipped and 16 times slower while above,
 # so a sustained slowdown stays flagged for dozens of collectives (the processor names it only once it recurs)
 # and a new regime is still absorbed in the end. A flag only makes the agent export the span (and its local
 # peers'); the processor decides. It runs for every completed op with flows, in the poll loop, so natively

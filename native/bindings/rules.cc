@@ -1,13 +1,16 @@
-// FlowRule: the agent's local rule on a completed op's own flow counters (mycroft_otel/agent/sampling.py
-// documents the rule; this is where it runs). It runs for every completed op with flows, in the agent's poll
-// loop, which reads each rank's ring a few times a second: at 8 ranks x 100 collectives/s the Python version
-// cost the agent more than a point of a core, its dictionaries and per-value arithmetic, not the numbers.
+// The agent's local rules, run for every completed op in its poll loop (mycroft_otel/agent/sampling.py documents
+// them; this is where they run). At 8 ranks x 100 collectives/s the Python versions cost the agent more than a
+// point of a core each: their dictionaries and per-value arithmetic, not the numbers.
 //
 // Each baseline is a running mean and mean absolute deviation (alpha), seeded by the median and median absolute
 // deviation of its first `warmup` values so that a slow first iteration does not inflate it, plus a fast mean
-// (alpha 0.3). Per (function, size bucket): the rank's GPU (receive side) wait per step and its least-waiting
-// send flow's network wait per step (its NIC); per (function, size bucket, channel, peer): each send flow's.
-// The arithmetic is Python's, in the same order, on doubles: the results are the same bits.
+// (alpha 0.3) that a sustained shift moves first.
+// - FlowRule, on an op's own flow counters. Per (function, size bucket): the rank's GPU (receive side) wait per
+//   step and its least-waiting send flow's network wait per step (its NIC); per (function, size bucket, channel,
+//   peer): each send flow's.
+// - Baselines, on an op's duration and on the gap since the communicator's previous op ended, per (function,
+//   size bucket): a straggler's own collective is short, only its late arrival marks it.
+// The arithmetic is the Python rules', in the same order, on doubles.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -157,6 +160,89 @@ class FlowRule {
   std::vector<double> others_;
 };
 
+// The slow / late rule of one rank context: an op is slow when its duration is an outlier of its (function, size)
+// baseline (>= factor x the mean, and above it by max(min_excess, k_dev x deviation)) or the fast mean shifted
+// (>= factor x the mean) with this op as slow; late when the gap before it is such an outlier of the gaps.
+class Baselines {
+ public:
+  Baselines(double factor, int64_t warmup, int64_t min_excess_ns, double alpha, double k_dev, int64_t max_keys,
+            py::str slow, py::str late)
+      : factor_(factor), warmup_(warmup), min_excess_(double(min_excess_ns)), alpha_(alpha), k_dev_(k_dev),
+        seed_(size_t(std::max<int64_t>(1, warmup))), max_keys_(size_t(std::max<int64_t>(1, max_keys))),
+        slow_(std::move(slow)), late_(std::move(late)) {}
+
+  // (anomaly, baseline_ns, gap_ns or None) when the op is anomalous, else None; every op updates the baselines.
+  py::object Classify(int64_t func, uint64_t nbytes, uint64_t arrive_ns, uint64_t end_ns) {
+    const Key key{func, nbytes ? 64 - __builtin_clzll(nbytes) : 0, -1, -1};  // Python's int.bit_length()
+    // (the times come from a ring file another process writes: any uint64, so differences in 128 bits)
+    const double dur = double(__int128(end_ns) - __int128(arrive_ns));
+    const bool has_gap = prev_end_ && arrive_ns > prev_end_;
+    const uint64_t gap = arrive_ns - prev_end_;  // (used only when has_gap: no wrap)
+    if (end_ns > prev_end_) prev_end_ = end_ns;
+    py::object result = py::none();
+    Ewma& d = Get(dur_, key);
+    const bool warm = d.n >= warmup_;
+    if (has_gap) {
+      Ewma& g = Get(gap_, key);
+      if (g.n >= warmup_ && Exceeds(g, double(gap))) result = py::make_tuple(late_, Ns(g.value), gap);
+      Update(g, double(gap));
+    }
+    const double base = d.value;
+    const bool outlier = warm && Exceeds(d, dur);
+    if (dur >= 0) Update(d, dur);  // the fast mean includes this op: a shift is seen at once
+    const bool shift = warm && Shifted(d) && dur >= factor_ * d.value;
+    if (result.is_none() && (outlier || shift)) result = py::make_tuple(slow_, Ns(base), py::none());
+    return result;
+  }
+
+  // An idle time longer than factor x the longest usual gap before an op (any function and size), once the gaps
+  // are learnt: the rank is not merely between steps.
+  bool UnusualIdle(double idle_ns) const {
+    double usual = -INFINITY;
+    for (const auto& kv : gap_)
+      if (kv.second.n >= warmup_) usual = std::max(usual, kv.second.value + k_dev_ * kv.second.dev);
+    return usual != -INFINITY && idle_ns >= factor_ * std::max(usual, min_excess_);
+  }
+
+  size_t keys() const { return dur_.size() + gap_.size(); }
+
+ private:
+  Ewma& Get(Table& table, const Key& key) {
+    auto it = table.find(key);
+    if (it == table.end()) {
+      if (table.size() >= max_keys_) table.clear();  // a full table starts over: bounded memory
+      it = table.emplace(key, Ewma()).first;
+      it->second.first.reserve(seed_);
+    }
+    return it->second;
+  }
+
+  // a baseline as integer ns (Python's int(); a hostile ring's times can put it beyond int64)
+  static int64_t Ns(double v) { return v >= 9.2e18 ? INT64_MAX : v <= -9.2e18 ? INT64_MIN : int64_t(v); }
+
+  bool Exceeds(const Ewma& e, double x) const {
+    return x >= factor_ * e.value && x - e.value >= std::max(min_excess_, k_dev_ * e.dev);
+  }
+
+  bool Shifted(const Ewma& e) const { return e.fast >= factor_ * e.value && e.fast - e.value >= min_excess_; }
+
+  // Anomalies update the baseline too (a new regime is absorbed in ~1/alpha ops instead of locking in one learnt
+  // from an unusual warm-up), clipped and four times slower while shifted: a sustained slowdown stays visible for
+  // a few dozen ops.
+  void Update(Ewma& e, double x) {
+    if (e.n >= warmup_) e.Add(std::min(x, 2 * factor_ * e.value), Shifted(e) ? alpha_ / 4 : alpha_, seed_);
+    else e.Add(x, alpha_, seed_);
+  }
+
+  const double factor_;
+  const int64_t warmup_;
+  const double min_excess_, alpha_, k_dev_;
+  const size_t seed_, max_keys_;
+  const py::str slow_, late_;
+  uint64_t prev_end_ = 0;  // end of the communicator's previous op (monotonic ns)
+  Table dur_, gap_;
+};
+
 }  // namespace
 
 void RegisterRules(py::module_& m) {
@@ -168,6 +254,15 @@ void RegisterRules(py::module_& m) {
       .def("classify", &FlowRule::Classify, py::arg("func"), py::arg("nbytes"), py::arg("flows"),
            "True when the op looks slow by its flows (``flows``: its valid FLOW_DTYPE records).")
       .def_property_readonly("keys", &FlowRule::keys, "Baselines held (bounded by max_keys per table).");
+  py::class_<Baselines>(m, "Baselines", "The agent's local slow / late rule of one rank context (agent/sampling.py).")
+      .def(py::init<double, int64_t, int64_t, double, double, int64_t, py::str, py::str>(), py::arg("factor"),
+           py::arg("warmup"), py::arg("min_excess_ns"), py::arg("alpha"), py::arg("k_dev"), py::arg("max_keys"),
+           py::arg("slow"), py::arg("late"))
+      .def("classify", &Baselines::Classify, py::arg("func"), py::arg("nbytes"), py::arg("arrive_ns"),
+           py::arg("end_ns"), "Update with one completed op; (anomaly, baseline_ns, gap_ns or None) when anomalous.")
+      .def("unusual_idle", &Baselines::UnusualIdle, py::arg("idle_ns"),
+           "An idle time beyond factor x the longest usual gap before an op, once the gaps are learnt.")
+      .def_property_readonly("keys", &Baselines::keys, "Baselines held (bounded by max_keys per table).");
 }
 
 }  // namespace mycroft::bindings

@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from mycroft_otel import ids
 from mycroft_otel import semconv as sc
-from mycroft_otel.agent.sampling import Baselines, FlowRule, _Ewma, sample_bound, sampled
+from mycroft_otel.agent.sampling import Baselines, FlowRule, sample_bound, sampled
 from mycroft_otel.native import FLOW_DTYPE
 from agent_helpers import make_agent
 from agent_shm import KIND_RECV, KIND_SEND, RECV, SEND, FakeReader, FakeRing
@@ -38,6 +38,105 @@ def test_baselines_slow_and_late():
     b2 = Baselines(factor=2.0, warmup=2, min_excess_ns=MS)
     for i in range(10):
         assert b2.classify(4, 8, i * 1000, i * 1000 + (10 if i % 2 else 100)) is None
+
+
+class _History:
+    """A native rule's running baseline, written out as sampling.py documents it: seeded by the median (and median
+    absolute deviation) of the first ``seed`` values, then a mean and mean absolute deviation (alpha) and a fast
+    mean (alpha 0.3)."""
+
+    def __init__(self, seed: int = 8) -> None:
+        self.n, self.value, self.dev, self.fast, self.first, self.seed = 0, 0.0, 0.0, 0.0, [], max(1, seed)
+
+    def add(self, x: float, alpha: float) -> None:
+        self.n += 1
+        if self.first is not None:
+            self.first.append(x)
+            v = sorted(self.first)
+            self.value = self.fast = v[len(v) // 2]
+            self.dev = sorted(abs(y - self.value) for y in v)[len(v) // 2]
+            if len(v) >= self.seed:
+                self.first = None
+            return
+        self.dev += alpha * (abs(x - self.value) - self.dev)
+        self.value += alpha * (x - self.value)
+        self.fast += 0.3 * (x - self.fast)
+
+
+class _ReferenceBaselines:
+    """sampling.Baselines' rule written out (factor, warmup, floor, alpha 0.1, k_dev 4): what the native one must
+    answer, op by op."""
+
+    def __init__(self, factor: float, warmup: int, floor: int) -> None:
+        self.f, self.w, self.floor, self.dur, self.gap, self.prev_end = factor, warmup, floor, {}, {}, 0
+
+    def _exceeds(self, e: _History, x: float) -> bool:
+        return x >= self.f * e.value and x - e.value >= max(self.floor, 4 * e.dev)
+
+    def _shifted(self, e: _History) -> bool:
+        return e.fast >= self.f * e.value and e.fast - e.value >= self.floor
+
+    def _update(self, e: _History, x: float) -> None:
+        if e.n >= self.w:
+            e.add(min(x, 2 * self.f * e.value), 0.1 / 4 if self._shifted(e) else 0.1)
+        else:
+            e.add(x, 0.1)
+
+    def classify(self, func: int, nbytes: int, arrive: int, end: int):
+        key = (func, nbytes.bit_length())
+        dur, gap = end - arrive, (arrive - self.prev_end if self.prev_end and arrive > self.prev_end else None)
+        self.prev_end = max(self.prev_end, end)
+        d = self.dur.setdefault(key, _History(self.w))
+        warm, result = d.n >= self.w, None
+        if gap is not None:
+            g = self.gap.setdefault(key, _History(self.w))
+            if g.n >= self.w and self._exceeds(g, gap):
+                result = (sc.ANOMALY_LATE, int(g.value), gap)
+            self._update(g, gap)
+        base, outlier = d.value, warm and self._exceeds(d, dur)
+        if dur >= 0:
+            self._update(d, dur)
+        if result is None and (outlier or (warm and self._shifted(d) and dur >= self.f * d.value)):
+            result = (sc.ANOMALY_SLOW, int(base), None)
+        return result
+
+    def unusual_idle(self, idle: int) -> bool:
+        usual = [e.value + 4 * e.dev for e in self.gap.values() if e.n >= self.w]
+        return bool(usual) and idle >= self.f * max(max(usual), self.floor)
+
+
+def test_baselines_answer_as_their_rule_says_op_by_op():
+    """The native rule against its rule written out: warm-up, jitter, slow regimes and their absorption, late
+    arrivals, several functions and sizes, idle checks; every answer the same."""
+    rng = np.random.default_rng(17)
+    for factor, warmup in ((2.0, 4), (3.0, 8), (1.5, 1)):
+        got, ref = Baselines(factor, warmup, MS), _ReferenceBaselines(factor, warmup, MS)
+        t = 10**12
+        for i in range(4000):
+            func, nbytes = int(rng.integers(0, 3)), int(rng.choice([8, 1 << 20, 1 << 26]))
+            slow = 6 if 1000 <= i < 1600 else 1
+            t += int(rng.lognormal(np.log(2 * MS), 0.4) * (25 if rng.random() < 0.02 else 1))
+            dur = int(rng.lognormal(np.log(5 * MS), 0.3) * slow)
+            if rng.random() < 0.01:
+                dur = -int(rng.integers(1, MS))  # a clock read out of order: no duration to learn
+            assert got.classify(func, nbytes, t, t + dur) == ref.classify(func, nbytes, t, t + dur), (factor, i)
+            idle = int(rng.lognormal(np.log(20 * MS), 1.0))
+            assert got.unusual_idle(idle) == ref.unusual_idle(idle), (factor, i)
+            t += max(dur, 0)
+
+
+def test_baselines_take_any_ring_times_and_stay_bounded():
+    """A ring file is another process's: times anywhere in uint64, out of order, or 0 answer without raising, and
+    ever new sizes keep the tables bounded."""
+    b = Baselines(2.0, 2, MS, max_keys=4)
+    top = (1 << 64) - 1
+    for arrive, end in ((top, 0), (0, top), (top, top), (5, 3), (top - 1, top)):
+        an = b.classify(4, 1 << 20, arrive, end)
+        assert an is None or an[0] in (sc.ANOMALY_SLOW, sc.ANOMALY_LATE)
+    assert isinstance(b.unusual_idle(top), bool)
+    for k in range(64):
+        b.classify(4, 1 << k, 10**9 * k, 10**9 * k + MS)
+    assert b.keys <= 2 * 4
 
 
 def _gpu_flows(wait_per_step_ns: float) -> np.ndarray:
@@ -98,13 +197,13 @@ def test_flow_rule_names_what_moved_by_its_own_history_and_siblings():
 
 
 def test_flow_rule_histories_are_the_baselines_running_means():
-    """The native rule keeps its histories as sampling._Ewma does (seeded by a median, then alpha, and alpha / 16
-    clipped while above): the same flags as those histories give, op by op, through warm-up, a slowdown and
-    its absorption."""
+    """The native rule keeps its histories as sampling.py documents them (seeded by a median, then alpha, and
+    alpha / 16 clipped while above): the same flags as those histories give, op by op, through warm-up, a
+    slowdown and its absorption."""
     rng = np.random.default_rng(11)
-    rule, gpu, nic = FlowRule(), _Ewma(8), _Ewma(8)
+    rule, gpu, nic = FlowRule(), _History(8), _History(8)
 
-    def check(e: _Ewma, x: float) -> bool:  # FlowRule's test on one history (factor 3, 20 us floor, alpha 0.1)
+    def check(e: _History, x: float) -> bool:  # FlowRule's test on one history (factor 3, 20 us floor, alpha 0.1)
         if e.n < 8:
             e.add(x, 0.1)
             return False
