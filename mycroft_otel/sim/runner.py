@@ -263,9 +263,13 @@ def _run_streaming(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
 
     driver = _driver(cfg)
     ctx_map = _init_contexts(driver, sim, range(len(sim.contexts)), cfg)
-    world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
+    # One user-thread and one proxy-thread replayer for every simulated host: the hosts share this machine's
+    # cores, and a replayer of each host's own, scheduled later than the others' on a busy machine, would post
+    # that host's steps late collective after collective, which is exactly a slow proxy or NIC there. Two
+    # replayers delay every host alike, which the processor's comparisons across ranks cancel.
+    world_hosts = np.zeros(sim.topo.world, dtype=np.int64)
     kth = _kernel_thread(cfg)
-    keys = [(h, th) for h in range(sim.topo.nodes) for th in (USER, PROXY)]
+    keys = [(0, USER), (0, PROXY)]
     queues: dict = {k: queue.Queue() for k in keys}
     pending: list[Block] = []
     first = threading.Event()
