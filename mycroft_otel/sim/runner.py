@@ -12,8 +12,9 @@ shared-memory file exactly as in a real job. Modes:
   VIRTUAL_MONO_EPOCH_NS + the row's t_ns, CLOCK_REALTIME = the run's realtime epoch + the same;
   virtual.py advances such a job in time order for an agent and processor on the same clock;
 * real-time: every row is delivered at its simulated time from the epoch (CLOCK_MONOTONIC),
-  per simulated host user-thread calls from one thread, ProxyOp/ProxyStep/KernelCh from a proxy thread
-  (NCCL 2.27-2.30; see _kernel_thread for 2.31+), so a live agent sees the job as in production; a hang
+  user-thread calls from one thread, ProxyOp/ProxyStep/KernelCh from a proxy thread (NCCL 2.27-2.30; see
+  _kernel_thread for 2.31+), each for every simulated host (_run_streaming says why), so a live agent sees the
+  job as in production; a hang
   keeps the process alive, the stalled state in shm, until the run's duration ends;
 * multi-process (real-time): each simulated host is an OS process with its own Driver, so
   ``process_exited`` is a real SIGKILL and ``sigstop`` a real SIGSTOP of that process.
