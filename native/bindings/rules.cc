@@ -71,6 +71,18 @@ struct KeyHash {
 
 using Table = std::unordered_map<Key, Ewma, KeyHash>;
 
+// The baseline of `key`, created on first use (its seed values reserved once); a full table starts over: bounded
+// memory whatever keys a ring's records bring.
+Ewma& Baseline(Table& table, const Key& key, size_t max_keys, size_t seed) {
+  auto it = table.find(key);
+  if (it == table.end()) {
+    if (table.size() >= max_keys) table.clear();
+    it = table.emplace(key, Ewma()).first;
+    it->second.first.reserve(seed);
+  }
+  return it->second;
+}
+
 class FlowRule {
  public:
   FlowRule(double factor, double sib_factor, int64_t warmup, int64_t min_step_ns, double alpha, int64_t max_keys)
@@ -133,13 +145,7 @@ class FlowRule {
   };
 
   bool Check(Table& table, const Key& key, double x) {
-    auto it = table.find(key);
-    if (it == table.end()) {
-      if (table.size() >= max_keys_) table.clear();  // a full table starts over: bounded memory
-      it = table.emplace(key, Ewma()).first;
-      it->second.first.reserve(seed_);
-    }
-    Ewma& e = it->second;
+    Ewma& e = Baseline(table, key, max_keys_, seed_);
     if (e.n < warmup_) {
       e.Add(x, alpha_, seed_);
       return false;
@@ -181,10 +187,10 @@ class Baselines {
     const uint64_t gap = arrive_ns - prev_end_;  // (used only when has_gap: no wrap)
     if (end_ns > prev_end_) prev_end_ = end_ns;
     py::object result = py::none();
-    Ewma& d = Get(dur_, key);
+    Ewma& d = Baseline(dur_, key, max_keys_, seed_);
     const bool warm = d.n >= warmup_;
     if (has_gap) {
-      Ewma& g = Get(gap_, key);
+      Ewma& g = Baseline(gap_, key, max_keys_, seed_);
       if (g.n >= warmup_ && Exceeds(g, double(gap))) result = py::make_tuple(late_, Ns(g.value), gap);
       Update(g, double(gap));
     }
@@ -208,16 +214,6 @@ class Baselines {
   size_t keys() const { return dur_.size() + gap_.size(); }
 
  private:
-  Ewma& Get(Table& table, const Key& key) {
-    auto it = table.find(key);
-    if (it == table.end()) {
-      if (table.size() >= max_keys_) table.clear();  // a full table starts over: bounded memory
-      it = table.emplace(key, Ewma()).first;
-      it->second.first.reserve(seed_);
-    }
-    return it->second;
-  }
-
   // a baseline as integer ns (Python's int(); a hostile ring's times can put it beyond int64)
   static int64_t Ns(double v) { return v >= 9.2e18 ? INT64_MAX : v <= -9.2e18 ? INT64_MIN : int64_t(v); }
 
