@@ -221,12 +221,25 @@ def _kernel_thread(cfg: RunConfig) -> int:
     return PROXY
 
 
-def _host_streams(blocks: list[Block], world_hosts: np.ndarray, n_hosts: int, kernel_thread: int = KERNEL) -> dict:
+def _on_thread(b: Block, kernel_thread: int) -> Block:
+    """The block as the thread that replays it delivers it (KernelCh rows moved to ``kernel_thread``)."""
+    return Block(b.rows, b.owner, kernel_thread, b.t) if b.thread == KERNEL and kernel_thread != KERNEL else b
+
+
+def _thread_streams(blocks: list[Block], kernel_thread: int) -> dict:
+    """thread -> list of blocks, every host's together."""
+    out: dict = {}
+    for b in blocks:
+        b = _on_thread(b, kernel_thread)
+        out.setdefault(b.thread, []).append(b)
+    return out
+
+
+def _host_streams(blocks: list[Block], world_hosts: np.ndarray, kernel_thread: int = KERNEL) -> dict:
     """(host, thread) -> list of blocks (rows split by the owner's host)."""
     out: dict = {}
     for b in blocks:
-        if b.thread == KERNEL and kernel_thread != KERNEL:
-            b = Block(b.rows, b.owner, kernel_thread, b.t)
+        b = _on_thread(b, kernel_thread)
         h = world_hosts[b.owner]
         for host in np.unique(h):
             sel = h == host
@@ -242,7 +255,7 @@ def _run_realtime(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     sim.run(lambda inst, res: blocks.extend(res.blocks))
     world_hosts = np.arange(sim.topo.world) // sim.topo.gpus
     streams = {key: _stream(lst, cfg.quantum_ns) for key, lst in
-               _host_streams(blocks, world_hosts, sim.topo.nodes, _kernel_thread(cfg)).items()}
+               _host_streams(blocks, world_hosts, _kernel_thread(cfg)).items()}
     blocks.clear()
     last_t = max((float(r["t_ns"][-1]) for r in streams.values() if len(r)), default=0.0)
     duration_ns = cfg.duration_s * 1e9 if cfg.duration_s is not None else last_t + 0.5e9
@@ -268,10 +281,8 @@ def _run_streaming(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
     # cores, and a replayer of each host's own, scheduled later than the others' on a busy machine, would post
     # that host's steps late collective after collective, which is exactly a slow proxy or NIC there. Two
     # replayers delay every host alike, which the processor's comparisons across ranks cancel.
-    world_hosts = np.zeros(sim.topo.world, dtype=np.int64)
     kth = _kernel_thread(cfg)
-    keys = [(0, USER), (0, PROXY)]
-    queues: dict = {k: queue.Queue() for k in keys}
+    queues: dict = {th: queue.Queue() for th in (USER, PROXY)}
     pending: list[Block] = []
     first = threading.Event()
     state = {"last_t": 0.0, "error": None, "sim_t": 0.0}
@@ -290,8 +301,8 @@ def _run_streaming(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
         pending[:] = keep
         if emit:
             state["last_t"] = max(state["last_t"], max(float(b.t.max()) for b in emit))
-        for key, lst in _host_streams(emit, world_hosts, sim.topo.nodes, kth).items():
-            queues[key].put(_remap(_stream(lst, cfg.quantum_ns), ctx_map))
+        for th, lst in _thread_streams(emit, kth).items():
+            queues[th].put(_remap(_stream(lst, cfg.quantum_ns), ctx_map))
 
     def on_step(_frac: float) -> None:
         fin = sim.ready[np.isfinite(sim.ready)]
@@ -334,8 +345,8 @@ def _run_streaming(sim: Simulation, cfg: RunConfig, progress: Progress) -> dict:
             if len(rows):
                 results.append(driver.replay(rows, epoch))
 
-    threads = [threading.Thread(target=consume, args=(queues[k],), name=f"sim-{('user', 'proxy')[k[1]]}-{k[0]}",
-                                daemon=True) for k in keys]
+    threads = [threading.Thread(target=consume, args=(q,), name=f"sim-{('user', 'proxy')[th]}", daemon=True)
+               for th, q in queues.items()]
     for th in threads:
         th.start()
     if cfg.duration_s is not None:
