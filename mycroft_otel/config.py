@@ -127,6 +127,11 @@ VARS: dict[str, Var] = {
             "Spans the agent holds for export at most; beyond this it drops and counts (collector down or slow).",
             "agent"),
         Var("MYCROFT_EXPORT_BATCH", "2048", "Spans per OTLP export request at most.", "agent"),
+        Var("MYCROFT_SHARD_RANKS", "0",
+            "0: a job is one shard (all its spans reach one processor). N > 0: a rank's spans carry "
+            "mycroft.job.shard = its global rank // N, and the gateway gives each block of N global ranks its own "
+            "processor; for jobs larger than one processor can hold (docs/algorithm.md §7). Set it alike on every "
+            "agent, a multiple of the ranks per node.", "agent"),
         Var("MYCROFT_STATE_DIR", "",
             "Where the agent persists per-ring cursors for restarts (its own directory: 0700, owned by the agent's "
             "user); default $XDG_STATE_HOME/mycroft-otel, else ~/.local/state/mycroft-otel.", "agent"),

@@ -32,6 +32,9 @@ PROCESS_PID = "process.pid"
 HW_ID = "hw.id"            # GPU index (CUDA device) as a string
 HW_TYPE = "hw.type"        # "gpu"
 JOB_ID = "mycroft.job.id"
+# int: the block of the job's global ranks this rank is in (global rank // MYCROFT_SHARD_RANKS), set only when
+# the agent shards jobs; the gateway routes on (job id, shard), so one processor holds a shard's evidence
+JOB_SHARD = "mycroft.job.shard"
 PLUGIN_VERSION = "mycroft.plugin.version"
 NCCL_PROFILER_ABI = "mycroft.nccl.profiler_abi"  # int: N of ncclProfiler_vN NCCL picked
 # provenance (agent/provenance.py): a ring speaks only for the user who owns its file

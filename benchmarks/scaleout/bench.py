@@ -8,6 +8,9 @@ exactly as the gateway's load_balancing exporter splits them (evaluate/routing.p
 exporter's own Go code), for each routing key:
 
 - ``job``: ``routing_key: attributes`` on ``mycroft.job.id``, what collector_config/gateway.yaml ships;
+- ``shard``: the same gateway behind agents that shard jobs (``MYCROFT_SHARD_RANKS``, ``--shard-ranks``,
+  default 8: two 4-GPU nodes, one 8-GPU node): each block of a job's global ranks reaches one processor, so a
+  communicator that crosses blocks (DP, PP) is judged in parts -- what a shard boundary costs;
 - ``trace``: ``routing_key: traceID``, the exporter's default and what the gateway shipped before.
 
 Printed per configuration: cases whose verdicts are identical to the baseline's (the same categories,
@@ -24,7 +27,7 @@ import time
 from dataclasses import replace
 
 from mycroft_otel.evaluate import corpus
-from mycroft_otel.evaluate.routing import BY_JOB, BY_TRACE
+from mycroft_otel.evaluate.routing import BY_JOB, BY_TRACE, by_shard
 
 #: the default corpus: the LLM shapes, each slowdown at 2x in TP and DP, every hang, one seed
 DEFAULT = replace(corpus.SIZES["llm"], name="scaleout", magnitudes=(2.0,), late_once_ms=(1500.0,),
@@ -44,6 +47,7 @@ def main() -> int:
     ap.add_argument("--corpus", default=None, help="a corpus spec (named size or JSON file; default: see DEFAULT)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--processors", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--shard-ranks", type=int, default=8, help="the sharded agents' MYCROFT_SHARD_RANKS")
     args = ap.parse_args()
     spec = corpus.load_spec(args.corpus) if args.corpus else DEFAULT
     todo = corpus.cases(spec)
@@ -65,7 +69,8 @@ def main() -> int:
     print(f"{'-':8} {1:>2} {'baseline':>10} {sum(r['named_right'] for r in base):>7}/{len(base):<4} "
           f"{base_lat!s:>23} {base_s:>7.0f}")
     job_identical = True
-    for routing, name in ((BY_JOB, "job"), (BY_TRACE, "trace")):
+    for routing, name in ((BY_JOB, "job"), (by_shard(args.shard_ranks), f"shard {args.shard_ranks}"),
+                          (BY_TRACE, "trace")):
         for n in args.processors:
             rows, wall = run(n, routing)
             same = sum(all(r.get(f) == b.get(f) for f in VERDICT_FIELDS) for r, b in zip(rows, base))
@@ -73,8 +78,9 @@ def main() -> int:
             ratio = f" ({lat / base_lat:.2f}x)" if lat is not None and base_lat else ""
             print(f"{name:8} {n:>2} {same:>5}/{len(base):<4} {sum(r.get('named_right', False) for r in rows):>7}/"
                   f"{len(rows):<4} {str(lat) + ratio:>23} {wall:>7.0f}", flush=True)
-            if name == "job":
+            if routing is BY_JOB:
                 job_identical &= same == len(base)
+            if routing is not BY_TRACE:  # what the shipped routing changes, whole jobs or sharded
                 for r, b in zip(rows, base):
                     if any(r.get(f) != b.get(f) for f in VERDICT_FIELDS):
                         print(f"   differs: {b['scenario']}: {b['top']} -> {r.get('top') or r.get('error')}")

@@ -156,7 +156,8 @@ class Agent:
         cursor = int(saved.get("cursor", 0))
         src.cursor = cursor if 0 <= cursor <= head else 0
         now = self.now_ns()
-        ctx = _Ctx(src, sp.SpanBuilder(src, self.s.service_name, self.resource_extra, self.s.detail_chunk),
+        ctx = _Ctx(src, sp.SpanBuilder(src, self.s.service_name, self.resource_extra, self.s.detail_chunk,
+                                       self.s.shard_ranks),
                    Baselines(self.s.slow_factor, self.s.warmup_ops, self.s.slow_min_ns), Summary(now))
         ctx.last_seq = int(saved.get("last_seq", -1))
         ctx.last_end = int(saved.get("last_end", 0))

@@ -35,6 +35,7 @@ class AgentSettings:
     summary_ns: int = 10_000_000_000
     export_queue: int = 20000
     export_batch: int = 2048
+    shard_ranks: int = 0  # MYCROFT_SHARD_RANKS: global ranks per shard of a job (0: unsharded)
     protocol: str = "grpc"
     service_name: str = "mycroft-otel-agent"
     all_users: bool = False  # root agent at the per-user default ring dir: follow every user's default dir
@@ -66,6 +67,7 @@ class AgentSettings:
             summary_ns=config.get_int("MYCROFT_SUMMARY_MS", env, 100, 86_400_000) * ms,
             export_queue=config.get_int("MYCROFT_EXPORT_QUEUE", env, 1, 10_000_000),
             export_batch=config.get_int("MYCROFT_EXPORT_BATCH", env, 1, 100_000),
+            shard_ranks=config.get_int("MYCROFT_SHARD_RANKS", env, 0, 1 << 30),
             protocol=check_otel_env(env),
             service_name=env.get("OTEL_SERVICE_NAME", "").strip() or "mycroft-otel-agent",
             all_users=(not ring_dir and not env.get("MYCROFT_RING_DIR", "").strip() and os.geteuid() == 0),

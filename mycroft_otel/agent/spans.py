@@ -168,7 +168,9 @@ _STATE_ATTR = {s: _attr(sc.OP_STATE, s) for s in (sc.OP_STATE_COMPLETED, sc.OP_S
 
 class SpanBuilder:
     def __init__(self, src: RingSource, service_name: str, resource_extra: Sequence[tuple[str, Any]] = (),
-                 detail_chunk: bool = False):
+                 detail_chunk: bool = False, shard_ranks: int = 0):
+        """``shard_ranks``: MYCROFT_SHARD_RANKS (0: the job is one shard). A rank whose global rank is unknown
+        carries no shard: the gateway routes it with the job's unsharded spans."""
         self.src = src
         self.detail_chunk = detail_chunk
         res: list[tuple[str, Any]] = [
@@ -176,8 +178,11 @@ class SpanBuilder:
         ]
         if src.cuda_device >= 0:
             res.append((sc.HW_ID, str(src.cuda_device)))
-        res += [(sc.HW_TYPE, "gpu"), (sc.JOB_ID, src.job_id), (sc.PLUGIN_VERSION, src.plugin_version),
-                (sc.NCCL_PROFILER_ABI, src.abi_version), (sc.COMM_HASH, src.comm_hex)]
+        res += [(sc.HW_TYPE, "gpu"), (sc.JOB_ID, src.job_id)]
+        if shard_ranks > 0 and src.global_rank >= 0:
+            res.append((sc.JOB_SHARD, src.global_rank // shard_ranks))
+        res += [(sc.PLUGIN_VERSION, src.plugin_version), (sc.NCCL_PROFILER_ABI, src.abi_version),
+                (sc.COMM_HASH, src.comm_hex)]
         if src.comm_name:
             res.append((sc.COMM_NAME, src.comm_name))
         res += [(sc.COMM_NRANKS, src.nranks), (sc.COMM_NNODES, src.nnodes), (sc.RANK, src.rank)]

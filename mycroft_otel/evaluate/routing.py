@@ -45,6 +45,8 @@ class Routing:
 
     key: RoutingKey
     attributes: tuple[str, ...] = ()
+    # the agents' MYCROFT_SHARD_RANKS that go with it: the harness sets it on its agent (0: jobs unsharded)
+    shard_ranks: int = 0
 
     def key_for(self, values: dict[str, str]) -> bytes:
         """The routing key of ``routing_key: attributes`` for these attribute values (a missing one: ``name=|``)."""
@@ -52,10 +54,16 @@ class Routing:
 
 
 #: What the shipped gateway configs route on: a job's spans stay together (its communicators' evidence
-#: is read together: the slowdown test's per-communicator history, cross-communicator naming).
-BY_JOB = Routing(RoutingKey.ATTRIBUTES, (sc.JOB_ID,))
+#: is read together: the slowdown test's per-communicator history, cross-communicator naming); with agents
+#: that shard jobs (MYCROFT_SHARD_RANKS), a shard's spans do. Unsharded agents set no shard: ``shard=|``.
+BY_JOB = Routing(RoutingKey.ATTRIBUTES, (sc.JOB_ID, sc.JOB_SHARD))
 #: The exporter's default: one collective per processor (what the gateway routed on before BY_JOB).
 BY_TRACE = Routing(RoutingKey.TRACE_ID)
+
+
+def by_shard(ranks: int) -> Routing:
+    """The shipped routing behind agents that shard jobs into blocks of ``ranks`` global ranks."""
+    return Routing(BY_JOB.key, BY_JOB.attributes, ranks)
 
 
 def _crc(*parts: bytes) -> int:

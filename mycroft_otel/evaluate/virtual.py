@@ -154,6 +154,8 @@ def run_scenario(sc: Scenario, stall_ms: int, plugin: str | None = None, log=lam
     t_wall = time.monotonic()
     work = tempfile.mkdtemp(prefix=f"mycroft-veval-{sc.name}-")
     env = scenario_env(sc, stall_ms)
+    if routing.shard_ranks:  # the agents shard the job as this routing expects (routing.by_shard)
+        env = dict(env, MYCROFT_SHARD_RANKS=str(routing.shard_ranks))
     faults = [] if sc.fault_name == "healthy" else [parse_fault(sc.fault)]
     topo = parse_topology(sc.topology)
     sim = Simulation(topo, model or eval_model(), faults, seed=sc.seed, duration_s=sc.duration_s,

@@ -206,8 +206,7 @@ def restore(p: "Processor", state: dict) -> None:
     p.open_incidents.restore(state["open"])
     p.baselines.samples = state["baselines"]
     p.stall_thresholds._done = state["stall_thresholds"]
-    p.store.proc_of.update(state["processes"]["proc_of"])
-    p.store.seq_of.update(state["processes"]["seq_of"])
+    p.store.restore(state["processes"]["proc_of"], state["processes"]["seq_of"])
 
 
 class Checkpoint:

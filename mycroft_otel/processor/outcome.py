@@ -35,6 +35,8 @@ class Outcome(str, Enum):
     DEFERRED = "deferred"                  # evidence stands, but a likelier cause is still gathering evidence
     # silences the pipeline decides after the detector or the hang walk named something
     WAITS_ON = "waits_on"                  # a stalled collective whose ranks wait for another's culprit
+    OTHER_SHARD = "other_shard"            # a stalled collective whose waits all lead into another processor's
+                                           # shard of the job (§7): that processor names its culprit
     HELD_FOR_STALL = "held_for_stall"      # the job has a stall open: its outcome decides (a hang's symptom?)
     SAME_INCIDENT = "same_incident"        # an incident already named covers it
     ERROR = "error"                        # the analysis raised on this trace (hostile evidence): logged

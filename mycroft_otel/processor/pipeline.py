@@ -21,7 +21,7 @@ import time
 from collections import Counter, deque
 from typing import Callable
 
-from mycroft_otel.processor import detect, rca, slowdown
+from mycroft_otel.processor import detect, rca, shards, slowdown
 from mycroft_otel.processor.checkpoint import Checkpoint
 from mycroft_otel.processor.detector import SlowdownDetector
 from mycroft_otel.processor.held import Held, HeldFindings
@@ -195,7 +195,7 @@ class Processor:
                     continue
                 if st.has_hang_evidence():
                     continue
-                if st.complete() or mono - st.updated_mono >= self.settle_s or mono - since >= 3 * self.settle_s:
+                if shards.complete(self.store, st) or mono - st.updated_mono >= self.settle_s or mono - since >= 3 * self.settle_s:
                     self._slow_cand.pop(tid, None)
                     st.analysed_slow = True
                     ready.append(st)
@@ -256,7 +256,7 @@ class Processor:
             if now_ns - st.stopped_ns < soonest_ns:
                 continue  # not hung yet whatever it holds: look again on a later tick
             if not st.has_hang_evidence():
-                if st.complete() or not st.inflight:
+                if shards.complete(self.store, st) or not st.inflight:
                     self._hang_cand.pop(tid, None)
                 continue
             # evidence still arriving (a restart, a late node): wait until the set of ranks is stable
@@ -272,14 +272,18 @@ class Processor:
     def _analyse_hang(self, st) -> tuple | None:
         """(st, finding, seconds the analysis took), or None: no finding (or evidence the analysis failed on)."""
         t0 = time.perf_counter()
+        outside = shards.outside(self.store, st)
         try:
-            f = rca.analyse_hang(st, earlier=lambda: self.store.earlier(st))
+            f = rca.analyse_hang(st, earlier=lambda: self.store.earlier(st), outside=outside)
         except Exception:  # hostile or inconsistent evidence must not stop the processor
             log.exception("hang analysis failed for trace %s", st.trace_id.hex())
             self.counts["analysis_errors"] += 1
             st.explained_by = st.trace_id
             self._decided(st, silent(Outcome.ERROR, "the hang walk raised"))
             return None
+        if f is None and outside is not None:  # analysed once: its culprit is the other shard's to name
+            st.explained_by, st.elsewhere = st.trace_id, True
+            self._decided(st, silent(Outcome.OTHER_SHARD, "every wait leads to ranks of another shard"))
         return None if f is None else (st, f, time.perf_counter() - t0)
 
     def _hear_hang(self, st, f: Finding, dt: float, now_ns: int, mono: float) -> Verdict | None:

@@ -123,7 +123,7 @@ class Propagation:
             return False
         for o in others:
             root, hops = o, 0
-            while root.verdict is None and hops < 8:
+            while root.verdict is None and not root.elsewhere and hops < 8:
                 # explained by another trace's verdict, or queued behind an earlier collective of its
                 # communicator (NCCL runs them in order: that one's verdict is this one's)
                 nxt = self.store.get(root.explained_by) if root.explained_by is not None else \
@@ -131,7 +131,7 @@ class Propagation:
                 if nxt is None:
                     break
                 root, hops = nxt, hops + 1
-            if root.verdict is not None:
+            if root.verdict is not None or root.elsewhere:  # (elsewhere: another shard's processor names it)
                 st.explained_by = root.trace_id
                 self._deferred.pop(st.trace_id, None)
                 self.propagated += 1

@@ -17,8 +17,8 @@ NIC (culprit channel unset). Classification uses the chunk counters.
 Slowdowns are analysed in ``slowdown.py`` (which reuses this walk for stalls
 that recovered).
 
-Everything here reads one :class:`~mycroft_otel.processor.state.TraceState`; it
-needs nothing outside the trace (that is what lets processors scale out by trace id).
+Everything here reads one :class:`~mycroft_otel.processor.state.TraceState` (and, for a sharded job, which
+ranks another processor holds: shards.py).
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ from mycroft_otel.processor.views import (COMPLETED, EXITED, IN_FLIGHT, NOT_ENTE
 # --- hang walk ------------------------------------------------------------------------------------
 
 # Terminals: ("rank", category, rank, why) or ("flow", sender, receiver, channel)
+OUTSIDE = "outside_shard"  # the category of a walk's end at a rank another processor's shard holds
 _FOLLOW_ORDER = {"data": 0, "credit": 1, "net": 2}
 
 
-def _rank_terminal(pv: RankView | None, p: int) -> tuple | None:
+def _rank_terminal(pv: RankView | None, p: int, outside: Callable[[int], bool] | None = None) -> tuple | None:
     if pv is None:
-        return ("rank", "rank_absent", p, "silent")
+        return ("rank", OUTSIDE, p, "shard") if outside and outside(p) else ("rank", "rank_absent", p, "silent")
     if pv.state == NOT_ENTERED:
         return ("rank", "rank_absent", p, "not_entered")
     if pv.state == STOPPED:
@@ -110,10 +111,12 @@ def kernel_not_started(views, nranks: int) -> list[int]:
     return before if inside else []
 
 
-def rank_waits(v: RankView, views, nranks: int, unstarted: list[int] | None = None) -> list[Wait]:
+def rank_waits(v: RankView, views, nranks: int, unstarted: list[int] | None = None,
+               outside: Callable[[int], bool] | None = None) -> list[Wait]:
     """Every wait of stalled rank ``v``, in the order the walk reads them (``views``: rank -> RankView, any
     mapping with ``get``). The rank's walk ends at the terminals among them, else follows the first other.
-    ``unstarted``: :func:`kernel_not_started` of the trace, when the caller has it."""
+    ``unstarted``: :func:`kernel_not_started` of the trace, when the caller has it; ``outside``: as for
+    :func:`walk`."""
     out: list[Wait] = []
     edges, gpu = _edges(v)
     r = v.rank
@@ -121,7 +124,7 @@ def rank_waits(v: RankView, views, nranks: int, unstarted: list[int] | None = No
         if p < 0 or p >= max(nranks, 1) or p == r:
             continue
         pv = views.get(p)
-        t = _rank_terminal(pv, p)
+        t = _rank_terminal(pv, p, outside)
         if t is None and kind == "data":  # r receives from p on ch
             pf = pv.send_flow(ch, r)
             if pv.state == COMPLETED or (pf is not None and pf.finished):
@@ -154,10 +157,10 @@ def rank_waits(v: RankView, views, nranks: int, unstarted: list[int] | None = No
     return out
 
 
-def _resolve(v: RankView, views: dict[int, RankView], nranks: int,
-             unstarted: list[int] | None) -> tuple[list[tuple], list[int]]:
+def _resolve(v: RankView, views: dict[int, RankView], nranks: int, unstarted: list[int] | None,
+             outside: Callable[[int], bool] | None) -> tuple[list[tuple], list[int]]:
     """(terminals reached directly, ranks to follow) from stalled rank ``v``."""
-    waits = rank_waits(v, views, nranks, unstarted)
+    waits = rank_waits(v, views, nranks, unstarted, outside)
     return [w.terminal for w in waits if w.terminal is not None], [w.peer for w in waits if w.terminal is None]
 
 
@@ -174,8 +177,9 @@ def _starts(views: dict[int, RankView]) -> list[int]:
     return stalled
 
 
-def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
-    """Votes per terminal: each stalled rank's walk ends somewhere; iterative, memoized, cycle-safe."""
+def walk(views: dict[int, RankView], nranks: int, outside: Callable[[int], bool] | None = None) -> dict[tuple, float]:
+    """Votes per terminal: each stalled rank's walk ends somewhere; iterative, memoized, cycle-safe. ``outside``
+    (shards.py): rank r's missing span says nothing, another processor holds it: the walk ends at OUTSIDE."""
     stalled = _starts(views)
     RankView.load_flows([views[r] for r in stalled])  # the starts' in one pass; the rest as the walks reach them
     memo: dict[int, list[tuple]] = {}
@@ -189,7 +193,7 @@ def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
             v = views[r]
             if not v.flows and not unstarted:
                 unstarted.append(kernel_not_started(views, nranks))
-            d = direct[r] = _resolve(v, views, nranks, unstarted[0] if unstarted else None)
+            d = direct[r] = _resolve(v, views, nranks, unstarted[0] if unstarted else None, outside)
         return d
 
     def result(start: int) -> list[tuple]:
@@ -204,7 +208,7 @@ def walk(views: dict[int, RankView], nranks: int) -> dict[tuple, float]:
                 break
             v = views.get(r)
             if v is None:
-                out = [("rank", "rank_absent", r, "silent")]
+                out = [_rank_terminal(None, r, outside)]
                 break
             if v.state != IN_FLIGHT:
                 out = [_rank_terminal(v, r) or ("rank", "gpu_stalled", r, "gpu_unfinished")]
@@ -256,23 +260,26 @@ def _classify_flow(views: dict[int, RankView], s: int, d: int, ch: int) -> tuple
 
 
 def analyse_hang(st: TraceState, views: dict[int, RankView] | None = None,
-                 earlier: Callable[[], Iterable[TraceState]] | None = None) -> Finding | None:
-    """The hang's finding (``earlier``: the communicator's collectives before it, for a mismatch)."""
+                 earlier: Callable[[], Iterable[TraceState]] | None = None,
+                 outside: Callable[[int], bool] | None = None) -> Finding | None:
+    """The hang's finding (``earlier``: the communicator's collectives before it, for a mismatch; ``outside``:
+    as for :func:`walk`), None when no walk ends at a root this processor holds."""
     views = build_views(st) if views is None else views
     mm = check_mismatch(st, earlier) or check_step_mismatch(st)
     if mm is not None:
         decorate(st, views, mm)
         return mm
     nranks = max(st.nranks, max(views) + 1 if views else 0)
-    votes = walk(views, nranks)
+    votes = walk(views, nranks, outside)
+    votes = {t: w for t, w in votes.items() if t[1] != OUTSIDE}  # no evidence for or against a root here
     # status evidence about ranks that nobody's walk reached still counts (e.g. ranks with no flows)
     for r, v in views.items():
         t = _rank_terminal(v, r) if v.state in (NOT_ENTERED, STOPPED, EXITED) else None
         if t is not None:
             votes[t] = votes.get(t, 0.0) + 0.5
     if st.stalled_ranks():
-        missing = [r for r in range(nranks) if r not in views]
-        if missing and len(missing) <= max(1, nranks // 2):
+        missing = [r for r in range(nranks) if r not in views and not (outside and outside(r))]
+        if missing and len(missing) <= max(1, (len(views) + len(missing)) // 2):
             for r in missing:
                 t = ("rank", "rank_absent", r, "silent")
                 votes[t] = votes.get(t, 0.0) + 0.25

@@ -38,6 +38,7 @@ class Resource:
     host: str = ""
     pid: int = -1
     job: str = ""
+    shard: int = -1  # JOB_SHARD: the block of the job's global ranks this process is in (-1: unsharded job)
 
 
 class SpanRef(NamedTuple):
@@ -84,7 +85,7 @@ class SpanRef(NamedTuple):
 _ATTR_KEYS = (sc.RANK, sc.COMM_NRANKS, sc.COMM_HASH, sc.COLL_SEQ, sc.COLL_FUNC, sc.OP_STATE, sc.SNAPSHOT_SEQ,
               sc.STATUS_KIND, sc.ANOMALY, sc.BASELINE_NS, sc.GLOBAL_RANK, sc.COLL_BYTES, sc.TIME_LAST_PROGRESS,
               sc.PROCESS_STOPPED, sc.COLL_COUNT, sc.COLL_DATATYPE, sc.ANOMALY_RECENT)
-_RES_KEYS = (sc.HOST_NAME, sc.PROCESS_PID, sc.JOB_ID)
+_RES_KEYS = (sc.HOST_NAME, sc.PROCESS_PID, sc.JOB_ID, sc.JOB_SHARD)
 assert SpanRef._fields == _native.SpanDecoder.fields, "SpanRef and the native SpanDecoder disagree on the fields"
 _DECODER = _native.SpanDecoder(
     SpanRef, Resource, _ATTR_KEYS, _RES_KEYS, kinds=(OP, INFLIGHT, STATUS, SUMMARY),

@@ -1,25 +1,23 @@
 """Per-trace state: everything every rank said about one collective, bounded.
 
-One :class:`TraceState` per trace id (= one collective instance or p2p transfer):
-per rank its completed op span, its latest in-flight snapshot and its status
-evidence. :class:`TraceStore` keeps them in LRU order with a TTL after the last
-span (MYCROFT_TRACE_TTL_S), a count cap (MYCROFT_MAX_TRACES) and a byte budget
+One :class:`TraceState` per trace id (= one collective instance or p2p transfer): per rank its completed op
+span, its latest in-flight snapshot and its status evidence. :class:`TraceStore` keeps them in LRU order with a
+TTL after the last span (MYCROFT_TRACE_TTL_S), a count cap (MYCROFT_MAX_TRACES) and a byte budget
 (MYCROFT_MAX_TRACE_BYTES); evictions, and the spans they drop, are counted.
 
-Bytes: a kept span holds its wire bytes for the analysis (``SpanRef.raw``). A span
-shares its request's buffer (spans.detach) only while the request's kept spans are at least half
-of it; otherwise (one small span in a large request) the span's bytes are copied
-out, so a kept span never pins more than twice its own size. Each kept span is
-accounted at its wire size plus :data:`SPAN_OVERHEAD_BYTES`; over the budget the
-least recently updated traces are evicted. A small per-process index (host + global rank, else host + pid) lets the
-pipeline see that a rank missing from one communicator's collective is busy in
-another one's (hang propagation across communicators).
+Bytes: a kept span holds its wire bytes for the analysis (``SpanRef.raw``). A span shares its request's buffer
+(spans.detach) only while the request's kept spans are at least half of it; otherwise (one small span in a large
+request) the span's bytes are copied out, so a kept span never pins more than twice its own size. Each kept span
+is accounted at its wire size plus :data:`SPAN_OVERHEAD_BYTES`; over the budget the least recently updated
+traces are evicted. A small per-process index (host + global rank, else host + pid) lets the pipeline see that
+a rank missing from one communicator's collective is busy in another one's (hang propagation across
+communicators), and which ranks of a sharded job this processor holds (shards.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -74,6 +72,7 @@ class TraceState:
     slow_since_mono: float = 0.0   # first anomalous/slow op span seen (processor clock)
     verdict: object | None = None  # the Verdict emitted for this trace
     explained_by: bytes | None = None  # another trace whose incident explains this one
+    elsewhere: bool = False        # its hang's waits all lead into another processor's shard (OTHER_SHARD)
     analysed_slow: bool = False
     spans: int = 0
     ranks_changed_mono: float = 0.0  # when a rank was last heard from for the first time in this trace
@@ -115,11 +114,11 @@ class TraceState:
     def heard_from(self) -> int:
         return len(set(self.op) | set(self.inflight) | set(self.status))
 
-    def complete(self) -> bool:
-        """Every end has completed: a collective's ranks, or a p2p transfer's two (its trace is one transfer;
-        ``nranks`` is its communicator's size), so a transfer is judged as soon as a collective would be, and
-        a rank's lateness elsewhere is not judged before the transfer that held it back."""
-        need = 2 if self.func in P2P else self.nranks
+    def complete(self, ranks: int = 0) -> bool:
+        """Every end has completed: a collective's ranks (``ranks`` of them: the shards.py ones it holds), or a
+        p2p transfer's two (its trace is one transfer; ``nranks`` is its communicator's size), so a transfer is
+        judged as soon as a collective would be, and a rank's lateness elsewhere is not before its transfer."""
+        need = 2 if self.func in P2P else ranks or self.nranks
         return need > 0 and len(self.op) >= need
 
     def add(self, ref: SpanRef, now: float, size: int = -1) -> int:
@@ -198,6 +197,7 @@ class TraceStore:
         # process -> {trace_id: None} where its latest evidence is in flight / not entered
         self.inflight_by_proc: dict[ProcKey, dict[bytes, None]] = {}
         self.proc_of: dict[tuple[str, int], ProcKey] = {}  # (comm, rank) -> process
+        self.members: dict[str, int] = {}  # communicator -> how many of its ranks proc_of holds
         self.seq_of: dict[tuple[str, int], int] = {}  # (comm, rank) -> highest collective seq it has evidence in
         self.trace_at: dict[tuple[str, int], bytes] = {}  # (comm, seq) -> trace id (collectives only)
         self.inflight_seqs: dict[tuple[str, int], set] = {}  # (comm, rank) -> seqs whose latest evidence is in flight
@@ -281,7 +281,9 @@ class TraceStore:
             if key is not None:
                 if len(self.proc_of) > 4 * self.max_traces + 65536:
                     self.proc_of.clear()
+                    self.members.clear()
                 self.proc_of[ck] = key
+                self.members[comm] = self.members.get(comm, 0) + 1
         if kind == INFLIGHT and rank not in st.op:
             key = proc_key(ref)
             if key is not None:
@@ -293,6 +295,12 @@ class TraceStore:
                 d.pop(tid, None)
                 if not d:
                     del self.inflight_by_proc[key]
+
+    def restore(self, proc_of: dict, seq_of: dict) -> None:
+        """A checkpoint's process index (checkpoint.py), and the member counts it implies."""
+        self.proc_of.update(proc_of)
+        self.seq_of.update(seq_of)
+        self.members = dict(Counter(comm for comm, _ in self.proc_of))
 
     def waiting(self, proc: ProcKey) -> list[tuple[str, int, int]]:
         """(communicator, start, last seen) of each collective the process is still seen in flight in."""
@@ -360,17 +368,16 @@ class TraceStore:
                 if (o := self.traces.get(self.trace_at.get((st.comm, s), b""))) is not None]
 
     def queued(self, st: TraceState) -> bool:
-        """A waiting rank of this collective still has an earlier collective of the same communicator in
-        flight: NCCL runs them in order, so this one's lack of progress is the earlier one's."""
+        """Whether this collective is queued behind an earlier one of its communicator (queued_behind)."""
         return self.queued_behind(st) is not None
 
     def queued_behind(self, st: TraceState) -> TraceState | None:
-        """The earlier collective of the same communicator this one is queued behind (see :meth:`queued`).
+        """The earlier collective of the communicator that a waiting rank of this one is still in flight in:
+        NCCL runs a communicator's collectives in order, so this one's lack of progress is that one's.
 
-        (Not across communicators, although one GPU stream runs its kernels in launch order too: two traces
-        whose ranks each have an older op in the other -- a killed rank's ring and pipeline peers -- would
-        wait for each other forever. A TP collective behind a stuck DP one is named on its own, as the stuck
-        rank, or explained by propagation.)"""
+        (Not across communicators, although a GPU stream runs its kernels in launch order too: two traces whose
+        ranks each have an older op in the other -- a killed rank's ring and pipeline peers -- would wait for
+        each other forever. A TP collective behind a stuck DP one is named on its own, or by propagation.)"""
         for r in st.stalled_ranks():
             seqs = self.inflight_seqs.get((st.comm, r))
             if not seqs or min(seqs) >= st.seq:

@@ -316,6 +316,8 @@ class SpanDecoder {
     aRank, aNranks, aComm, aSeq, aFunc, aState, aSnapshot, aStatus, aAnomaly, aBaseline, aGlobalRank, aBytes,
     aLastProgress, aStopped, aCount, aDatatype, aRecent, kAttrs
   };
+  // The resource attributes read at ingest: host, pid, job and the job's shard (spans.py _RES_KEYS).
+  static constexpr size_t kResourceKeys = 4;
   // The span kinds, in the order of the `kinds` and `names` tuples (names: the op span's prefix, then
   // the other spans' names; root cause last, it has no kind).
   enum Kind : int { kOp, kInflight, kStatusSpan, kSummary, kRootCause, kUnknown };
@@ -327,7 +329,7 @@ class SpanDecoder {
         resource_keys_(resource_keys), in_flight_(in_flight.cast<std::string>()),
         flow_prefix_(std::move(flow_prefix)), step_key_(std::move(step_key)), recent_max_(recent_max),
         step_max_(step_max) {
-    if (attr_keys_.size() != kAttrs || resource_keys_.size() != 3 || kinds.size() != kRootCause ||
+    if (attr_keys_.size() != kAttrs || resource_keys_.size() != kResourceKeys || kinds.size() != kRootCause ||
         names.size() != kUnknown)
       throw py::value_error("SpanDecoder: wrong number of attribute keys, resource keys, kinds or names");
     if (!PyType_Check(span_ref_.ptr()) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(span_ref_.ptr()),
@@ -357,13 +359,13 @@ class SpanDecoder {
       // The resource may come after the spans on the wire: read it first. Its attributes among the span
       // attributes read here are every span's values where the span has none (the agent sends what a rank's
       // spans share -- communicator, rank -- on the resource only).
-      RawValue rvals[3], shared[kAttrs];
+      RawValue rvals[kResourceKeys], shared[kAttrs];
       for (Wire scan = rs, res; scan.Next(1, &res);) {
         for (Wire kv; res.Next(1, &kv);) {
           Wire key{nullptr, nullptr}, value{nullptr, nullptr};
           if (!SplitKeyValue(kv, &key, &value)) continue;
           size_t i = resource_keys_.Find(key.View());
-          if (i < 3) rvals[i] = ReadValue(value);
+          if (i < kResourceKeys) rvals[i] = ReadValue(value);
           size_t j = attr_keys_.Find(key.View());
           if (j < kAttrs) shared[j] = ReadValue(value);
         }
@@ -382,13 +384,12 @@ class SpanDecoder {
   }
 
  private:
-  // One Resource object per process (each batch repeats it), from a bounded cache. (host, pid, job):
+  // One Resource object per process (each batch repeats it), from a bounded cache. (host, pid, job, shard):
   // a value of the wrong type reads as absent, as for span attributes. Bytes: at most 4,096 entries of
   // two strings capped at kMaxStringBytes (Str), ~1 KiB each with their objects: ~4 MiB, outside the
   // trace byte budget by this statement (docs/reliability.md).
-  py::object Resource(const RawValue (&vals)[3]) const {
-    py::tuple key = py::make_tuple(Str(vals[0]), py::int_(vals[1].type == RawValue::kInt ? vals[1].i : -1),
-                                   Str(vals[2]));
+  py::object Resource(const RawValue (&vals)[kResourceKeys]) const {
+    py::tuple key = py::make_tuple(Str(vals[0]), Int(vals[1]), Str(vals[2]), Int(vals[3]));
     PyObject* cached = PyDict_GetItem(resources_.ptr(), key.ptr());  // borrowed; str/int keys cannot raise
     if (cached != nullptr) return py::reinterpret_borrow<py::object>(cached);
     if (py::len(resources_) >= 4096) resources_.clear();
@@ -397,6 +398,7 @@ class SpanDecoder {
     return r;
   }
 
+  static py::int_ Int(const RawValue& v) { return py::int_(v.type == RawValue::kInt ? v.i : -1); }
   py::object Str(const RawValue& v) const { return v.type == RawValue::kStr ? strings_.Get(v.w) : py::object(empty_); }
 
   // The step attribute's values met so far in a span (see the class comment).

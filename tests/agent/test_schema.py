@@ -182,3 +182,24 @@ def test_int_columns_roundtrip():
         s.ParseFromString(p)
         assert s.attributes[0].value.int_value == v
         assert p == otlp.ld(9, otlp.key_value("k", v))
+
+
+@pytest.mark.parametrize("shard_ranks", [0, 3])
+def test_a_sharding_agent_puts_each_rank_in_its_block_of_global_ranks(tmp_path, otel_env, shard_ranks):
+    """MYCROFT_SHARD_RANKS=N: each rank's resource carries mycroft.job.shard = its global rank // N, which the
+    gateway routes on (docs/algorithm.md §7); unset, no shard: the job stays whole."""
+    n = 8
+    rings = [FakeRing(tmp_path / f"r{r}", rank=r, nranks=n) for r in range(n)]
+    for ring in rings:
+        ring.op_done(dur_ns=2_000_000)
+    agent = make_agent(tmp_path, sample_ratio=1.0, shard_ranks=shard_ranks)
+    agent.poll_once()
+    assert agent.queue.flush(10)
+    spans = otel_env.sink.named("nccl.AllReduce")
+    assert len(spans) == n
+    for s in spans:
+        res = s["resource"]
+        if shard_ranks:
+            assert res[sc.JOB_SHARD] == res[sc.GLOBAL_RANK] // shard_ranks
+        else:
+            assert sc.JOB_SHARD not in res

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from mycroft_otel.evaluate.routing import BY_JOB, BY_TRACE, HashRing, split
+from mycroft_otel.evaluate.routing import BY_JOB, BY_TRACE, HashRing, by_shard, split
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "processor"))
-from synth import Ring  # noqa: E402
+from synth import JOB, Ring  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "testdata" / "lb_ring" / "placements.json"  # from the exporter's own Go code
 
@@ -74,4 +74,25 @@ def test_a_jobs_key_is_what_split_routes_its_spans_on():
         req = Ring(8, seq=1, comm=0x5100, job=job).request()
         (endpoint,) = split(req, BY_JOB, ring)
         assert endpoint == ring.endpoint_for(BY_JOB.key_for({"mycroft.job.id": job}))
-    assert BY_JOB.key_for({}) == b"mycroft.job.id=|"
+    assert BY_JOB.key_for({}) == b"mycroft.job.id=|mycroft.job.shard=|"
+
+
+def test_a_sharded_jobs_blocks_of_ranks_route_apart_and_each_stays_together():
+    """Agents that shard jobs (MYCROFT_SHARD_RANKS) set mycroft.job.shard on each rank's resource: the shipped
+    routing then places each (job, shard) on one processor, as the exporter composes the key."""
+    ring = HashRing(_endpoints(8))
+    req = ExportTraceServiceRequest()
+    for seq in range(20):
+        req.MergeFrom(Ring(32, seq=seq, comm=0x5200).request())
+    for rs in req.resource_spans:
+        g = next(kv.value.int_value for s in rs.scope_spans[0].spans[:1] for kv in s.attributes
+                 if kv.key == "mycroft.global_rank")
+        rs.resource.attributes.add(key="mycroft.job.shard").value.int_value = g // 8
+    owners: dict[int, set[str]] = {}
+    for endpoint, part in split(req, by_shard(8), ring).items():
+        for rs in part.resource_spans:
+            shard = next(kv.value.int_value for kv in rs.resource.attributes if kv.key == "mycroft.job.shard")
+            owners.setdefault(shard, set()).add(endpoint)
+    assert sorted(owners) == [0, 1, 2, 3] and all(len(o) == 1 for o in owners.values())
+    for shard, (endpoint,) in owners.items():
+        assert endpoint == ring.endpoint_for(f"mycroft.job.id={JOB}|mycroft.job.shard={shard}|".encode())

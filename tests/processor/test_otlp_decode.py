@@ -101,8 +101,8 @@ def _model(req: trace_service_pb2.ExportTraceServiceRequest):
     seen, refs, counts = 0, [], {"root_cause": 0, "rejected": 0}
     for rs in req.resource_spans:
         r = {kv.key: _pb_value(kv.value) for kv in rs.resource.attributes}
-        host, pid, job = (r.get(k) for k in RES_KEYS)
-        res = S.Resource(host=_str(host), pid=_int(pid, -1), job=_str(job))
+        host, pid, job, shard = (r.get(k) for k in RES_KEYS)
+        res = S.Resource(host=_str(host), pid=_int(pid, -1), job=_str(job), shard=_int(shard, -1))
         shared = {k: v for k, v in r.items() if k in ATTR_KEYS}
         for ss in rs.scope_spans:
             for sp in ss.spans:
@@ -142,9 +142,9 @@ def _random_request(rng: random.Random) -> trace_service_pb2.ExportTraceServiceR
     req = trace_service_pb2.ExportTraceServiceRequest()
     for _ in range(rng.randint(0, 3)):
         rs = req.resource_spans.add()
-        for k in rng.sample(RES_KEYS, rng.randint(0, 3)):
+        for k in rng.sample(RES_KEYS, rng.randint(0, len(RES_KEYS))):
             kv = rs.resource.attributes.add(key=k)
-            if k == sc.PROCESS_PID:
+            if k in (sc.PROCESS_PID, sc.JOB_SHARD) and rng.random() < 0.8:
                 kv.value.int_value = rng.randint(-5, 1 << 40)
             else:
                 kv.value.string_value = rng.choice(["node-1", "", "ñödé-✓"])

@@ -1,0 +1,38 @@
+"""What a processor that holds only some blocks of a job's ranks reads differently (docs/algorithm.md §7).
+
+Agents that shard jobs (``MYCROFT_SHARD_RANKS``) put ``mycroft.job.shard`` (global rank // N) on each rank's
+resource, and the gateway routes on (job id, shard): every span of a block of N global ranks reaches one
+processor, and a communicator that crosses blocks (a DP ring, a pipeline, the world) is seen in parts. Its
+ranks of this processor's blocks are the ones it has heard from: a shard's rank is heard from at its first
+exported collective, and the others never are. So a collective is complete when those ranks have completed
+it, and a hang walk that reaches a rank never heard from ends there without naming it: the processor of
+that rank's block walks on (rca.walk's ``outside``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from mycroft_otel.processor.state import TraceState, TraceStore
+
+
+def sharded(st: TraceState) -> bool:
+    """Whether the trace's job is sharded: its spans carry a shard (the first span's resource says it)."""
+    for refs in (st.op, st.inflight, st.status):
+        for ref in refs.values():
+            return ref.resource.shard >= 0
+    return False
+
+
+def complete(store: TraceStore, st: TraceState) -> bool:
+    """Every rank of the collective that reaches this processor has completed it (TraceState.complete)."""
+    return st.complete(store.members.get(st.comm, 0) if sharded(st) else 0)
+
+
+def outside(store: TraceStore, st: TraceState) -> Callable[[int], bool] | None:
+    """For a sharded job's trace, whether a rank of its communicator is in a block another processor holds
+    (none of its spans in this communicator ever reached this one); None for a whole job."""
+    if not sharded(st):
+        return None
+    comm, known = st.comm, store.proc_of
+    return lambda r: (comm, r) not in known

@@ -1,0 +1,86 @@
+"""A job sharded over processors (MYCROFT_SHARD_RANKS, docs/algorithm.md §7): the processor that holds the
+culprit's block of global ranks names it, once; the others stay silent and say why (Outcome.OTHER_SHARD)."""
+
+from __future__ import annotations
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from mycroft_otel import semconv as sc
+from mycroft_otel.processor import Processor
+from mycroft_otel.processor.outcome import Outcome
+from synth import Ring
+
+N, SHARD = 32, 8  # a 32-rank ring over four shards of 8 global ranks
+
+
+def _sharded(ring: Ring, shard: int) -> bytes:
+    """The spans of the ranks of one shard, each resource carrying its shard as a sharding agent sets it."""
+    req = ring.request([r for r in range(shard * SHARD, (shard + 1) * SHARD)])
+    for rs in req.resource_spans:
+        rs.resource.attributes.append(KeyValue(key=sc.JOB_SHARD, value=AnyValue(int_value=shard)))
+    return req.SerializeToString()
+
+
+class Clock:
+    """The processors' monotonic clock, moved by the test: a trace's set of ranks settles in 1 s of it."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+def _settled(procs: list[Processor], clock: Clock) -> None:
+    clock.s += 2.0
+    for proc in procs:
+        proc.tick()
+
+
+def _run(rings: list[Ring]) -> list[Processor]:
+    clock = Clock()
+    procs = [Processor(env={}, mono_clock=clock) for _ in range(N // SHARD)]
+    for ring in rings:
+        for shard, proc in enumerate(procs):
+            proc.ingest_payload(_sharded(ring, shard))
+    _settled(procs, clock)
+    return procs
+
+
+def _outcomes(proc: Processor) -> set[Outcome]:
+    return {d.outcome for d in proc.decisions}
+
+
+def test_a_world_size_gpu_stall_is_named_by_the_culprits_shard_alone():
+    ring = Ring(N, comm=0x5A1)
+    ring.gpu_stall(21)
+    procs = _run([ring])
+    for shard, proc in enumerate(procs):
+        if shard == 21 // SHARD:
+            assert [(v.category, v.finding.ranks) for v in proc.verdicts] == [(sc.CAT_GPU_STALLED, [21])]
+        else:  # every wait in this block leads upstream, out of it: the culprit's shard names it
+            assert not proc.verdicts, shard
+            assert Outcome.OTHER_SHARD in _outcomes(proc), shard
+
+
+def test_a_rank_of_the_shard_that_went_silent_is_named_absent_there():
+    # the communicator's previous collective: every rank heard from, so each processor knows its ranks
+    before = Ring(N, comm=0x5A2, seq=16)
+    ring = Ring(N, comm=0x5A2, seq=17)
+    ring.absent(13, how="none")  # rank 13 (shard 1) sends nothing at all
+    procs = _run([before, ring])
+    assert [(v.category, v.finding.ranks) for v in procs[1].verdicts] == [(sc.CAT_RANK_ABSENT, [13])]
+    for shard in (0, 2, 3):
+        assert not procs[shard].verdicts, shard
+
+
+def test_an_unsharded_job_still_names_a_rank_never_heard_from():
+    """Without a shard on the spans, a rank missing from the trace is absent, whether or not it was ever heard
+    from: this processor holds the whole job."""
+    ring = Ring(N, comm=0x5A3)
+    ring.absent(13, how="none")
+    clock = Clock()
+    proc = Processor(env={}, mono_clock=clock)
+    proc.ingest_payload(ring.request().SerializeToString())
+    _settled([proc], clock)
+    assert [(v.category, v.finding.ranks) for v in proc.verdicts] == [(sc.CAT_RANK_ABSENT, [13])]
