@@ -42,6 +42,16 @@ def _median(xs: list) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _per_shape(rows: list[dict], base: list[dict]) -> str:
+    """Named right per shape, against the baseline's: where a routing loses what."""
+    out = []
+    for shape in dict.fromkeys(b["topology"] for b in base):
+        got = sum(bool(r.get("named_right")) for r, b in zip(rows, base) if b["topology"] == shape)
+        had = sum(bool(b["named_right"]) for b in base if b["topology"] == shape)
+        out.append(f"{shape} {got}/{had}")
+    return ", ".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", default=None, help="a corpus spec (named size or JSON file; default: see DEFAULT)")
@@ -65,7 +75,7 @@ def main() -> int:
         return 1
     base_lat = _median([r["right_latency_collectives"] for r in base])
     print(f"\n{'routing':8} {'N':>2} {'identical':>10} {'named right':>12} {'median latency (coll.)':>23} "
-          f"{'wall s':>7}")
+          f"{'wall s':>7}   named right per shape / the baseline's")
     print(f"{'-':8} {1:>2} {'baseline':>10} {sum(r['named_right'] for r in base):>7}/{len(base):<4} "
           f"{base_lat!s:>23} {base_s:>7.0f}")
     job_identical = True
@@ -77,7 +87,7 @@ def main() -> int:
             lat = _median([r.get("right_latency_collectives") for r in rows])
             ratio = f" ({lat / base_lat:.2f}x)" if lat is not None and base_lat else ""
             print(f"{name:8} {n:>2} {same:>5}/{len(base):<4} {sum(r.get('named_right', False) for r in rows):>7}/"
-                  f"{len(rows):<4} {str(lat) + ratio:>23} {wall:>7.0f}", flush=True)
+                  f"{len(rows):<4} {str(lat) + ratio:>23} {wall:>7.0f}   {_per_shape(rows, base)}", flush=True)
             if routing is BY_JOB:
                 job_identical &= same == len(base)
             if routing is not BY_TRACE:  # what the shipped routing changes, whole jobs or sharded

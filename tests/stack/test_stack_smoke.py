@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from mycroft_otel.evaluate.routing import BY_JOB, HashRing
-from mycroft_otel.semconv import JOB_ID
+from mycroft_otel.semconv import JOB_ID, JOB_SHARD
 from mycroft_otel.stack import LocalStack, ProcessorPorts
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -63,15 +63,17 @@ def sink_records(stack) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _jobs_on_both(stack) -> dict[str, int]:
-    """Job ids and the processor the gateway's ring gives each (evaluate/routing.py, the exporter's own
-    placement): the first ids until both processors have N_TRACES // 4 jobs or more."""
+def _jobs_on_both(stack) -> dict[tuple[str, int | None], int]:
+    """(job id, shard) and the processor the gateway's ring gives each (evaluate/routing.py, the exporter's own
+    placement): the first ids until both processors have N_TRACES // 4 jobs or more. Every other job is a shard
+    of a sharded job (its spans carry the int mycroft.job.shard), the others are whole (no shard)."""
     ring = HashRing([pp.otlp_grpc for pp in stack.processor_ports])
     index = {pp.otlp_grpc: pp.index for pp in stack.processor_ports}
-    jobs: dict[str, int] = {}
+    jobs: dict[tuple[str, int | None], int] = {}
     for k in range(1000):
-        job = f"smoke-{k}"
-        jobs[job] = index[ring.endpoint_for(BY_JOB.key_for({JOB_ID: job}))]
+        job, shard = f"smoke-{k // 2}", (None if k % 2 == 0 else k % 7)
+        key = {JOB_ID: job} if shard is None else {JOB_ID: job, JOB_SHARD: str(shard)}
+        jobs[(job, shard)] = index[ring.endpoint_for(BY_JOB.key_for(key))]
         if len(jobs) >= N_TRACES // 2 and min(list(jobs.values()).count(i) for i in (0, 1)) >= N_TRACES // 4:
             return jobs
     raise AssertionError(f"no job ids spread over both processors: {jobs}")
@@ -79,12 +81,13 @@ def _jobs_on_both(stack) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def sent(stack):
-    """Send N_TRACES traces of 3 spans (a parent and two 'rank' children) through the gateway, two per job,
-    the jobs spread over both processors by the gateway's routing key. {trace id: (span names, job's
-    expected processor)}"""
+    """Send N_TRACES traces of 3 spans (a parent and two 'rank' children) through the gateway, two per job or
+    shard, spread over both processors by the gateway's routing key. {trace id: (span names, the expected
+    processor)}"""
     traces: dict[str, tuple[list[str], int]] = {}
-    for job, owner in _jobs_on_both(stack).items():
-        provider = TracerProvider(resource=Resource.create({"service.name": SERVICE, JOB_ID: job}))
+    for (job, shard), owner in _jobs_on_both(stack).items():
+        res = {"service.name": SERVICE, JOB_ID: job} | ({} if shard is None else {JOB_SHARD: shard})
+        provider = TracerProvider(resource=Resource.create(res))
         provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=stack.agent_otlp_grpc,
                                                                          insecure=True)))
         tracer = provider.get_tracer("tests.stack")
