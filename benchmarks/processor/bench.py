@@ -16,7 +16,9 @@
    healthy, 5% hung (in-flight snapshots), 5% slow with a culprit.
 2. Scale: one hung ring collective of 1,024 / 4,096 / 16,384 / 131,072 ranks (a GPU stall at one rank):
    time to decode+ingest its spans and time for the analysis that names the culprit
-   (target <= 1 s at 16,384; the largest, a world-size hang of issue #29's 131,072-rank job, full run only).
+   (target <= 1 s at 16,384; the largest, a world-size hang of issue #29's 131,072-rank job, full run only),
+   and the same hang of a sharded job (MYCROFT_SHARD_RANKS: a processor per block of ranks, docs/algorithm.md
+   §7): the slowest processor's times, one verdict in all.
 """
 
 from __future__ import annotations
@@ -129,20 +131,29 @@ def throughput(payloads: list[bytes], nspans: int, rounds: int) -> dict:
             "analysis_share": analysis / statistics.median(ingest)}
 
 
-def scale(n: int) -> dict:
+def scale(n: int, shard_ranks: int = 0) -> dict:
+    """One hung ring of ``n`` ranks into one processor, or (``shard_ranks``) into one processor per block of
+    that many ranks, as the gateway routes a sharded job: the slowest processor's times, and whether exactly
+    one verdict named the culprit."""
     ring = Ring(n, nch=2, comm=0xABC, seq=1)
     ring.gpu_stall(n // 3)
-    payloads = [ring.request(list(range(r, min(n, r + 512)))).SerializeToString() for r in range(0, n, 512)]
-    proc = Processor(env={})
-    t0 = time.perf_counter()
-    for p in payloads:
-        proc.ingest_payload(p)
-    ingest = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    vs = proc.tick()
-    analysis = time.perf_counter() - t0
+    block = shard_ranks or n
+    procs = [Processor(env={}) for _ in range(0, n, block)]
+    ingest = analysis = 0.0
+    vs = []
+    for b, proc in enumerate(procs):
+        shard = b if shard_ranks else None
+        payloads = [ring.request(list(range(r, min(n, r + 512, (b + 1) * block))), shard).SerializeToString()
+                    for r in range(b * block, min(n, (b + 1) * block), 512)]
+        t0 = time.perf_counter()
+        for p in payloads:
+            proc.ingest_payload(p)
+        t1 = time.perf_counter()
+        vs += proc.tick()
+        t2 = time.perf_counter()
+        ingest, analysis = max(ingest, t1 - t0), max(analysis, t2 - t1)
     ok = len(vs) == 1 and vs[0].category == "gpu_stalled" and vs[0].finding.ranks == [n // 3]
-    return {"ranks": n, "decode_ingest_s": ingest, "analysis_s": analysis, "right": ok}
+    return {"ranks": n, "decode_ingest_s": ingest, "analysis_s": analysis, "right": ok, "processors": len(procs)}
 
 
 def main() -> int:
@@ -170,10 +181,13 @@ def main() -> int:
     print(f"  of which the slowdown analysis: {t['analysis_us_per_collective']:.0f} us per 64-rank collective "
           f"({t['analysis_share']:.0%} of the processor's time)")
     print("hang analysis at scale (GPU stall in a ring, 2 channels):")
-    for n in ((1024, 4096) if args.quick else (1024, 4096, 16384, 131072)):
-        s = scale(n)
+    sizes = [(1024, 0), (4096, 0), (4096, 1024)] if args.quick else \
+        [(1024, 0), (4096, 0), (16384, 0), (131072, 0), (131072, 8192)]
+    for n, shard_ranks in sizes:
+        s = scale(n, shard_ranks)
+        into = f"{s['processors']} shards of {shard_ranks}" if shard_ranks else "one processor"
         print(f"  {s['ranks']:6d} ranks  decode+ingest {s['decode_ingest_s']:6.2f} s  analysis {s['analysis_s']:6.3f} s"
-              f"  culprit {'right' if s['right'] else 'WRONG'}")
+              f"  culprit {'right, once' if s['right'] else 'WRONG'}  ({into}; times: the slowest processor's)")
     return 0
 
 

@@ -4,8 +4,8 @@ Agents that shard jobs (``MYCROFT_SHARD_RANKS``) put ``mycroft.job.shard`` (glob
 resource, and the gateway routes on (job id, shard): every span of a block of N global ranks reaches one
 processor, and a communicator that crosses blocks (a DP ring, a pipeline, the world) is seen in parts. Its
 ranks of this processor's blocks are the ones it has heard from: a shard's rank is heard from at its first
-exported collective, and the others never are. So a collective is complete when those ranks have completed
-it, and a hang walk that reaches a rank never heard from ends there without naming it: the processor of
+exported collective, and the others never are. So a collective is complete, or its set of ranks settled, when
+those ranks have completed it or reported, and a hang walk that reaches a rank never heard from ends there without naming it: the processor of
 that rank's block walks on (rca.walk's ``outside``).
 """
 
@@ -24,9 +24,10 @@ def sharded(st: TraceState) -> bool:
     return False
 
 
-def complete(store: TraceStore, st: TraceState) -> bool:
-    """Every rank of the collective that reaches this processor has completed it (TraceState.complete)."""
-    return st.complete(store.members.get(st.comm, 0) if sharded(st) else 0)
+def ranks_here(store: TraceStore, st: TraceState) -> int:
+    """How many of the collective's ranks reach this processor: its communicator's size, or for a sharded job
+    the ranks of it this processor has heard from (what a trace waits for before it is complete or settled)."""
+    return store.members.get(st.comm, 0) if sharded(st) else st.nranks
 
 
 def outside(store: TraceStore, st: TraceState) -> Callable[[int], bool] | None:

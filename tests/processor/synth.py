@@ -206,13 +206,15 @@ def rank_span(tid: int, nranks: int, comm: int, seq: int, r: R) -> trace_pb2.Spa
                           end_time_unix_nano=max(end, start), attributes=kvs(a), links=links)
 
 
-def request(items: list[tuple[R, trace_pb2.Span]]) -> trace_service_pb2.ExportTraceServiceRequest:
-    """One ResourceSpans per rank (as the agent sends: one resource per rank context)."""
+def request(items: list[tuple[R, trace_pb2.Span]],
+            shard: int | None = None) -> trace_service_pb2.ExportTraceServiceRequest:
+    """One ResourceSpans per rank (as the agent sends: one resource per rank context); ``shard``: the block of
+    global ranks a sharding agent (MYCROFT_SHARD_RANKS) puts them in."""
     req = trace_service_pb2.ExportTraceServiceRequest()
     for r, span in items:
         res = resource_pb2.Resource(attributes=kvs({
             sc.SERVICE_NAME: "mycroft-otel-agent", sc.HOST_NAME: r.host or default_host(r.rank),
-            sc.PROCESS_PID: r.pid + r.rank, sc.JOB_ID: r.job}))
+            sc.PROCESS_PID: r.pid + r.rank, sc.JOB_ID: r.job, **({} if shard is None else {sc.JOB_SHARD: shard})}))
         rs = req.resource_spans.add(resource=res)
         rs.scope_spans.add().spans.append(span)
     return req
@@ -384,9 +386,10 @@ class Ring:
                     g.net_wait += late_ns
                     g.end += late_ns
 
-    def request(self, ranks: list[int] | None = None) -> trace_service_pb2.ExportTraceServiceRequest:
+    def request(self, ranks: list[int] | None = None,
+                shard: int | None = None) -> trace_service_pb2.ExportTraceServiceRequest:
         rs = [self.ranks[r] for r in (ranks if ranks is not None else sorted(self.ranks)) if r in self.ranks]
-        return request([(r, rank_span(self.tid, self.n, self.comm, self.seq, r)) for r in rs])
+        return request([(r, rank_span(self.tid, self.n, self.comm, self.seq, r)) for r in rs], shard)
 
 
 def jitter(ring: Ring, rng, sigma: float) -> None:

@@ -3,8 +3,6 @@ culprit's block of global ranks names it, once; the others stay silent and say w
 
 from __future__ import annotations
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.outcome import Outcome
@@ -15,10 +13,7 @@ N, SHARD = 32, 8  # a 32-rank ring over four shards of 8 global ranks
 
 def _sharded(ring: Ring, shard: int) -> bytes:
     """The spans of the ranks of one shard, each resource carrying its shard as a sharding agent sets it."""
-    req = ring.request([r for r in range(shard * SHARD, (shard + 1) * SHARD)])
-    for rs in req.resource_spans:
-        rs.resource.attributes.append(KeyValue(key=sc.JOB_SHARD, value=AnyValue(int_value=shard)))
-    return req.SerializeToString()
+    return ring.request(list(range(shard * SHARD, (shard + 1) * SHARD)), shard=shard).SerializeToString()
 
 
 class Clock:
@@ -31,19 +26,19 @@ class Clock:
         return self.s
 
 
-def _settled(procs: list[Processor], clock: Clock) -> None:
-    clock.s += 2.0
+def _settled(procs: list[Processor], clock: Clock, wait_s: float = 2.0) -> None:
+    clock.s += wait_s
     for proc in procs:
         proc.tick()
 
 
-def _run(rings: list[Ring]) -> list[Processor]:
+def _run(rings: list[Ring], wait_s: float = 2.0) -> list[Processor]:
     clock = Clock()
     procs = [Processor(env={}, mono_clock=clock) for _ in range(N // SHARD)]
     for ring in rings:
         for shard, proc in enumerate(procs):
             proc.ingest_payload(_sharded(ring, shard))
-    _settled(procs, clock)
+    _settled(procs, clock, wait_s)
     return procs
 
 
@@ -52,9 +47,10 @@ def _outcomes(proc: Processor) -> set[Outcome]:
 
 
 def test_a_world_size_gpu_stall_is_named_by_the_culprits_shard_alone():
+    """At once: a processor whose ranks have all reported does not wait for the other shards' ranks."""
     ring = Ring(N, comm=0x5A1)
     ring.gpu_stall(21)
-    procs = _run([ring])
+    procs = _run([ring], wait_s=0.0)
     for shard, proc in enumerate(procs):
         if shard == 21 // SHARD:
             assert [(v.category, v.finding.ranks) for v in proc.verdicts] == [(sc.CAT_GPU_STALLED, [21])]
