@@ -2,6 +2,7 @@
 
     python benchmarks/stack_load/run.py job [--duration 120] [--processors 2] [--sample-ratio 0.1] [--json FILE]
     python benchmarks/stack_load/run.py throughput [--seconds 20] [--recording FILE]
+    python benchmarks/stack_load/run.py hang [--ranks 131072] [--shard-ranks 8192] [--processors 4]
 
 ``job``: a healthy real-time simulated job of 1,024 ranks (``nodes=128,gpus=8,tp=8,pp=16,dp=8``, 3,072 plugin
 contexts = shared-memory files) with a large-model step (8 layers: 16 TP all-reduces, 1 DP all-reduce of 4 MiB,
@@ -14,6 +15,14 @@ store's, and counts verdicts (a healthy job must have none). Prints one JSON doc
 processor recording made by ``job``, trace and job ids renamed per round so nothing is a duplicate) as fast as one
 sender can: spans/s accepted and CPU seconds per 1,000 spans of each process (the CPU figure is what transfers to
 a dedicated machine; the wall-clock rate on this shared 2-core box is a lower bound).
+
+``hang``: a world-size hang of issue #29's 131,072-rank job through the real gateway into N processors: the
+in-flight snapshots of one ring all-reduce whose rank n/3 has a stalled GPU (synthesized: tests/processor/synth.py,
+the simulator does not run a collective of that size here), each rank's carrying its block of global ranks as
+agents with ``MYCROFT_SHARD_RANKS`` set it, sent once through the gateway as fast as two senders go (agents send
+them within one snapshot period). Measured: seconds from the first span sent to the first verdict, verdicts in
+all (one, the culprit's block's), spans received, each process's CPU seconds and the processors' peak RSS; and
+what carries over: CPU per 1,000 spans of each component, from which the cores needed to name it in 5 s follow.
 
 tests/e2e/test_load.py runs ``job`` (the same function) and checks the accounting.
 """
@@ -425,6 +434,99 @@ def run_throughput(recording: Path, run_dir: Path, seconds: float = 20.0, bin_di
     return result
 
 
+def _peak_rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def send_once(target: str, payloads: list[bytes], senders: int = 2) -> dict:
+    """Each of ``payloads`` once over OTLP/gRPC to ``target``, split among ``senders`` threads."""
+    import grpc
+
+    errors = [0] * senders
+
+    def worker(k: int) -> None:
+        ch = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)])
+        call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                              request_serializer=lambda b: b, response_deserializer=lambda b: b)  # fmt: skip
+        for p in payloads[k::senders]:
+            try:
+                call(p, timeout=30)
+            except grpc.RpcError:
+                errors[k] += 1
+        ch.close()
+
+    ths = [threading.Thread(target=worker, args=(k,)) for k in range(senders)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    return {"errors": sum(errors)}
+
+
+def run_hang(run_dir: Path, ranks: int = 131_072, shard_ranks: int = 8192, processors: int = 4,
+             bin_dir: Path | None = None, log=print) -> dict:
+    """A world-size hang's snapshots through the gateway into ``processors`` processors (see the module doc)."""
+    sys.path.insert(0, str(REPO / "tests" / "processor"))
+    from synth import Ring  # noqa: PLC0415 -- the synthesized ring the processor benchmark uses too
+
+    t0 = time.monotonic()
+    culprit = ranks // 3
+    ring = Ring(ranks, nch=2, comm=0xABC, seq=1, job=f"hang-{ranks}-{os.getpid()}")
+    ring.gpu_stall(culprit)
+    block = shard_ranks or ranks
+    payloads = [ring.request(list(range(r, min(ranks, r + 512, (r // block + 1) * block))),
+                             r // block if shard_ranks else None).SerializeToString()
+                for r in range(0, ranks, 512)]
+    n_spans = ranks
+    result: dict = {"ranks": ranks, "shard_ranks": shard_ranks, "processors": processors, "spans": n_spans,
+                    "payload_mib": round(sum(map(len, payloads)) / 2**20, 1),
+                    "synthesized_s": round(time.monotonic() - t0, 1)}
+    stack = LocalStack(processors=processors, run_dir=Path(run_dir) / "hang", bin_dir=bin_dir, trace_store="jaeger",
+                       with_prometheus=False, ready_timeout_s=120)  # fmt: skip
+    with stack:
+        pids = {p.name: p.popen.pid for p in stack._procs}
+        before = {n: proc_usage(pid) for n, pid in pids.items()}
+        metrics = [f"http://127.0.0.1:{pp.metrics}/metrics" for pp in stack.processor_ports]
+
+        def counts() -> tuple[float, float, float]:
+            texts = [scrape(u) for u in metrics]
+            return (sum(metric_sum(t, "mycroft_processor_spans_received_total") for t in texts),
+                    sum(metric_sum(t, "mycroft_processor_decisions_total", outcome="hang") for t in texts),
+                    sum(metric_sum(t, "mycroft_processor_decisions_total", outcome="other_shard") for t in texts))
+
+        t_send = time.monotonic()
+        sent = send_once(f"127.0.0.1:{stack.ports['gw_otlp_grpc']}", payloads)
+        result["send_s"] = round(time.monotonic() - t_send, 1)
+        first = None
+        deadline = t_send + 180
+        while time.monotonic() < deadline:
+            got, hangs, other = counts()
+            if hangs and first is None:
+                first = time.monotonic() - t_send
+            if got >= n_spans and first is not None:
+                break
+            time.sleep(0.1)
+        time.sleep(2)  # a second verdict, if some processor were to give one, has its ticks to show
+        got, hangs, other = counts()
+        after = {n: proc_usage(pid) for n, pid in pids.items()}
+        cpu = {n: round(after[n][1] - before[n][1], 2) for n in pids if after[n] and before[n]}
+        named = [line for pp in stack._procs if pp.name.startswith("processor")
+                 for line in pp.log_path.read_text(errors="replace").splitlines() if "root cause:" in line]
+        result.update(errors=sent["errors"], first_verdict_s=None if first is None else round(first, 2),
+                      verdicts=int(hangs), other_shard=int(other), spans_received=int(got),
+                      culprit_named=any(f"(global {culprit})" in line or f"rank {culprit} " in line for line in named),
+                      verdict_lines=named[:3], cpu_s=cpu,
+                      peak_rss_mib={n: round(r) for n, pid in pids.items() if n.startswith("processor")
+                                    and (r := _peak_rss_mib(pid)) is not None},
+                      cpu_ms_per_1k_spans={n: round(1e6 * c / n_spans, 1) for n, c in cpu.items()})
+        log(f"  {json.dumps(result)}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "sim":  # internal: the simulated job in its own process
@@ -444,8 +546,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--seconds", type=float, default=20.0)
     t.add_argument("--run-dir", type=Path, default=Path("/tmp/mycroft-stack-load"))
     t.add_argument("--json", type=Path)
+    h = sub.add_parser("hang")
+    h.add_argument("--ranks", type=int, default=131_072)
+    h.add_argument("--shard-ranks", type=int, default=8192)
+    h.add_argument("--processors", type=int, default=4)
+    h.add_argument("--run-dir", type=Path, default=Path("/tmp/mycroft-stack-load"))
+    h.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    if args.cmd == "job":
+    if args.cmd == "hang":
+        res = run_hang(args.run_dir, args.ranks, args.shard_ranks, args.processors,
+                       log=lambda m: print(m, file=sys.stderr))
+    elif args.cmd == "job":
         res = run_job(args.run_dir, args.duration, args.processors, args.sample_ratio,
                       log=lambda m: print(m, file=sys.stderr))  # fmt: skip
     else:

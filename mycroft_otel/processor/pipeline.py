@@ -195,7 +195,8 @@ class Processor:
                     continue
                 if st.has_hang_evidence():
                     continue
-                if st.complete(shards.ranks_here(self.store, st)) or mono - st.updated_mono >= self.settle_s or mono - since >= 3 * self.settle_s:
+                if (st.complete(shards.ranks_here(self.store, st)) or mono - st.updated_mono >= self.settle_s
+                        or mono - since >= 3 * self.settle_s):
                     self._slow_cand.pop(tid, None)
                     st.analysed_slow = True
                     ready.append(st)
@@ -260,8 +261,7 @@ class Processor:
                     self._hang_cand.pop(tid, None)
                 continue
             # evidence still arriving (a restart, a late node): wait until the set of ranks is stable
-            settling = st.heard_from() < shards.ranks_here(self.store, st) and \
-                mono - st.ranks_changed_mono < self.settle_s
+            settling = shards.settling(self.store, st, mono, self.settle_s)
             # a picture taken before the stall waits for the next snapshots (for one more stall at most:
             # an agent that stopped sending must not hide a hang)
             stall_ms = self.stall_thresholds.for_trace(st)

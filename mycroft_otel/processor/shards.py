@@ -5,8 +5,8 @@ resource, and the gateway routes on (job id, shard): every span of a block of N 
 processor, and a communicator that crosses blocks (a DP ring, a pipeline, the world) is seen in parts. Its
 ranks of this processor's blocks are the ones it has heard from: a shard's rank is heard from at its first
 exported collective, and the others never are. So a collective is complete, or its set of ranks settled, when
-those ranks have completed it or reported, and a hang walk that reaches a rank never heard from ends there without naming it: the processor of
-that rank's block walks on (rca.walk's ``outside``).
+those ranks have completed it or reported; and a hang walk that reaches a rank never heard from ends there
+without naming it: the processor of that rank's block walks on (rca.walk's ``outside``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,19 @@ def sharded(st: TraceState) -> bool:
 def ranks_here(store: TraceStore, st: TraceState) -> int:
     """How many of the collective's ranks reach this processor: its communicator's size, or for a sharded job
     the ranks of it this processor has heard from (what a trace waits for before it is complete or settled)."""
-    return store.members.get(st.comm, 0) if sharded(st) else st.nranks
+    return store.members.get(st.comm, (0,))[0] if sharded(st) else st.nranks
+
+
+def settling(store: TraceStore, st: TraceState, mono: float, settle_s: float) -> bool:
+    """Whether the trace's set of ranks may still grow, for at most ``settle_s`` since it last heard from a new
+    rank: fewer have reported than reach this processor, or (a sharded job) the ranks this processor holds of its
+    communicator grew less than ``settle_s`` ago (at a communicator's first collectives they are learnt from
+    the spans as they arrive: a rank not heard from yet is not yet known to be another processor's)."""
+    if mono - st.ranks_changed_mono >= settle_s:
+        return False
+    if st.heard_from() < ranks_here(store, st):
+        return True
+    return sharded(st) and mono - store.members.get(st.comm, (0, -settle_s))[1] < settle_s
 
 
 def outside(store: TraceStore, st: TraceState) -> Callable[[int], bool] | None:

@@ -197,7 +197,7 @@ class TraceStore:
         # process -> {trace_id: None} where its latest evidence is in flight / not entered
         self.inflight_by_proc: dict[ProcKey, dict[bytes, None]] = {}
         self.proc_of: dict[tuple[str, int], ProcKey] = {}  # (comm, rank) -> process
-        self.members: dict[str, int] = {}  # communicator -> how many of its ranks proc_of holds
+        self.members: dict[str, tuple[int, float]] = {}  # comm -> (its ranks in proc_of, when that last grew)
         self.seq_of: dict[tuple[str, int], int] = {}  # (comm, rank) -> highest collective seq it has evidence in
         self.trace_at: dict[tuple[str, int], bytes] = {}  # (comm, seq) -> trace id (collectives only)
         self.inflight_seqs: dict[tuple[str, int], set] = {}  # (comm, rank) -> seqs whose latest evidence is in flight
@@ -245,10 +245,10 @@ class TraceStore:
                 break
             self._count_drop(DROP_EVICTED_BYTES, self._drop(oldest))
             self.evicted_bytes += 1
-        self._index(st, ref, tid)
+        self._index(st, ref, tid, now)
         return st
 
-    def _index(self, st: TraceState, ref: SpanRef, tid: bytes) -> None:
+    def _index(self, st: TraceState, ref: SpanRef, tid: bytes, now: float) -> None:
         """The store's indexes that a filed span moves: which collectives a rank is in flight in, its latest
         sequence number, a collective's trace, a rank's process, and the traces a process is in flight in."""
         kind, rank, comm, seq = ref.kind, ref.rank, ref.comm, ref.seq
@@ -283,7 +283,7 @@ class TraceStore:
                     self.proc_of.clear()
                     self.members.clear()
                 self.proc_of[ck] = key
-                self.members[comm] = self.members.get(comm, 0) + 1
+                self.members[comm] = (self.members.get(comm, (0,))[0] + 1, now)
         if kind == INFLIGHT and rank not in st.op:
             key = proc_key(ref)
             if key is not None:
@@ -300,7 +300,7 @@ class TraceStore:
         """A checkpoint's process index (checkpoint.py), and the member counts it implies."""
         self.proc_of.update(proc_of)
         self.seq_of.update(seq_of)
-        self.members = dict(Counter(comm for comm, _ in self.proc_of))
+        self.members = {comm: (n, 0.0) for comm, n in Counter(comm for comm, _ in self.proc_of).items()}
 
     def waiting(self, proc: ProcKey) -> list[tuple[str, int, int]]:
         """(communicator, start, last seen) of each collective the process is still seen in flight in."""

@@ -3,6 +3,8 @@ culprit's block of global ranks names it, once; the others stay silent and say w
 
 from __future__ import annotations
 
+import pytest
+
 from mycroft_otel import semconv as sc
 from mycroft_otel.processor import Processor
 from mycroft_otel.processor.outcome import Outcome
@@ -33,9 +35,12 @@ def _settled(procs: list[Processor], clock: Clock, wait_s: float = 2.0) -> None:
 
 
 def _run(rings: list[Ring], wait_s: float = 2.0) -> list[Processor]:
+    """Each ring's spans into the processors of their shards, 2 s apart; the processors' verdicts ``wait_s``
+    after the last."""
     clock = Clock()
     procs = [Processor(env={}, mono_clock=clock) for _ in range(N // SHARD)]
-    for ring in rings:
+    for i, ring in enumerate(rings):
+        clock.s += 2.0 * (i > 0)
         for shard, proc in enumerate(procs):
             proc.ingest_payload(_sharded(ring, shard))
     _settled(procs, clock, wait_s)
@@ -46,11 +51,17 @@ def _outcomes(proc: Processor) -> set[Outcome]:
     return {d.outcome for d in proc.decisions}
 
 
-def test_a_world_size_gpu_stall_is_named_by_the_culprits_shard_alone():
-    """At once: a processor whose ranks have all reported does not wait for the other shards' ranks."""
-    ring = Ring(N, comm=0x5A1)
+@pytest.mark.parametrize("known", [True, False])
+def test_a_world_size_gpu_stall_is_named_by_the_culprits_shard_alone(known):
+    """At once where the communicator's ranks of each shard are known from its earlier collectives (a
+    processor whose ranks have all reported waits for no other); at its first collective, once the ranks heard
+    from have not grown for the settle time (a rank not heard from yet is not yet another shard's)."""
+    ring = Ring(N, comm=0x5A1, seq=17)
     ring.gpu_stall(21)
-    procs = _run([ring], wait_s=0.0)
+    procs = _run([Ring(N, comm=0x5A1, seq=16), ring] if known else [ring], wait_s=0.0)
+    if not known:
+        assert not any(proc.verdicts for proc in procs)
+        _settled(procs, procs[0].mono)
     for shard, proc in enumerate(procs):
         if shard == 21 // SHARD:
             assert [(v.category, v.finding.ranks) for v in proc.verdicts] == [(sc.CAT_GPU_STALLED, [21])]
