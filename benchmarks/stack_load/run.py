@@ -19,8 +19,8 @@ a dedicated machine; the wall-clock rate on this shared 2-core box is a lower bo
 ``hang``: a world-size hang of issue #29's 131,072-rank job through the real gateway into N processors: the
 in-flight snapshots of one ring all-reduce whose rank n/3 has a stalled GPU (synthesized: tests/processor/synth.py,
 the simulator does not run a collective of that size here), each rank's carrying its block of global ranks as
-agents with ``MYCROFT_SHARD_RANKS`` set it, sent once through the gateway as fast as two senders go (agents send
-them within one snapshot period). Measured: seconds from the first span sent to the first verdict, verdicts in
+agents with ``MYCROFT_SHARD_RANKS`` set it (the job id chosen so that the gateway spreads its blocks over every
+processor), sent once through the gateway as fast as two senders go (agents send them within one snapshot period). Measured: seconds from the first span sent to the first verdict, verdicts in
 all (one, the culprit's block's), spans received, each process's CPU seconds and the processors' peak RSS; and
 what carries over: CPU per 1,000 spans of each component, from which the cores needed to name it in 5 s follow.
 
@@ -467,27 +467,42 @@ def send_once(target: str, payloads: list[bytes], senders: int = 2) -> dict:
     return {"errors": sum(errors)}
 
 
+def _job_over_every_processor(stack, blocks: int, prefix: str) -> str:
+    """A job id whose blocks the gateway spreads over as many processors as there are (or blocks): the first of
+    ``prefix-k`` (evaluate/routing.py places them as the exporter does, the ports being the run's own)."""
+    from mycroft_otel.evaluate.routing import BY_JOB, HashRing
+    from mycroft_otel.semconv import JOB_ID, JOB_SHARD
+
+    ring = HashRing([pp.otlp_grpc for pp in stack.processor_ports])
+    want = min(blocks, len(stack.processor_ports))
+    for k in range(1000):
+        job = f"{prefix}-{k}"
+        key = (lambda b: {JOB_ID: job, JOB_SHARD: str(b)}) if blocks > 1 else (lambda b: {JOB_ID: job})
+        if len({ring.endpoint_for(BY_JOB.key_for(key(b))) for b in range(blocks)}) == want:
+            return job
+    raise RuntimeError(f"no job id spreads {blocks} blocks over {want} processors")
+
+
 def run_hang(run_dir: Path, ranks: int = 131_072, shard_ranks: int = 8192, processors: int = 4,
              bin_dir: Path | None = None, log=print) -> dict:
     """A world-size hang's snapshots through the gateway into ``processors`` processors (see the module doc)."""
     sys.path.insert(0, str(REPO / "tests" / "processor"))
     from synth import Ring  # noqa: PLC0415 -- the synthesized ring the processor benchmark uses too
 
-    t0 = time.monotonic()
-    culprit = ranks // 3
-    ring = Ring(ranks, nch=2, comm=0xABC, seq=1, job=f"hang-{ranks}-{os.getpid()}")
-    ring.gpu_stall(culprit)
-    block = shard_ranks or ranks
-    payloads = [ring.request(list(range(r, min(ranks, r + 512, (r // block + 1) * block))),
-                             r // block if shard_ranks else None).SerializeToString()
-                for r in range(0, ranks, 512)]
-    n_spans = ranks
-    result: dict = {"ranks": ranks, "shard_ranks": shard_ranks, "processors": processors, "spans": n_spans,
-                    "payload_mib": round(sum(map(len, payloads)) / 2**20, 1),
-                    "synthesized_s": round(time.monotonic() - t0, 1)}
+    culprit, block, n_spans = ranks // 3, shard_ranks or ranks, ranks
     stack = LocalStack(processors=processors, run_dir=Path(run_dir) / "hang", bin_dir=bin_dir, trace_store="jaeger",
                        with_prometheus=False, ready_timeout_s=120)  # fmt: skip
     with stack:
+        job = _job_over_every_processor(stack, -(-ranks // block), f"hang-{ranks}")
+        t0 = time.monotonic()
+        ring = Ring(ranks, nch=2, comm=0xABC, seq=1, job=job)
+        ring.gpu_stall(culprit)
+        payloads = [ring.request(list(range(r, min(ranks, r + 512, (r // block + 1) * block))),
+                                 r // block if shard_ranks else None).SerializeToString()
+                    for r in range(0, ranks, 512)]
+        result: dict = {"ranks": ranks, "shard_ranks": shard_ranks, "processors": processors, "spans": n_spans,
+                        "payload_mib": round(sum(map(len, payloads)) / 2**20, 1),
+                        "synthesized_s": round(time.monotonic() - t0, 1)}
         pids = {p.name: p.popen.pid for p in stack._procs}
         before = {n: proc_usage(pid) for n, pid in pids.items()}
         metrics = [f"http://127.0.0.1:{pp.metrics}/metrics" for pp in stack.processor_ports]
