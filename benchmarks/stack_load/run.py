@@ -352,22 +352,24 @@ def _renamed(req, round_no: int) -> bytes:
     return r.SerializeToString()
 
 
-def blast(target: str, payloads: list[bytes], seconds: float, spans_per_payload: list[int], senders: int = 2) -> dict:
-    """Send ``payloads`` round-robin over OTLP/gRPC to ``target`` (host:port) from ``senders`` threads."""
+def blast(target: str, payloads: list[bytes], seconds: float | None, spans_per_payload: list[int],
+          senders: int = 2) -> dict:
+    """Send ``payloads`` over OTLP/gRPC to ``target`` (host:port) from ``senders`` threads: round-robin for
+    ``seconds``, or each once (``seconds`` None)."""
     import grpc
 
     sent = [0] * senders
     errors = [0] * senders
-    stop = time.monotonic() + seconds
+    stop = time.monotonic() + (seconds or 0.0)
 
     def worker(k: int) -> None:
         ch = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)])
         call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
                               request_serializer=lambda b: b, response_deserializer=lambda b: b)  # fmt: skip
         i = k
-        while time.monotonic() < stop:
+        while i < len(payloads) if seconds is None else time.monotonic() < stop:
             try:
-                call(payloads[i % len(payloads)], timeout=10)
+                call(payloads[i % len(payloads)], timeout=30)
                 sent[k] += spans_per_payload[i % len(payloads)]
             except grpc.RpcError:
                 errors[k] += 1
@@ -442,31 +444,6 @@ def _peak_rss_mib(pid: int) -> float | None:
         return None
 
 
-def send_once(target: str, payloads: list[bytes], senders: int = 2) -> dict:
-    """Each of ``payloads`` once over OTLP/gRPC to ``target``, split among ``senders`` threads."""
-    import grpc
-
-    errors = [0] * senders
-
-    def worker(k: int) -> None:
-        ch = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)])
-        call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-                              request_serializer=lambda b: b, response_deserializer=lambda b: b)  # fmt: skip
-        for p in payloads[k::senders]:
-            try:
-                call(p, timeout=30)
-            except grpc.RpcError:
-                errors[k] += 1
-        ch.close()
-
-    ths = [threading.Thread(target=worker, args=(k,)) for k in range(senders)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
-    return {"errors": sum(errors)}
-
-
 def _job_over_every_processor(stack, blocks: int, prefix: str) -> str:
     """A job id whose blocks the gateway spreads over as many processors as there are (or blocks): the first of
     ``prefix-k`` (evaluate/routing.py places them as the exporter does, the ports being the run's own)."""
@@ -497,9 +474,10 @@ def run_hang(run_dir: Path, ranks: int = 131_072, shard_ranks: int = 8192, proce
         t0 = time.monotonic()
         ring = Ring(ranks, nch=2, comm=0xABC, seq=1, job=job)
         ring.gpu_stall(culprit)
-        payloads = [ring.request(list(range(r, min(ranks, r + 512, (r // block + 1) * block))),
-                                 r // block if shard_ranks else None).SerializeToString()
-                    for r in range(0, ranks, 512)]
+        per_request = [list(range(r, min(ranks, b0 + block, r + 512)))  # an agent's batch: one block's ranks
+                       for b0 in range(0, ranks, block) for r in range(b0, min(ranks, b0 + block), 512)]
+        payloads = [ring.request(rs, rs[0] // block if shard_ranks else None).SerializeToString()
+                    for rs in per_request]
         result: dict = {"ranks": ranks, "shard_ranks": shard_ranks, "processors": processors, "spans": n_spans,
                         "payload_mib": round(sum(map(len, payloads)) / 2**20, 1),
                         "synthesized_s": round(time.monotonic() - t0, 1)}
@@ -514,7 +492,7 @@ def run_hang(run_dir: Path, ranks: int = 131_072, shard_ranks: int = 8192, proce
                     sum(metric_sum(t, "mycroft_processor_decisions_total", outcome="other_shard") for t in texts))
 
         t_send = time.monotonic()
-        sent = send_once(f"127.0.0.1:{stack.ports['gw_otlp_grpc']}", payloads)
+        sent = blast(f"127.0.0.1:{stack.ports['gw_otlp_grpc']}", payloads, None, list(map(len, per_request)))
         result["send_s"] = round(time.monotonic() - t_send, 1)
         first = None
         deadline = t_send + 180
