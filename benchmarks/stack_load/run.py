@@ -528,23 +528,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(prog="benchmarks/stack_load/run.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    j = sub.add_parser("job")
+    j, t, h = (sub.add_parser(cmd) for cmd in ("job", "throughput", "hang"))
+    for p in (j, t, h):
+        p.add_argument("--run-dir", type=Path, default=Path("/tmp/mycroft-stack-load"))
+        p.add_argument("--json", type=Path)
     j.add_argument("--duration", type=float, default=120.0)
     j.add_argument("--processors", type=int, default=2)
     j.add_argument("--sample-ratio", type=float, default=0.01)
-    j.add_argument("--run-dir", type=Path, default=Path("/tmp/mycroft-stack-load"))
-    j.add_argument("--json", type=Path)
-    t = sub.add_parser("throughput")
     t.add_argument("--recording", type=Path, default=Path("/tmp/mycroft-stack-load/processor-0.otlp"))
     t.add_argument("--seconds", type=float, default=20.0)
-    t.add_argument("--run-dir", type=Path, default=Path("/tmp/mycroft-stack-load"))
-    t.add_argument("--json", type=Path)
-    h = sub.add_parser("hang")
     h.add_argument("--ranks", type=int, default=131_072)
     h.add_argument("--shard-ranks", type=int, default=8192)
     h.add_argument("--processors", type=int, default=4)
-    h.add_argument("--run-dir", type=Path, default=Path("/tmp/mycroft-stack-load"))
-    h.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "hang":
         res = run_hang(args.run_dir, args.ranks, args.shard_ranks, args.processors,
