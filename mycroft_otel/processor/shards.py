@@ -17,11 +17,8 @@ from mycroft_otel.processor.state import TraceState, TraceStore
 
 
 def sharded(st: TraceState) -> bool:
-    """Whether the trace's job is sharded: its spans carry a shard (the first span's resource says it)."""
-    for refs in (st.op, st.inflight, st.status):
-        for ref in refs.values():
-            return ref.resource.shard >= 0
-    return False
+    """Whether the trace's job is sharded: its spans carry a shard."""
+    return st.resource.shard >= 0
 
 
 def ranks_here(store: TraceStore, st: TraceState) -> int:

@@ -9,9 +9,8 @@ Bytes: a kept span holds its wire bytes for the analysis (``SpanRef.raw``). A sp
 (spans.detach) only while the request's kept spans are at least half of it; otherwise (one small span in a large
 request) the span's bytes are copied out, so a kept span never pins more than twice its own size. Each kept span
 is accounted at its wire size plus :data:`SPAN_OVERHEAD_BYTES`; over the budget the least recently updated
-traces are evicted. A small per-process index (host + global rank, else host + pid) lets the pipeline see that
-a rank missing from one communicator's collective is busy in another one's (hang propagation across
-communicators), and which ranks of a sharded job this processor holds (shards.py).
+traces are evicted. A small per-process index (host + global rank, else host + pid) shows a rank missing from one
+communicator's collective busy in another one's (hang propagation), and the ranks of a sharded job held here.
 """
 
 from __future__ import annotations
@@ -21,10 +20,11 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from mycroft_otel.processor.spans import INFLIGHT, OP, STATUS, SpanRef
+from mycroft_otel.processor.spans import INFLIGHT, OP, STATUS, Resource, SpanRef
 from mycroft_otel import semconv as sc
 
 ProcKey = tuple  # (host, "g", global_rank, job) or (host, "p", pid, job)
+NO_RESOURCE = Resource()  # a trace's before its first span
 P2P = ("Send", "Recv")  # one trace per transfer: a p2p group's transfers share its number (not in trace_at)
 
 DEFAULT_MAX_BYTES = 512 << 20   # MYCROFT_MAX_TRACE_BYTES: span bytes held, all traces (accounted as below)
@@ -82,19 +82,19 @@ class TraceState:
     step: int | None = None        # its place in the communicator's training step (keys.step_of; None: not read)
 
     @property
-    def job(self) -> str:
-        """The job (resource ``mycroft.job.id``) whose spans this trace holds."""
-        for refs in (self.op, self.inflight, self.status):
-            for ref in refs.values():
-                return ref.resource.job
-        return ""
+    def resource(self) -> Resource:
+        """Who sent its spans: its first span's resource (a trace is one job's, and one shard's or none)."""
+        return next((ref.resource for refs in (self.op, self.inflight, self.status) for ref in refs.values()),
+                    NO_RESOURCE)
+
+    job = property(lambda self: self.resource.job, doc="The job (``mycroft.job.id``) whose spans this trace holds.")
+
     def stalled_ranks(self) -> list[int]:
         """Ranks whose latest evidence is in flight (no completed span yet)."""
         return [r for r in self.inflight if r not in self.op]
 
     def waiters(self) -> Iterator[SpanRef]:
-        """The latest snapshots of the ranks that are alive and wait in this collective (in flight, not
-        completed, their process not exited)."""
+        """The latest snapshots of the ranks alive and waiting in this collective (in flight, not exited)."""
         for r, ref in self.inflight.items():
             if r in self.op:
                 continue
