@@ -8,6 +8,7 @@ its receive side every flow it takes in, whatever the communicator, while one sl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from mycroft_otel.processor import slowdown
@@ -26,49 +27,21 @@ class Links:
 
     def path_out(self, st: TraceState, ev: slowdown.Evidence, sender: int) -> tuple[str, object, Cusum] | None:
         """Who holds whom back, once a rank's GPU or one of its flows out reads slow: the network path its
-        evidence points at (measure, unit, evidence), else None.
+        evidence points at (measure, unit, evidence), else None: the first row of :data:`PATH_OUT` that holds.
 
         A slow GPU posts its sends late, but once posted they move at the network's speed: slow flows *out* of
         a rank are the network's doing. They also hold its GPU back (the kernel's send primitive blocks until
         a FIFO slot frees, so data received meanwhile waits for the GPU), and with two similar effects the one
-        that crosses h first is a matter of noise, so the decision reads each flow's accumulated evidence
-        (half way to h), not only this collective's alarms. Which part of the path: slow flows that all go to
-        one receiver whose other senders' flows read slow too, or whose least-waiting flow in holds as much
-        evidence as the slowest, or whose other communicators' flows from elsewhere read slower than the
-        sender's do (receiver_likelier), are that receiver's NIC (congestion into it); else the sender's NIC when its
-        least-waiting flow out (``nic_send``: every flow of that NIC) gathers and holds as much evidence as
-        its slowest flow or every flow out holds half of it, or all its flows out gather evidence (a ring's
-        one peer cannot tell the two ends apart: the sender is named); else its slowest flow (a link, a
-        route, a QP), and a rank with one flow out names that flow. With no slow flow out, the NIC of a
-        receiver it sends into, when that gathers evidence."""
+        that crosses h first is a matter of noise, so the rows read each flow's accumulated evidence (half way
+        to h), not only this collective's alarms."""
         flows = ev.units(slowdown.FLOW)
         out = [u for u in flows if u[0] == sender]
         slow = [(u, c) for u in out if (c := self.mem.gathering(st, slowdown.FLOW, u)) is not None]
-        if not any(self.mem.crosses_hosts(st.comm, sender, u[1]) for u in out):
-            # every flow out stays inside the host (NVLink, PCIe): no NIC on the path, the slowest link is it
-            return None if not slow else (slowdown.FLOW,) + max(slow, key=lambda x: x[1].s)
+        crosses = any(self.mem.crosses_hosts(st.comm, sender, u[1]) for u in out)
         # its least-waiting flow out reads slow: every flow of its NIC does (with one flow out, that flow)
-        nic = self.mem.gathering(st, slowdown.NIC_SEND, sender) if len(out) > 1 else None
-        if not slow:
-            if nic is not None:
-                return slowdown.NIC_SEND, sender, nic
-            # no flow of its own reads slow yet, but the NIC it sends into does: congestion into that receiver
-            # slows every sender's flow a little and holds their kernels back
-            into = [(u[1], c) for u in out if (c := self.mem.gathering(st, slowdown.NIC_RECV, u[1])) is not None]
-            return None if not into else (slowdown.NIC_RECV,) + max(into, key=lambda x: x[1].s)
-        u, c = max(slow, key=lambda x: x[1].s)
-        # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as
-        # much evidence as the slowest flow only when every flow of the NIC is slow
-        if len({v[1] for v, _ in slow}) == 1 and self.mem.crosses_hosts(st.comm, sender, u[1]) and \
-                self._taking_in(st, flows, u[1], sender, c.s):
-            into = self.mem.gathering(st, slowdown.NIC_RECV, u[1])
-            return slowdown.NIC_RECV, u[1], into if into is not None else c
-        if (nic is not None and (nic.s >= c.s or all(
-                self.mem.evidence(st, slowdown.FLOW, v) >= c.s / 2 for v in out))) or len(slow) == len(out) > 1:
-            # the least-waiting flow holds as much evidence as the slowest, or every flow out half of it:
-            # what slows them is common
-            return slowdown.NIC_SEND, sender, nic if nic is not None else c
-        return slowdown.FLOW, u, c
+        nic = self.mem.gathering(st, slowdown.NIC_SEND, sender) if crosses and len(out) > 1 else None
+        p = _Out(st, flows, sender, out, slow, max(slow, key=lambda x: x[1].s) if slow else None, crosses, nic)
+        return next((found for _, row in PATH_OUT if (found := row(self, p)) is not None), None)
 
     def flows_beside(self, st: TraceState, rank: int, skip: Callable[[int, int], bool]) -> tuple[int, int]:
         """(how many flows of any communicator carry data to or from the process of ``rank``, how many of
@@ -165,3 +138,77 @@ def upstream(flows: list, rank: int) -> set:
                 seen.add(s)
                 todo.append(s)
     return seen
+
+
+@dataclass(slots=True)
+class _Out:
+    """What the rows of :data:`PATH_OUT` read about one rank's flows out in one collective."""
+
+    st: TraceState
+    flows: list                 # every flow of the collective (sender, receiver, channel)
+    sender: int
+    out: list                   # the sender's flows
+    slow: list                  # (flow, its evidence) of those half way to an alarm
+    top: tuple | None           # the slowest of them
+    crosses: bool               # a flow out goes to another host: a NIC is on the path
+    nic: Cusum | None           # its NIC's send side (least-waiting flow out of >= 2), half way
+
+
+def _inside_host(lk: Links, p: _Out):
+    # every flow out stays inside the host (NVLink, PCIe): no NIC on the path, the slowest link is it
+    return (slowdown.FLOW,) + p.top if not p.crosses and p.top else None
+
+
+def _into_receiver(lk: Links, p: _Out):
+    # the slow flows all go to one receiver on another host whose own evidence says it takes in slowly
+    # (_taking_in): congestion into that receiver's NIC
+    if not (p.crosses and p.top) or len({v[1] for v, _ in p.slow}) > 1:
+        return None
+    (u, c) = p.top
+    if not (lk.mem.crosses_hosts(p.st.comm, p.sender, u[1]) and lk._taking_in(p.st, p.flows, u[1], p.sender, c.s)):
+        return None
+    into = lk.mem.gathering(p.st, slowdown.NIC_RECV, u[1])
+    return slowdown.NIC_RECV, u[1], into if into is not None else c
+
+
+def _common_to_all(lk: Links, p: _Out):
+    # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as much
+    # evidence as the slowest flow, or every flow out half of it, or every flow out gathers, only when what
+    # slows them is common: the sender's NIC (a ring's one peer cannot tell the two ends apart: the sender)
+    if not (p.crosses and p.top):
+        return None
+    c = p.top[1]
+    if (p.nic is not None and (p.nic.s >= c.s or all(
+            lk.mem.evidence(p.st, slowdown.FLOW, v) >= c.s / 2 for v in p.out))) or len(p.slow) == len(p.out) > 1:
+        return slowdown.NIC_SEND, p.sender, p.nic if p.nic is not None else c
+    return None
+
+
+def _one_flow(lk: Links, p: _Out):
+    # the rest is its slowest flow (a link, a route, a QP); a rank with one flow out names that flow
+    return (slowdown.FLOW,) + p.top if p.crosses and p.top else None
+
+
+def _quiet_nic(lk: Links, p: _Out):
+    # no flow of its own reads slow yet, but its NIC's send side does
+    return (slowdown.NIC_SEND, p.sender, p.nic) if p.crosses and not p.slow and p.nic is not None else None
+
+
+def _receivers_nic(lk: Links, p: _Out):
+    # no flow of its own reads slow yet, but the NIC it sends into does: congestion into that receiver slows
+    # every sender's flow a little and holds their kernels back
+    if not p.crosses or p.slow:
+        return None
+    into = [(u[1], c) for u in p.out if (c := lk.mem.gathering(p.st, slowdown.NIC_RECV, u[1])) is not None]
+    return (slowdown.NIC_RECV,) + max(into, key=lambda x: x[1].s) if into else None
+
+
+#: the network path behind a rank's slow GPU or flows out, in order: the first row that holds names it
+PATH_OUT: tuple[tuple[str, Callable[[Links, _Out], tuple | None]], ...] = (
+    ("a link inside the host", _inside_host),
+    ("the receiver's NIC, taking in slowly", _into_receiver),
+    ("the sender's NIC, slow on every flow", _common_to_all),
+    ("one slow flow", _one_flow),
+    ("the sender's NIC, no flow slow yet", _quiet_nic),
+    ("a receiver's NIC, no flow slow yet", _receivers_nic),
+)

@@ -1,7 +1,7 @@
 """Faults in jobs shaped like LLM training (TP inside a node, DP rings across nodes, PP stages), on virtual
 time through the real plugin, agent and processor: each mechanism that made a fault in one communicator go
 unnamed, or named as its consequence in another, has one case here (seeds and factors of `--corpus llm`'s
-development runs, docs/algorithm.md §3)."""
+development runs, docs/algorithm.md §9)."""
 
 from __future__ import annotations
 
