@@ -69,6 +69,17 @@ class Links:
         to = {u[1] for u in ev.units(slowdown.FLOW) if u[0] == sender}
         return next(iter(to)) if len(to) == 1 else None
 
+    def twin(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> int | None:
+        """The receiver whose NIC, taking data in slowly, would move exactly the flows a sending NIC's alarm
+        measured, with nothing to tell the two apart: the one rank its flows go to, hearing from it alone in
+        this collective, neither end with flows in another communicator (a DP pair, or a DP ring whose ranks'
+        other traffic stays on NVLink). A tie: whichever end is named, the other is as likely."""
+        r = self.one_receiver(ev, a.unit) if a.measure == slowdown.NIC_SEND else None
+        if r is None or any(u[1] == r and u[0] != a.unit for u in ev.units(slowdown.FLOW)):
+            return None
+        alone = all(self.flows_beside(st, x, lambda s, d: True)[0] == 0 for x in (a.unit, r))
+        return r if alone else None
+
     def receiver_of(self, st: TraceState, ev: slowdown.Evidence, a: Alarm) -> tuple[str, object, Cusum] | None:
         """A sending NIC whose flows all go to one receiver slows exactly the flows that receiver's NIC would,
         were it slow to take data in: the receiver is named when the evidence into it from others says so (its

@@ -381,6 +381,9 @@ class Naming:
             }[a.measure]
         if recovered is not None and recovered.ranks == [who] and recovered.category == cat:
             what = recovered.evidence
+        if (twin := self.links.twin(st, ev, a)) is not None:  # the same evidence: margin 0
+            runner_up, runner_s = label(slowdown.NIC_RECV, twin), won_s
+            what += f" (rank {twin}'s NIC taking data in slowly would read the same: it hears from rank {who} alone)"
         onset = c.onset_ns
         # the culprit and the symptoms that led to it: while any of them persists, so does this incident
         named = get_or_put(self.mem.named, st.job, list)

@@ -38,3 +38,20 @@ def test_a_fault_in_one_communicator_is_named_right_and_alone(plugin, name, faul
     row = corpus.run_case(corpus.Case(sc, fault.split(":")[0], shape, "nccl", None), 3000, plugin=plugin)
     assert row["named_right"], (row["top"], row["category"], row["culprit"])
     assert row["false_verdicts"] == 0, row["top"]
+
+
+@pytest.mark.parametrize("shape,seed,factor,tie", [("tp8dp2", 1012, 3.74834, True),
+                                                   ("tp4pp2dp2", 2011, 2.4703, False)], ids=["dp-pair", "with-pp"])
+def test_a_slow_sending_nic_says_when_its_receiver_would_read_the_same(plugin, shape, seed, factor, tie):
+    """In a DP pair whose ranks have no other network traffic (TP on NVLink), a sending NIC and its receiver's
+    NIC taking data in slowly move the same flows: the verdict names the sender, and says that the receiver
+    is as likely (runner-up, margin 0). With pipeline transfers beside the pair, those tell the ends apart."""
+    fault = f"slow_nic:at=4,factor={factor}"
+    sc = Scenario("nic-tie", fault, topology=corpus.TOPOLOGIES[shape].spec, seed=seed,
+                  duration_s=corpus.SLOW_DURATION_S)
+    row = corpus.run_case(corpus.Case(sc, "slow_nic", shape, "nccl", None), 3000, plugin=plugin)
+    assert row["named_right"], (row["top"], row["culprit"])
+    if tie:
+        assert row["runner_up"].startswith("nic_recv rank ") and row["margin"] == 0.0, row
+    else:
+        assert row["margin"] > 0.0, row
