@@ -25,7 +25,7 @@ class Links:
     def __init__(self, settings: Settings, memory: JobMemory):
         self.s, self.mem = settings, memory
 
-    def path_out(self, st: TraceState, ev: slowdown.Evidence, sender: int) -> tuple[str, object, Cusum] | None:
+    def path_out(self, st: TraceState, ev: slowdown.Evidence, sender: int) -> NetworkPath | None:
         """Who holds whom back, once a rank's GPU or one of its flows out reads slow: the network path its
         evidence points at (measure, unit, evidence), else None: the first row of :data:`PATH_OUT` that holds.
 
@@ -151,6 +151,10 @@ def upstream(flows: list, rank: int) -> set:
     return seen
 
 
+#: a network path found: (measure, unit, its evidence)
+NetworkPath = tuple[str, object, Cusum]
+
+
 @dataclass(slots=True)
 class _Out:
     """What the rows of :data:`PATH_OUT` read about one rank's flows out in one collective."""
@@ -165,12 +169,12 @@ class _Out:
     nic: Cusum | None           # its NIC's send side (least-waiting flow out of >= 2), half way
 
 
-def _inside_host(lk: Links, p: _Out):
+def _inside_host(lk: Links, p: _Out) -> NetworkPath | None:
     # every flow out stays inside the host (NVLink, PCIe): no NIC on the path, the slowest link is it
     return (slowdown.FLOW,) + p.top if not p.crosses and p.top else None
 
 
-def _into_receiver(lk: Links, p: _Out):
+def _into_receiver(lk: Links, p: _Out) -> NetworkPath | None:
     # the slow flows all go to one receiver on another host whose own evidence says it takes in slowly
     # (_taking_in): congestion into that receiver's NIC
     if not (p.crosses and p.top) or len({v[1] for v, _ in p.slow}) > 1:
@@ -182,7 +186,7 @@ def _into_receiver(lk: Links, p: _Out):
     return slowdown.NIC_RECV, u[1], into if into is not None else c
 
 
-def _common_to_all(lk: Links, p: _Out):
+def _common_to_all(lk: Links, p: _Out) -> NetworkPath | None:
     # a NIC's least-waiting flow (a minimum) rises when any one of its flows slows down: it reads as much
     # evidence as the slowest flow, or every flow out half of it, or every flow out gathers, only when what
     # slows them is common: the sender's NIC (a ring's one peer cannot tell the two ends apart: the sender)
@@ -195,17 +199,17 @@ def _common_to_all(lk: Links, p: _Out):
     return None
 
 
-def _one_flow(lk: Links, p: _Out):
+def _one_flow(lk: Links, p: _Out) -> NetworkPath | None:
     # the rest is its slowest flow (a link, a route, a QP); a rank with one flow out names that flow
     return (slowdown.FLOW,) + p.top if p.crosses and p.top else None
 
 
-def _quiet_nic(lk: Links, p: _Out):
+def _quiet_nic(lk: Links, p: _Out) -> NetworkPath | None:
     # no flow of its own reads slow yet, but its NIC's send side does
     return (slowdown.NIC_SEND, p.sender, p.nic) if p.crosses and not p.slow and p.nic is not None else None
 
 
-def _receivers_nic(lk: Links, p: _Out):
+def _receivers_nic(lk: Links, p: _Out) -> NetworkPath | None:
     # no flow of its own reads slow yet, but the NIC it sends into does: congestion into that receiver slows
     # every sender's flow a little and holds their kernels back
     if not p.crosses or p.slow:
@@ -215,7 +219,7 @@ def _receivers_nic(lk: Links, p: _Out):
 
 
 #: the network path behind a rank's slow GPU or flows out, in order: the first row that holds names it
-PATH_OUT: tuple[tuple[str, Callable[[Links, _Out], tuple | None]], ...] = (
+PATH_OUT: tuple[tuple[str, Callable[[Links, _Out], NetworkPath | None]], ...] = (
     ("a link inside the host", _inside_host),
     ("the receiver's NIC, taking in slowly", _into_receiver),
     ("the sender's NIC, slow on every flow", _common_to_all),
