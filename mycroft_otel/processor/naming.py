@@ -28,13 +28,12 @@ from mycroft_otel.processor.sequential import Cusum
 from mycroft_otel.processor.settings import Settings
 from mycroft_otel.processor.state import TraceState
 
-# The explanation table. A fault at one place moves its neighbours' measures too, so an alarm is a symptom
-# until nothing likelier explains it. Rows are tried in this order, each row's alarms strongest first (a
-# GPU row: the one whose data waits longest, _source_gpu); an alarm's explanations are tried in order. The
-# first that holds evidence decides: NAME names that explanation for the alarm's evidence (it may be only half
-# way to h: what it holds back reached h), WAIT leaves the alarm unnamed until that cause reaches a verdict of
-# its own (its communicator, or its own test). An alarm nothing explains is named itself; when every alarm
-# waits, the decision is DEFERRED with the first one's reason.
+# The explanation table. Rows are tried in this order, each row's alarms strongest first (a GPU row: the one
+# whose data waits longest, _source_gpu); an alarm's explanations in order. The first that holds evidence
+# decides: NAME names that explanation for the alarm's evidence (it may be only half way to h: what it holds
+# back reached h), WAIT leaves the alarm unnamed until that cause reaches a verdict of its own (its
+# communicator, or its own test). An alarm nothing explains is named itself; when every alarm waits, the
+# decision is DEFERRED with the first one's reason.
 
 
 class Act(Enum):
@@ -87,8 +86,7 @@ def _late_rank(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
 
 
 def _proxy(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
-    found = n._proxy_behind(c.st, c.ev)
-    return None if found is None else a.led_to(slowdown.PROXY, *found)
+    return None if (found := n._proxy_behind(c.st, c.ev, a.unit)) is None else a.led_to(slowdown.PROXY, *found)
 
 
 def _gpu_path(n: "Naming", c: _Collective, a: Alarm) -> Alarm | None:
@@ -236,10 +234,13 @@ class Naming:
                                      self.mem.gathering(st, slowdown.LATE, u) is not None
                                      for i, u in enumerate(units))
 
-    def _proxy_behind(self, st: TraceState, ev: slowdown.Evidence) -> tuple[int, Cusum] | None:
-        """The rank of this collective whose proxy gathers the most evidence (half way to an alarm), with it."""
-        units = ev.units(slowdown.PROXY)
-        found = [(u, c) for u in units if (c := self.mem.gathering(st, slowdown.PROXY, u)) is not None]
+    def _proxy_behind(self, st: TraceState, ev: slowdown.Evidence, gpu: int) -> tuple[int, Cusum] | None:
+        """The proxy gathering most (half way) that can hold ``gpu`` back: its rank's (unposted sends fill the
+        GPU's slots) or a neighbour's in the flows (data in bursts, credit late). A farther one reaches it only
+        through the GPUs between, whose waits _source_gpu reads first: its evidence is back-pressure's residue."""
+        near = {gpu}.union(*({s, d} for s, d, _ in ev.units(slowdown.FLOW) if gpu in (s, d)))
+        found = [(u, c) for u in ev.units(slowdown.PROXY)
+                 if u in near and (c := self.mem.gathering(st, slowdown.PROXY, u)) is not None]
         return max(found, key=lambda x: x[1].s) if found else None
 
     def _busy_before(self, st: TraceState, rank: int, ev: slowdown.Evidence) -> bool:

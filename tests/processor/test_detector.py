@@ -331,6 +331,21 @@ def test_a_slow_gpus_upstream_waiting_for_credit_is_not_read_as_a_proxy():
     assert ("slow_proxy", [2]) not in [v[:2] for v in out], out
 
 
+@pytest.mark.parametrize("far", [6, 7, 0])
+def test_a_slow_gpu_is_named_itself_while_a_proxy_far_from_it_gathers(far):
+    """Rank 3's GPU 2x slower while the proxy of a rank three or four hops away posts late on every third
+    collective, gathering evidence half way without alarming first. A proxy holds back the GPU of its own
+    rank and of its neighbours in the flows (slots its unposted sends fill, credit it returns late); a
+    farther one reaches this GPU only through the GPUs between them: the GPU alarm is the GPU's."""
+    def inject(ring, seq, rng):
+        if seq >= 30 and seq % 3 == 0:
+            ring.slow_proxy(far, ring.dur // 4)
+        if seq >= 40:
+            scaled(ring, "slow_gpu", 3, 2.0)
+    out = _collectives(range(1, 100), inject, CAPTURE, seed=5)
+    assert out and out[0][:2] == ("slow_gpu", [3]), out
+
+
 def test_a_late_rank_is_judged_at_a_size_the_processor_has_rarely_seen():
     """A job alternates two message sizes, and the processor saw the smaller one only 4 times before rank 3
     starts late in 8 collectives (the agents export a sample): each of the 8 counts, the rarer size's judged
