@@ -161,7 +161,7 @@ EXPLAINED_BY: tuple[Row, ...] = (
     Row((slowdown.GPU,), (
         Explanation("a link of a joined communicator gathers evidence", _link_elsewhere, Act.WAIT),
         Explanation("the rank that started last gathers lateness", _late_rank, Act.NAME),
-        Explanation("a proxy of this collective gathers evidence", _proxy, Act.NAME),
+        Explanation("the proxy of its rank or of a neighbour gathers evidence", _proxy, Act.NAME),
         Explanation("a network path out of it, out of a rank upstream, or out of a GPU it holds back", _gpu_path,
                     Act.NAME),
         Explanation("the one flow that touches it alarms", _one_flow, Act.NAME)), first=_source),
