@@ -88,7 +88,11 @@ FLAKY: dict = {
                        "for 45 ms in that time (94 ms over all healthy ranks). The emulated GPU and the proxy are "
                        "threads of the rank's process, and the proxy records when the GPU released each receive "
                        "buffer only when it runs again, so a starved process reads as its own slow GPU over "
-                       "consecutive collectives: the serially correlated evidence of tpdp_healthy. No fix yet",
+                       "consecutive collectives: the serially correlated evidence of tpdp_healthy. No fix yet. "
+                       "Missed twice on 2026-12-07: in a fresh-clone full run of 3df4a41 as slow_nic at rank 10, "
+                       "the right rank (a starved proxy notices arrivals late on every flow: its NIC reads slow "
+                       "too), the other ranks' processes off the CPU 1.0 s; and beside two other scenarios as "
+                       "gpu_stalled at rank 13 with the others off the CPU 15.6 s (longest 969 ms)",
     "tpdp_late_rank": "new on 2026-12-05, 14 of 16 runs right since the fixes below (4 of 5 beside 2 busy loops). "
                       "Its first recorded misses, fixed (tests/processor/testdata/conf_tpdp_late_rank): the DP "
                       "upstream's proxy named (credit it waited for before the late receiver started), then "
@@ -97,7 +101,9 @@ FLAKY: dict = {
                       "outside the rank's communicators), and once, beside 2 busy loops, a slow flow 0 -> 4 in "
                       "another DP ring named after rank 6's lateness (z ~16, S 16) had waited 8 collectives on a "
                       "flow of its own DP ring hovering at S 3-3.6 of 6 on scores of 1-2: a link half way explains "
-                      "a late rank whatever the size of its lateness. No fix yet",
+                      "a late rank whatever the size of its lateness. No fix yet. In a fresh-clone full run of "
+                      "3df4a41 (2026-12-07): late_rank at rank 8, 0.9 s before the onset, the other ranks' "
+                      "processes off the CPU 5.4 s (longest 347 ms)",
 }
 FLAKY_SECONDARY = {"nic_down": N_DOWN}
 
